@@ -1,0 +1,48 @@
+"""convgrad: the oneDNN Graph convolution-gradient family, spec-exact, in NumPy.
+
+Seven ops (Convolution, ConvolutionBackwardData, ConvolutionBackwardWeights,
+ConvolutionBackpropFilters, ConvTranspose, ConvTransposeBackwardData, ConvTransposeBackwardWeights)
+as functions (``convgrad.convolution_backward_weights(src, diff_dst, weights_shape, strides=...)``)
+and as oneDNN-style op objects (``convgrad.Op(kind, **attrs)``).
+"""
+
+from __future__ import annotations
+
+from .engines import available_engines, get_engine, set_default_engine
+from .errors import (
+    AttributeTypeError,
+    AttributeValueError,
+    ConvgradError,
+    DTypeError,
+    EngineError,
+    InputError,
+    InputTypeError,
+    MissingAttributeError,
+    ResourceError,
+    ShapeError,
+    UnknownAttributeError,
+    UnknownOpError,
+)
+from .functional import (
+    conv_transpose,
+    conv_transpose_backward_data,
+    conv_transpose_backward_weights,
+    convolution,
+    convolution_backprop_filters,
+    convolution_backward_data,
+    convolution_backward_weights,
+)
+from .op import Op
+from .opdefs import OPS
+from .problem import ConvGeometry, Problem
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Op", "OPS", "Problem", "ConvGeometry",
+    "convolution", "convolution_backward_data", "convolution_backward_weights", "convolution_backprop_filters",
+    "conv_transpose", "conv_transpose_backward_data", "conv_transpose_backward_weights",
+    "available_engines", "get_engine", "set_default_engine",
+    "ConvgradError", "UnknownOpError", "AttributeValueError", "UnknownAttributeError", "MissingAttributeError",
+    "AttributeTypeError", "InputError", "ShapeError", "InputTypeError", "DTypeError", "ResourceError", "EngineError",
+]

@@ -1,0 +1,110 @@
+"""Attribute parsing and validation, driven entirely by the tables in :mod:`convgrad.opdefs`.
+
+Two stages: :func:`parse_attributes` checks names, types, ranges and choices as soon as an op is
+built (no inputs needed); :func:`per_axis` then fits list attributes to the spatial rank once the
+inputs are known.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .errors import AttributeTypeError, AttributeValueError, MissingAttributeError, UnknownAttributeError
+from .opdefs import AttrSpec, OpDef
+
+__all__ = ["parse_attributes", "per_axis", "Attrs"]
+
+Attrs = dict[str, Any]
+
+# Largest value any s64 attribute may hold (oneDNN's dims are int64).
+_S64_MAX = 2**63 - 1
+
+
+def _as_int(op: str, spec: AttrSpec, value: Any, whole: Any) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        kind = "an integer" if spec.type == "s64" else "a list of integers"
+        raise AttributeTypeError(op, spec.name, whole, f"{kind} ({spec.expected()})")
+    number = int(value)
+    if abs(number) > _S64_MAX:
+        raise AttributeValueError(op, spec.name, whole, f"{spec.expected()} that fit in s64")
+    if spec.minimum is not None and number < spec.minimum:
+        raise AttributeValueError(op, spec.name, whole, spec.expected())
+    return number
+
+
+def _parse_one(op: str, spec: AttrSpec, value: Any) -> Any:
+    if spec.type == "string":
+        if not isinstance(value, str):
+            raise AttributeTypeError(op, spec.name, value, f"a string, {spec.expected()}")
+        for choice in spec.choices:
+            if value.lower() == choice.lower():
+                return choice
+        raise AttributeValueError(op, spec.name, value, spec.expected())
+    if spec.type == "s64":
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value[()]
+        return _as_int(op, spec, value, value)
+    # s64[]
+    if isinstance(value, np.ndarray):
+        if value.ndim != 1:
+            raise AttributeTypeError(op, spec.name, value, f"a 1-D list of integers ({spec.expected()})")
+        items = value.tolist() if value.dtype.kind in "iu" else list(value)
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise AttributeTypeError(op, spec.name, value, f"a list of integers ({spec.expected()})")
+    return tuple(_as_int(op, spec, item, value) for item in items)
+
+
+def parse_attributes(definition: OpDef, attrs: Mapping[str, Any]) -> Attrs:
+    """Validate ``attrs`` against the op's table; return the given ones, normalised.
+
+    ``None`` means "not given". Unknown names are errors. String choices are matched in any letter
+    case. An all-zero shape attribute (as oneDNN writes unset ones) counts as not given.
+    """
+    op = definition.kind
+    known = definition.attr_names
+    parsed: Attrs = {}
+    for name, value in attrs.items():
+        if name not in known:
+            raise UnknownAttributeError(op, name, value, known)
+        if value is None:
+            continue
+        spec = definition.attr(name)
+        if spec.full_shape and isinstance(value, (list, tuple, np.ndarray)) and not any(_nonzero(v) for v in value):
+            continue
+        parsed[name] = _parse_one(op, spec, value)
+    return parsed
+
+
+def _nonzero(item: Any) -> bool:
+    try:
+        return bool(item != 0)
+    except Exception:  # hostile element: let the type check report it
+        return True
+
+
+def per_axis(definition: OpDef, attrs: Attrs, name: str, rank: int, lenient: bool = False) -> tuple[int, ...]:
+    """The value of list attribute ``name`` fitted to ``rank`` spatial axes.
+
+    An omitted optional list (output_padding) and an empty pads list mean zeros. An omitted
+    required list is an error, unless ``lenient`` (the functional API), which fills pads with 0
+    and dilations with 1. A longer list is accepted when every extra entry is 0 (oneDNN writes
+    unset lists as 12 zeros); any other length is an error naming the attribute.
+    """
+    spec = definition.attr(name)
+    value = attrs.get(name)
+    if value is None:
+        if spec.required and not lenient:
+            raise MissingAttributeError(definition.kind, name, f"{spec.expected()} ({rank} values)")
+        return (max(spec.minimum or 0, 0),) * rank
+    if value == () and spec.minimum == 0:
+        return (0,) * rank
+    if len(value) >= rank and not any(value[rank:]):
+        return value[:rank]
+    raise AttributeValueError(definition.kind, name, list(value),
+                              f"{rank} values, one per spatial axis of the {rank}-D problem")

@@ -1,0 +1,80 @@
+"""Engines implement the three canonical problems; this module holds their interface and registry.
+
+An engine receives canonical views (data ``(N, *X, C)``, weights ``(*K, ICg, OC)``) in the
+inputs' dtype, never writes to them, and returns a canonical result in its accumulation dtype
+(f32 or f64). Rounding to the output dtype and the user's layout happen in the API layer, so a new
+engine (GPU, distributed) needs only these three methods.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import EngineError
+from ..problem import ConvGeometry
+
+__all__ = ["Engine", "register", "get_engine", "available_engines", "set_default_engine", "default_engine_name"]
+
+
+class Engine(Protocol):
+    """The three canonical convolution problems (see :mod:`convgrad.problem`)."""
+
+    name: str
+
+    def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """y (N, *O, OC) = conv(x (N, *I, IC), w (*K, ICg, OC))."""
+
+    def backward_data(self, g: ConvGeometry, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """dx (N, *I, IC) = d<conv(x, w), dy>/dx."""
+
+    def backward_weights(self, g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+        """dw (*K, ICg, OC) = d<conv(x, w), dy>/dw."""
+
+
+_ENGINES: dict[str, Engine] = {}
+_default: list[str] = []
+
+
+def register(engine: Engine, default: bool = False) -> Engine:
+    """Add an engine to the registry (optionally making it the default)."""
+    _ENGINES[engine.name] = engine
+    if default or not _default:
+        _default[:] = [engine.name]
+    return engine
+
+
+def available_engines() -> list[str]:
+    """Names of the registered engines."""
+    return sorted(_ENGINES)
+
+
+def default_engine_name() -> str:
+    """The engine used when none is named: ``CONVGRAD_ENGINE`` if set, else the registry default."""
+    return os.environ.get("CONVGRAD_ENGINE") or _default[0]
+
+
+def set_default_engine(name: str) -> None:
+    """Make ``name`` the engine used when none is named."""
+    get_engine(name)
+    _default[:] = [name]
+
+
+def get_engine(name: str | Engine | None = None) -> Engine:
+    """The engine called ``name`` (an engine object passes through; ``None`` is the default)."""
+    if name is None:
+        name = default_engine_name()
+    if not isinstance(name, str):
+        if all(callable(getattr(name, m, None)) for m in ("forward", "backward_data", "backward_weights")):
+            return name
+        raise EngineError(None, f"engine {name!r} is neither a name nor an engine object: expected one of "
+                          + ", ".join(available_engines()))
+    engine = _ENGINES.get(name)
+    if engine is None:
+        raise EngineError(None, f"unknown engine {name!r}: expected one of " + ", ".join(available_engines()))
+    return engine
+
+
+from . import reference  # noqa: E402,F401  (registers itself)

@@ -1,0 +1,85 @@
+"""The functional API: one function per op, generated from the op table.
+
+``convolution_backward_data(diff_dst, weights, dst_shape=None, *, strides, pads_begin=None,
+pads_end=None, dilations=None, auto_pad="none", groups=1, data_format="NXC",
+weights_format="XIO", output_padding=None, engine=None)`` and its six siblings take the op's
+inputs positionally (spec index order) and its attributes by keyword. Omitted pads mean 0 and
+omitted dilations mean 1. Signatures and docstrings come from :mod:`convgrad.opdefs`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .errors import InputTypeError
+from .op import Op
+from .opdefs import OPS, OpDef
+
+__all__ = [d.function for d in OPS.values()]
+
+_P = inspect.Parameter
+
+
+def _signature(d: OpDef) -> inspect.Signature:
+    params = [_P(s.name, _P.POSITIONAL_OR_KEYWORD, default=_P.empty if s.required else None) for s in d.inputs]
+    for a in d.attributes:
+        if a.full_shape:
+            continue  # given as the positional shape input
+        default = _P.empty if a.name == "strides" else (a.default if a.name in ("auto_pad", "groups", "data_format")
+                                                       or a.choices else None)
+        params.append(_P(a.name, _P.KEYWORD_ONLY, default=default))
+    params.append(_P("engine", _P.KEYWORD_ONLY, default=None))
+    return inspect.Signature(params, return_annotation=np.ndarray)
+
+
+def docstring(d: OpDef) -> str:
+    """Docstring of an op's function, from its table entry."""
+    lines = [d.summary, "", f"    {d.math}", "", "Inputs (spec index order):"]
+    for i, s in enumerate(d.inputs):
+        lines.append(f"    {i}: {s.name} ({'required' if s.required else 'optional'})")
+    lines += [f"Output: {d.output.name}", "", "Attributes (keyword):"]
+    for a in d.attributes:
+        if a.full_shape:
+            continue
+        default = "required" if a.name == "strides" else f"default {a.default!r}"
+        lines.append(f"    {a.name}: {a.expected()}; {default}. {a.description}")
+    lines.append("    engine: name of the engine ('fast', 'reference'); default: the default engine.")
+    return "\n".join(lines)
+
+
+def _make(d: OpDef) -> Callable[..., np.ndarray]:
+    signature = _signature(d)
+    input_names = [s.name for s in d.inputs]
+
+    def function(*args: Any, **kwargs: Any) -> np.ndarray:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise InputTypeError(d.kind, None, f"called as {d.function}(...): {exc}") from None
+        values = bound.arguments
+        attrs = {k: v for k, v in values.items() if k not in input_names and k != "engine"}
+        inputs = [values.get(name) for name in input_names]
+        return Op(d.kind, lenient=True, **attrs)(*inputs, engine=values.get("engine"))
+
+    function.__name__ = function.__qualname__ = d.function
+    function.__signature__ = signature  # type: ignore[attr-defined]
+    function.__doc__ = docstring(d)
+    function.__module__ = "convgrad"
+    return function
+
+
+for _d in OPS.values():
+    globals()[_d.function] = _make(_d)
+
+# Static names for type checkers and readers (the objects are the generated functions above).
+convolution: Callable[..., np.ndarray] = globals()["convolution"]
+convolution_backward_data: Callable[..., np.ndarray] = globals()["convolution_backward_data"]
+convolution_backward_weights: Callable[..., np.ndarray] = globals()["convolution_backward_weights"]
+convolution_backprop_filters: Callable[..., np.ndarray] = globals()["convolution_backprop_filters"]
+conv_transpose: Callable[..., np.ndarray] = globals()["conv_transpose"]
+conv_transpose_backward_data: Callable[..., np.ndarray] = globals()["conv_transpose_backward_data"]
+conv_transpose_backward_weights: Callable[..., np.ndarray] = globals()["conv_transpose_backward_weights"]

@@ -1,0 +1,116 @@
+"""oneDNN-style op objects: ``Op(kind, **attrs)``, shape inference and execution."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .attributes import Attrs, parse_attributes
+from .dtypes import as_array, as_shape_values, check_data_dtype, parse_dtype, round_to
+from .engines import Engine, get_engine
+from .errors import InputError
+from .layout import data_from_canonical, data_to_canonical, weights_from_canonical, weights_to_canonical
+from .opdefs import OpDef, get_opdef
+from .problem import Problem, TensorInfo, build_problem
+
+__all__ = ["Op", "execute"]
+
+
+class Op:
+    """One op of the family with its attributes, e.g.
+    ``Op("ConvolutionBackwardWeights", strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1],
+    dilations=[1, 1], weights_shape=[3, 3, 16, 32])``.
+
+    Attributes take their oneDNN names and are validated at once (unknown names, types, ranges).
+    ``op(*inputs)`` runs it on inputs in the specification's index order and returns a NumPy array;
+    ``op.infer(*inputs_or_shapes)`` resolves shapes, dtype and pads without computing.
+
+    ``lenient=True`` (what the functional API uses) fills omitted pads with 0 and dilations with 1;
+    by default those attributes are required, as the specification says.
+    """
+
+    def __init__(self, kind: str, /, *, lenient: bool = False, **attrs: Any) -> None:
+        self.definition: OpDef = get_opdef(kind)
+        self.attrs: Attrs = parse_attributes(self.definition, attrs)
+        self.lenient = lenient
+
+    @property
+    def kind(self) -> str:
+        return self.definition.kind
+
+    def __repr__(self) -> str:
+        attrs = ", ".join(f"{k}={list(v) if isinstance(v, tuple) else v!r}" for k, v in self.attrs.items())
+        return f"Op({self.kind!r}{', ' if attrs else ''}{attrs})"
+
+    # -- inference ---------------------------------------------------------------------------
+    def infer(self, *inputs: Any, dtype: Any = "f32") -> Problem:
+        """Output shape and dtype and the resolved pads (a :class:`~convgrad.problem.Problem`),
+        without computing. Each data input may be an array or just its shape (a tuple of ints,
+        taken as ``dtype``); a shape input (index 2) gives its values."""
+        default = parse_dtype(dtype)
+        infos = []
+        for spec, value in zip(self.definition.inputs, inputs):
+            if value is None:
+                infos.append(None)
+            elif spec.role == "shape":
+                infos.append(TensorInfo(values=as_shape_values(value, self.kind, spec.name)))
+            elif isinstance(value, (tuple, list)):
+                infos.append(TensorInfo(shape=_shape_of(value, self.kind, spec.name), dtype=default))
+            else:
+                array = as_array(value, self.kind, spec.name)
+                infos.append(TensorInfo(shape=array.shape, dtype=check_data_dtype(array, self.kind, spec.name)))
+        infos.extend([TensorInfo()] * max(0, len(inputs) - len(infos)))
+        return build_problem(self.definition, self.attrs, infos, self.lenient)
+
+    # -- execution -----------------------------------------------------------------------------
+    def prepare(self, *inputs: Any) -> tuple[Problem, dict[str, np.ndarray]]:
+        """Convert and check the inputs: the resolved problem and the data arrays by role."""
+        infos: list[TensorInfo | None] = []
+        arrays: dict[str, np.ndarray] = {}
+        for spec, value in zip(self.definition.inputs, inputs):
+            if value is None:
+                infos.append(None)
+            elif spec.role == "shape":
+                infos.append(TensorInfo(values=as_shape_values(value, self.kind, spec.name)))
+            else:
+                array = as_array(value, self.kind, spec.name)
+                infos.append(TensorInfo(shape=array.shape, dtype=check_data_dtype(array, self.kind, spec.name)))
+                arrays[spec.role] = array
+        infos.extend([TensorInfo()] * max(0, len(inputs) - len(infos)))
+        return build_problem(self.definition, self.attrs, infos, self.lenient), arrays
+
+    def __call__(self, *inputs: Any, engine: str | Engine | None = None) -> np.ndarray:
+        problem, arrays = self.prepare(*inputs)
+        return execute(problem, arrays, get_engine(engine))
+
+
+def _shape_of(value: Sequence[Any], op: str, name: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(v) for v in value)
+        if any(isinstance(v, bool) or int(v) != v for v in value):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise InputError(op, name, f"= {value!r}: expected an array or a shape (a tuple of integers)") from None
+    return shape
+
+
+def execute(problem: Problem, arrays: dict[str, np.ndarray], engine: Engine) -> np.ndarray:
+    """Run a resolved problem: canonical views in, one engine call, bias, one rounding, user layout out."""
+    g, fmt, wfmt = problem.geometry, problem.data_format, problem.weights_format
+    canonical = {role: (weights_to_canonical(a, wfmt) if role == "w" else data_to_canonical(a, fmt))
+                 for role, a in arrays.items() if role != "bias"}
+    if problem.task == "forward":
+        result = engine.forward(g, canonical["x"], canonical["w"])
+    elif problem.task == "backward_data":
+        result = engine.backward_data(g, canonical["y"], canonical["w"])
+    else:
+        result = engine.backward_weights(g, canonical["x"], canonical["y"])
+    if "bias" in arrays:
+        result = result + arrays["bias"].astype(result.dtype)
+    if problem.definition.output.role == "w":
+        result = weights_from_canonical(result, wfmt)
+    else:
+        result = data_from_canonical(result, fmt)
+    return np.ascontiguousarray(round_to(result, problem.dtype))

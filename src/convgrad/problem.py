@@ -1,0 +1,385 @@
+"""Shape inference: from an op, its attributes and its input shapes to a canonical problem.
+
+Every op of the family is one of three problems on an underlying forward convolution
+``y = conv(x, w)`` (canonical NCX/OIX notation, G groups, ICg = IC/G, OCg = OC/G)::
+
+    y[n, g*OCg+oc, o] = sum_{ic, k} x_pad[n, g*ICg+ic, o*S + k*D - PB] * w[g*OCg+oc, ic, k]
+
+- forward:          y  from x, w
+- backward_data:    dx = d<y, dy>/dx from dy, w
+- backward_weights: dw = d<y, dy>/dw from x, dy
+
+Sizes per spatial axis: I (x), O (y), K, S, D, PB, PE, EK = (K-1)*D + 1. Convolution ops relate
+them by ``O = floor((I + PB + PE - EK) / S) + 1``; transposed ops (where the op's src is the
+convolution's y) by ``I = S*(O - 1) + EK - PB - PE + output_padding``. Either way every window
+lies inside the padded input: ``S*(O-1) + EK <= I + PB + PE``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+import numpy as np
+
+from .attributes import Attrs, per_axis
+from .dtypes import dtype_name
+from .errors import AttributeValueError, DTypeError, InputError, ShapeError
+from .opdefs import InputSpec, OpDef
+
+__all__ = ["ConvGeometry", "Problem", "TensorInfo", "build_problem", "auto_pads",
+           "data_shape", "weights_shape", "split_data_shape", "split_weights_shape"]
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """The underlying forward convolution, in canonical terms."""
+
+    n: int
+    groups: int
+    ic: int
+    oc: int
+    in_size: tuple[int, ...]
+    out_size: tuple[int, ...]
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads_begin: tuple[int, ...]
+    pads_end: tuple[int, ...]
+
+    @property
+    def rank(self) -> int:
+        return len(self.kernel)
+
+    @property
+    def icg(self) -> int:
+        return self.ic // self.groups
+
+    @property
+    def ocg(self) -> int:
+        return self.oc // self.groups
+
+    @property
+    def effective_kernel(self) -> tuple[int, ...]:
+        return tuple((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations))
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds x 2 of the convolution: 2 * N * OC * ICg * prod(K) * prod(O)."""
+        return 2 * self.n * self.oc * self.icg * math.prod(self.kernel) * math.prod(self.out_size)
+
+    @property
+    def x_shape(self) -> tuple[int, ...]:
+        """Canonical (channels-last) shape of x: (N, *I, IC)."""
+        return (self.n, *self.in_size, self.ic)
+
+    @property
+    def y_shape(self) -> tuple[int, ...]:
+        """Canonical (channels-last) shape of y: (N, *O, OC)."""
+        return (self.n, *self.out_size, self.oc)
+
+    @property
+    def w_shape(self) -> tuple[int, ...]:
+        """Canonical (XIO) shape of w: (*K, ICg, OC)."""
+        return (*self.kernel, self.icg, self.oc)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What shape inference needs of one input: shape and dtype, or the values of a shape tensor."""
+
+    shape: tuple[int, ...] | None = None
+    dtype: np.dtype | None = None
+    values: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A fully resolved op invocation: everything but the data."""
+
+    definition: OpDef
+    geometry: ConvGeometry
+    data_format: str
+    weights_format: str
+    dtype: np.dtype
+    output_shape: tuple[int, ...]
+    has_bias: bool = False
+
+    @property
+    def op(self) -> str:
+        return self.definition.kind
+
+    @property
+    def task(self) -> str:
+        return self.definition.task
+
+    @property
+    def pads_begin(self) -> tuple[int, ...]:
+        return self.geometry.pads_begin
+
+    @property
+    def pads_end(self) -> tuple[int, ...]:
+        return self.geometry.pads_end
+
+    @property
+    def output_dtype(self) -> np.dtype:
+        return self.dtype
+
+    def __repr__(self) -> str:
+        g = self.geometry
+        return (f"Problem({self.op}: {self.definition.output.name} {self.output_shape} {dtype_name(self.dtype)}, "
+                f"pads_begin={list(g.pads_begin)}, pads_end={list(g.pads_end)}, groups={g.groups}, "
+                f"{self.data_format}/{self.weights_format})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout of shapes
+# ---------------------------------------------------------------------------------------------
+def split_data_shape(shape: tuple[int, ...], data_format: str) -> tuple[int, int, tuple[int, ...]]:
+    """(N, C, spatial) of a data tensor shape in NCX or NXC."""
+    if data_format == "NCX":
+        return shape[0], shape[1], tuple(shape[2:])
+    return shape[0], shape[-1], tuple(shape[1:-1])
+
+
+def data_shape(n: int, c: int, spatial: tuple[int, ...], data_format: str) -> tuple[int, ...]:
+    """Data tensor shape in NCX or NXC."""
+    return (n, c, *spatial) if data_format == "NCX" else (n, *spatial, c)
+
+
+def _spatial_first(weights_format: str) -> bool:
+    return weights_format[0] == "X"
+
+
+def split_weights_shape(shape: tuple[int, ...], weights_format: str) -> tuple[int, int, tuple[int, ...]]:
+    """(A, B, K) of a weights shape: (OC, ICg, K) for OIX/XIO; for IOX/XOI the same numbers,
+    since the IOX weights of a ConvTranspose are the OIX weights of its convolution."""
+    if _spatial_first(weights_format):
+        return shape[-1], shape[-2], tuple(shape[:-2])
+    return shape[0], shape[1], tuple(shape[2:])
+
+
+def weights_shape(oc: int, icg: int, kernel: tuple[int, ...], weights_format: str) -> tuple[int, ...]:
+    """Weights shape in the given format from canonical (OC, ICg, K)."""
+    return (*kernel, icg, oc) if _spatial_first(weights_format) else (oc, icg, *kernel)
+
+
+# ---------------------------------------------------------------------------------------------
+# Padding
+# ---------------------------------------------------------------------------------------------
+def auto_pads(mode: str, in_size: tuple[int, ...] | None, strides: tuple[int, ...],
+              eff_kernel: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Pads for a non-``none`` auto_pad (SEMANTICS.md).
+
+    valid: 0. same_*: total = max(0, EK - S) if I % S == 0 else max(0, EK - I % S), where I is the
+    convolution's input size (``None`` for ConvTranspose, which uses max(0, EK - S)).
+    same_upper puts the odd extra pad at the end, same_lower at the beginning.
+    """
+    rank = len(strides)
+    if mode == "valid":
+        return (0,) * rank, (0,) * rank
+    begin, end = [], []
+    for axis in range(rank):
+        s, ek = strides[axis], eff_kernel[axis]
+        rem = 0 if in_size is None else in_size[axis] % s
+        total = max(0, ek - s) if rem == 0 else max(0, ek - rem)
+        lo = total // 2 if mode == "same_upper" else total - total // 2
+        begin.append(lo)
+        end.append(total - lo)
+    return tuple(begin), tuple(end)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inference
+# ---------------------------------------------------------------------------------------------
+def _check_positive(op: str, name: str, shape: tuple[int, ...], allow_zero_batch: bool) -> None:
+    dims = shape[1:] if allow_zero_batch else shape
+    if any(d < 1 for d in dims) or (allow_zero_batch and shape[0] < 0):
+        raise ShapeError(op, name, f"has shape {list(shape)}: expected positive sizes"
+                         + (" (a batch of 0 is allowed)" if allow_zero_batch else ""))
+
+
+class _Inference:
+    """One shape-inference run (holds the op's context for error messages)."""
+
+    def __init__(self, definition: OpDef, attrs: Attrs, inputs: list[TensorInfo | None], lenient: bool) -> None:
+        self.d = definition
+        self.op = definition.kind
+        self.attrs = attrs
+        self.lenient = lenient
+        self.data_format = attrs.get("data_format", "NXC")
+        wf = definition.weights_format_attr
+        self.weights_format = attrs.get(wf, definition.attr(wf).default)
+        self.given: dict[str, tuple[InputSpec, TensorInfo]] = {}
+        self._collect(inputs)
+
+    def _collect(self, inputs: list[TensorInfo | None]) -> None:
+        specs = self.d.inputs
+        if len(inputs) > len(specs):
+            raise InputError(self.op, None, f"takes at most {len(specs)} inputs "
+                             f"({', '.join(s.name for s in specs)}); {len(inputs)} were given")
+        for spec, info in zip(specs, inputs):
+            if info is not None:
+                self.given[spec.role] = (spec, info)
+        for spec in specs:
+            if spec.required and spec.role not in self.given:
+                raise InputError(self.op, spec.name, "is required but was not given")
+
+    def run(self) -> Problem:
+        rank, dtype = self._rank_and_dtype()
+        shapes = self._role_shapes(rank)
+        n, ic, oc, icg, kernel, in_size, out_size = self._channels(shapes)
+        strides = per_axis(self.d, self.attrs, "strides", rank, self.lenient)
+        dilations = per_axis(self.d, self.attrs, "dilations", rank, self.lenient)
+        out_pad = per_axis(self.d, self.attrs, "output_padding", rank) if "output_padding" in self.d.attr_names \
+            else (0,) * rank
+        eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
+        pads_begin, pads_end = self._pads(rank, in_size, strides, eff)
+        in_size, out_size = self._sizes(in_size, out_size, strides, eff, pads_begin, pads_end, out_pad)
+        geometry = ConvGeometry(n, self.attrs.get("groups", 1), ic, oc, in_size, out_size, kernel,
+                                strides, dilations, pads_begin, pads_end)
+        out_role = self.d.output.role
+        output_shape = {
+            "x": lambda: data_shape(n, ic, in_size, self.data_format),
+            "y": lambda: data_shape(n, oc, out_size, self.data_format),
+            "w": lambda: weights_shape(oc, icg, kernel, self.weights_format),
+        }[out_role]()
+        return Problem(self.d, geometry, self.data_format, self.weights_format, dtype, output_shape,
+                       has_bias="bias" in self.given)
+
+    def _rank_and_dtype(self) -> tuple[int, np.dtype]:
+        first_spec, first = next((s, i) for s, i in self.given.values())
+        ndim = len(first.shape)
+        if not 3 <= ndim <= 5:
+            raise ShapeError(self.op, first_spec.name, f"has shape {list(first.shape)} (rank {ndim}): expected "
+                             "rank 3, 4 or 5 (N, C and 1, 2 or 3 spatial axes)")
+        dtype = first.dtype
+        for spec, info in self.given.values():
+            if spec.role == "shape":
+                continue
+            if info.dtype != dtype:
+                raise DTypeError(self.op, spec.name, f"has dtype {dtype_name(info.dtype)}: expected "
+                                 f"{dtype_name(dtype)} like input '{first_spec.name}' (all data inputs share a dtype)")
+            want = 1 if spec.role == "bias" else ndim
+            if len(info.shape) != want:
+                raise ShapeError(self.op, spec.name, f"has shape {list(info.shape)} (rank {len(info.shape)}): "
+                                 f"expected rank {want}")
+        return ndim - 2, dtype
+
+    def _role_shapes(self, rank: int) -> dict[str, tuple[int, ...]]:
+        """Shapes of x, y, w as far as known (the shape input/attribute supplies one of them)."""
+        shapes = {role: info.shape for role, (_, info) in self.given.items() if role in ("x", "y", "w")}
+        shape_attr = self.d.shape_attr
+        if shape_attr is None:
+            return shapes
+        target = self.d.output.role
+        if "shape" in self.given:
+            spec, info = self.given["shape"]
+            values, source = info.values, f"input '{spec.name}'"
+        elif shape_attr in self.attrs:
+            values, source = self.attrs[shape_attr], f"attribute '{shape_attr}'"
+        else:
+            raise InputError(self.op, shape_attr, f"is missing: give it as input 2 or as attribute "
+                             f"'{shape_attr}' (the shape of {self.d.output.name})")
+        if len(values) != rank + 2 or any(v < 1 for v in values):
+            fmt = self.data_format if target != "w" else self.weights_format
+            raise ShapeError(self.op, None, f"{source} = {list(values)}: expected {rank + 2} positive sizes "
+                             f"(the {fmt} shape of {self.d.output.name} for a {rank}-D problem)")
+        shapes[target] = tuple(values)
+        return shapes
+
+    def _channels(self, shapes: dict[str, tuple[int, ...]]):
+        groups = self.attrs.get("groups", 1)
+        names = {spec.role: spec.name for spec, _ in self.given.values()}
+        names.setdefault(self.d.output.role, self.d.shape_attr or self.d.output.name)
+        w_oc, icg, kernel = split_weights_shape(shapes["w"], self.weights_format)
+        _check_positive(self.op, names["w"], shapes["w"], False)
+        n = ic = in_size = out_size = None
+        oc = w_oc
+        if "x" in shapes:
+            _check_positive(self.op, names["x"], shapes["x"], True)
+            n, ic, in_size = split_data_shape(shapes["x"], self.data_format)
+        if "y" in shapes:
+            _check_positive(self.op, names["y"], shapes["y"], True)
+            n_y, oc, out_size = split_data_shape(shapes["y"], self.data_format)
+            if n is not None and n_y != n:
+                raise ShapeError(self.op, names["y"], f"has batch {n_y}: expected {n}, the batch of '{names['x']}'")
+            n = n_y
+        rank = len(kernel)
+        for role, spatial in (("x", in_size), ("y", out_size)):
+            if spatial is not None and len(spatial) != rank:
+                raise ShapeError(self.op, names[role], f"has {len(spatial)} spatial axes: expected {rank} like "
+                                 f"'{names['w']}'")
+        wfmt = self.weights_format
+        o_name, i_name = ("I", "O") if self.d.transposed else ("O", "I")
+        if oc != w_oc:
+            raise ShapeError(self.op, names["w"], f"has shape {list(shapes['w'])} ({wfmt}): its {o_name} axis is "
+                             f"{w_oc}, expected {oc}, the channels of '{names['y']}'")
+        if oc % groups:
+            raise AttributeValueError(self.op, "groups", groups, f"a divisor of the {oc} channels of "
+                                      f"'{names['y'] if 'y' in names else names['w']}'")
+        if ic is None:
+            ic = icg * groups
+        elif ic % groups:
+            raise AttributeValueError(self.op, "groups", groups, f"a divisor of the {ic} channels of '{names['x']}'")
+        elif ic != icg * groups:
+            raise ShapeError(self.op, names["w"], f"has shape {list(shapes['w'])} ({wfmt}): its {i_name} axis is "
+                             f"{icg}, expected {ic} / groups = {ic // groups} (the channels of '{names['x']}' "
+                             f"divided by groups={groups})")
+        return n, ic, oc, icg, kernel, in_size, out_size
+
+    def _pads(self, rank: int, in_size, strides, eff) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        mode = self.attrs.get("auto_pad", "none")
+        if mode != "none":
+            return auto_pads(mode, in_size, strides, eff)
+        return (per_axis(self.d, self.attrs, "pads_begin", rank, self.lenient),
+                per_axis(self.d, self.attrs, "pads_end", rank, self.lenient))
+
+    def _sizes(self, in_size, out_size, strides, eff, pb, pe, out_pad):
+        names = {spec.role: spec.name for spec, _ in self.given.values()}
+        names.setdefault("x", self.d.shape_attr or self.d.output.name)
+        names.setdefault("y", self.d.output.name)
+        if not self.d.transposed:
+            span = [i + b + e - k for i, b, e, k in zip(in_size, pb, pe, eff)]
+            if any(s < 0 for s in span):
+                raise ShapeError(self.op, names["x"], f"has spatial size {list(in_size)}: with pads_begin "
+                                 f"{list(pb)}, pads_end {list(pe)} and effective kernel {list(eff)} "
+                                 "(dilations applied) the output size would be below 1")
+            expected = tuple(s // st + 1 for s, st in zip(span, strides))
+            if out_size is not None and tuple(out_size) != expected:
+                raise ShapeError(self.op, names["y"], f"has spatial size {list(out_size)}: expected {list(expected)}"
+                                 f" = floor((I + PB + PE - EK) / S) + 1 for I={list(in_size)}, PB={list(pb)}, "
+                                 f"PE={list(pe)}, EK={list(eff)}, S={list(strides)}")
+            return tuple(in_size), expected
+        if in_size is None:  # ConvTranspose: output size from the formula
+            size = tuple(st * (o - 1) + k - b - e + p for o, st, k, b, e, p in zip(out_size, strides, eff, pb, pe, out_pad))
+            if any(s < 1 for s in size):
+                raise ShapeError(self.op, names["y"], f"has spatial size {list(out_size)}: the output size "
+                                 f"S*(I-1) + EK - PB - PE + output_padding = {list(size)} must be positive")
+            return size, tuple(out_size)
+        if out_size is None:  # ConvTransposeBackwardData: solve the formula for the ConvTranspose input size
+            num = [i + b + e - k - p for i, b, e, k, p in zip(in_size, pb, pe, eff, out_pad)]
+            if any(v < 0 or v % st for v, st in zip(num, strides)):
+                raise ShapeError(self.op, names["x"], f"has spatial size {list(in_size)}: no ConvTranspose input "
+                                 "size O gives it as S*(O-1) + EK - PB - PE + output_padding with "
+                                 f"S={list(strides)}, EK={list(eff)}, PB={list(pb)}, PE={list(pe)}, "
+                                 f"output_padding={list(out_pad)}")
+            return tuple(in_size), tuple(v // st + 1 for v, st in zip(num, strides))
+        expected = tuple(st * (o - 1) + k - b - e + p for o, st, k, b, e, p in zip(out_size, strides, eff, pb, pe, out_pad))
+        if tuple(in_size) != expected:
+            raise ShapeError(self.op, names["x"], f"has spatial size {list(in_size)}: expected {list(expected)} = "
+                             f"S*(I-1) + EK - PB - PE + output_padding for the ConvTranspose input size "
+                             f"I={list(out_size)}, S={list(strides)}, EK={list(eff)}, PB={list(pb)}, PE={list(pe)}, "
+                             f"output_padding={list(out_pad)}")
+        return tuple(in_size), tuple(out_size)
+
+
+def build_problem(definition: OpDef, attrs: Attrs, inputs: list[TensorInfo | None], lenient: bool = False) -> Problem:
+    """Resolve an op invocation into a :class:`Problem`, or raise a convgrad error saying why not."""
+    bias = next((i for s, i in zip(definition.inputs, inputs) if s.role == "bias" and i is not None), None)
+    problem = _Inference(definition, attrs, list(inputs), lenient).run()
+    if bias is not None:
+        channels = problem.geometry.oc if definition.output.role == "y" else problem.geometry.ic
+        if bias.shape != (channels,):
+            raise ShapeError(definition.kind, "bias", f"has shape {list(bias.shape)}: expected [{channels}], "
+                             f"one value per channel of {definition.output.name}")
+    return problem
