@@ -26,7 +26,7 @@ def _xio(w: np.ndarray, fmt: str) -> np.ndarray:
     return w if fmt[0] != "X" else np.transpose(w, (*range(2, w.ndim), 1, 0))
 
 
-@pytest.mark.parametrize("rank,fmt,wfmt", itertools.product([1, 2, 3], ["NCX", "NXC"], ["OIX", "XIO"]))
+@pytest.mark.parametrize("rank,fmt,wfmt", list(itertools.product([1, 2, 3], ["NCX", "NXC"], ["OIX", "XIO"])))
 def test_all_ops_match_torch(rank, fmt, wfmt, rng):
     groups, icg, ocg, n = 2, 3, 2, 2
     size, kernel = [7, 6, 5][:rank], [3, 2, 3][:rank]
