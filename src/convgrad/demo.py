@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import convolution, convolution_backward_data, convolution_backward_weights
+from .dtypes import dtype_name
 from .engines import default_engine_name
 
 LAYER = "resnet_50:res3a_branch2b  mb{mb} ic128 ih28 oc128 oh28 kh3 ph1 (NXC data, XIO weights)"
@@ -42,7 +43,7 @@ def _timed(fn, *args, **kwargs):
 
 def run(mb: int = 4, seed: int | None = None, console: Console | None = None) -> bool:
     """Run the demo; print what was done; return True when every check passed."""
-    console = console or Console()
+    console = console or Console(width=max(Console().width, 100))
     rng = np.random.default_rng(seed)
     attrs = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1])
     x = rng.standard_normal((mb, 28, 28, 128)).astype(np.float32)
@@ -58,8 +59,9 @@ def run(mb: int = 4, seed: int | None = None, console: Console | None = None) ->
     flops = 2 * mb * 128 * 128 * 9 * 28 * 28
 
     table = Table(title="ops run")
-    for col in ("op", "output", "time ms", "GFLOP/s", "max |err| vs reference", "relative"):
-        table.add_column(col, justify="right" if col != "op" else "left")
+    table.add_column("op", no_wrap=True)
+    for col in ("output", "ms", "GFLOP/s", "max|err|", "rel. err"):
+        table.add_column(col, justify="right", no_wrap=True)
     checks: list[Check] = []
     refs = {
         "Convolution": (y, lambda: convolution(x, w, **attrs, engine="reference"), t_fwd),
@@ -73,7 +75,7 @@ def run(mb: int = 4, seed: int | None = None, console: Console | None = None) ->
         err = float(np.max(np.abs(got - want)))
         rel = err / float(np.max(np.abs(want)))
         checks.append(Check(f"{name} vs reference (relative)", rel, 1e-5))
-        table.add_row(name, f"{got.shape} {got.dtype}", f"{seconds * 1e3:.1f}", f"{flops / seconds / 1e9:.1f}",
+        table.add_row(name, "x".join(map(str, got.shape)) + f" {dtype_name(got.dtype)}", f"{seconds * 1e3:.1f}", f"{flops / seconds / 1e9:.1f}",
                       f"{err:.2e}", f"{rel:.1e}")
     console.print(table)
 
@@ -93,8 +95,9 @@ def run(mb: int = 4, seed: int | None = None, console: Console | None = None) ->
                         (fd - float(np.vdot(dw, direction))) / abs(fd), 1e-4))
 
     verdict = Table(title="verification")
-    for col in ("check", "value", "limit", "result"):
-        verdict.add_column(col)
+    verdict.add_column("check")
+    for col in ("value", "limit", "result"):
+        verdict.add_column(col, no_wrap=True)
     for c in checks:
         verdict.add_row(c.name, f"{c.value:+.2e}", f"{c.limit:.0e}", "[green]ok[/green]" if c.ok else "[red]FAILED[/red]")
     console.print(verdict)
