@@ -1,22 +1,30 @@
-# `make demo` runs the main job, `make test` the tests; both install what they need into .venv.
+# `make demo` runs the main job, `make test` the tests; each installs what it needs into .venv.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+PIP    := $(BIN)/python -m pip install -qq --disable-pip-version-check
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -e '.[test]'
-	touch $(STAMP)
 
-install: $(STAMP)
+# The package and its runtime dependencies (NumPy, ml_dtypes, click, rich).
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(PIP) -e .
+	touch $@
 
-demo: $(STAMP)
+# Plus what the tests need: pytest, hypothesis, matplotlib and PyTorch 2.13.0 (CPU) as an oracle.
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
+	$(PIP) -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
 	$(BIN)/convgrad demo
 
-test: $(STAMP)
+test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -n 2 -q
 
 clean:
