@@ -351,9 +351,12 @@ def make_geometry(kind: str, rank: int, group_kind: str, strides, dilations, ker
 
 
 def as_bits(a: np.ndarray) -> np.ndarray:
-    """Monotonic integers of a 16-bit float array: neighbouring values differ by 1."""
-    bits = np.ascontiguousarray(a).view(np.uint16).astype(np.int64)
-    return np.where(bits & 0x8000, -(bits & 0x7FFF), bits)
+    """Monotonic integers of a 16- or 32-bit float array: neighbouring values differ by 1."""
+    a = np.ascontiguousarray(a)
+    width = 8 * a.dtype.itemsize
+    bits = a.view(np.uint16 if width == 16 else np.uint32).astype(np.int64)
+    sign = 1 << (width - 1)
+    return np.where(bits & sign, -(bits & (sign - 1)), bits)
 
 
 def round_nearest(values: np.ndarray, dtype) -> np.ndarray:
@@ -368,7 +371,8 @@ def round_nearest(values: np.ndarray, dtype) -> np.ndarray:
         bits = first + delta
         ok = (bits >= 0) & (bits <= 0xFFFF)
         cand = np.where(ok, bits, first).astype(np.uint16).view(dtype).astype(np.float64)
-        err = np.abs(values - cand)
+        with np.errstate(invalid="ignore"):
+            err = np.abs(values - cand)
         err[~ok | ~np.isfinite(cand)] = np.inf
         better = (err < best_err) | ((err == best_err) & (bits % 2 == 0))
         best = np.where(better, bits, best)
