@@ -312,7 +312,8 @@ def tensor_hash(a) -> tuple:
     if isinstance(a, torch.Tensor):
         return (tuple(a.shape), a.stride(), a.dtype, a.numpy().tobytes() if a.dtype != torch.bfloat16
                 else a.view(torch.int16).numpy().tobytes())
-    a = np.asarray(a)
+    if not isinstance(a, np.ndarray):
+        return repr(a)
     return (a.shape, a.strides, a.dtype, a.flags.writeable, a.tobytes())
 
 
