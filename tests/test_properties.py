@@ -17,7 +17,7 @@ from convgrad.engines import default_engine_name
 from oracle import (AUTO_PADS, OPS, WEIGHTS_FORMATS, Case, Geometry, check, data_layout, fresh_rng,
                     random_tensors, resolve_pads, torch_results, weights_layout)
 
-SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                            HealthCheck.filter_too_much])
 
 
