@@ -7,6 +7,7 @@ rounded once, to nearest even, to the output dtype.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import ml_dtypes
@@ -63,10 +64,22 @@ def as_array(value: Any, op: str, name: str) -> np.ndarray:
             try:
                 return np.from_dlpack(value)
             except (TypeError, RuntimeError, BufferError, ValueError):
-                pass  # e.g. a dtype NumPy's DLPack import lacks: fall back to the array protocol
+                bits = _torch_bf16_bits(value)
+                if bits is not None:
+                    return bits.view(bfloat16)
+                # e.g. a dtype NumPy's DLPack import lacks: fall back to the array protocol
         return np.asarray(value)
     except Exception as exc:
         raise InputTypeError(op, name, f"= {describe(value)} cannot be converted to an array ({exc})") from None
+
+
+def _torch_bf16_bits(value: Any) -> np.ndarray | None:
+    """NumPy's DLPack import (and torch's __array__) lack bfloat16: import a torch bf16 tensor's
+    bits as int16 (zero-copy, any strides); None for anything else."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(value, torch.Tensor) or value.dtype != torch.bfloat16:
+        return None
+    return np.from_dlpack(value.view(torch.int16))
 
 
 def check_data_dtype(array: np.ndarray, op: str, name: str) -> np.dtype:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InputTypeError
+from .errors import InputError, InputTypeError, MissingAttributeError, UnknownAttributeError
 from .op import Op
 from .opdefs import OPS, OpDef
 
@@ -55,11 +55,23 @@ def _make(d: OpDef) -> Callable[..., np.ndarray]:
     signature = _signature(d)
     input_names = [s.name for s in d.inputs]
 
+    keywords = [p.name for p in signature.parameters.values() if p.kind is _P.KEYWORD_ONLY]
+
     def function(*args: Any, **kwargs: Any) -> np.ndarray:
+        # Same error classes as Op(kind, **attrs): a misspelt attribute is an UnknownAttributeError,
+        # a missing required attribute (strides) a MissingAttributeError, a missing input an InputError.
+        unknown = next((k for k in kwargs if k not in signature.parameters), None)
+        if unknown is not None:
+            raise UnknownAttributeError(d.kind, unknown, kwargs[unknown], keywords)
         try:
-            bound = signature.bind(*args, **kwargs)
+            bound = signature.bind_partial(*args, **kwargs)
         except TypeError as exc:
             raise InputTypeError(d.kind, None, f"called as {d.function}(...): {exc}") from None
+        for p in signature.parameters.values():
+            if p.default is _P.empty and p.name not in bound.arguments:
+                if p.kind is _P.KEYWORD_ONLY:
+                    raise MissingAttributeError(d.kind, p.name, d.attr(p.name).expected())
+                raise InputError(d.kind, p.name, "is required but was not given")
         values = bound.arguments
         attrs = {k: v for k, v in values.items() if k not in input_names and k != "engine"}
         inputs = [values.get(name) for name in input_names]

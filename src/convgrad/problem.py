@@ -280,10 +280,12 @@ class _Inference:
         else:
             raise InputError(self.op, shape_attr, f"is missing: give it as input 2 or as attribute "
                              f"'{shape_attr}' (the shape of {self.d.output.name})")
-        if len(values) != rank + 2 or any(v < 1 for v in values):
+        batch_min = 1 if target == "w" else 0  # a data shape may have a batch of 0, like the data inputs
+        if len(values) != rank + 2 or values[0] < batch_min or any(v < 1 for v in values[1:]):
             fmt = self.data_format if target != "w" else self.weights_format
             raise ShapeError(self.op, None, f"{source} = {list(values)}: expected {rank + 2} positive sizes "
-                             f"(the {fmt} shape of {self.d.output.name} for a {rank}-D problem)")
+                             f"(the {fmt} shape of {self.d.output.name} for a {rank}-D problem"
+                             + (", a batch of 0 is allowed)" if batch_min == 0 else ")"))
         shapes[target] = tuple(values)
         return shapes
 
