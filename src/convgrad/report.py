@@ -72,7 +72,7 @@ def summary_line(results: Sequence[Result]) -> str:
 
 def summary_table(results: Sequence[Result], mode: str) -> Table:
     """One row per case: name, ops, status and the check's error or the timings."""
-    table = Table(title=f"{summary_line(results)}", title_justify="left")
+    table = Table()
     for column in ("#", "name", "ops", "status"):
         table.add_column(column, overflow="fold")
     numbers = ("Gops", "min ms", "avg ms", "GFLOP/s") if mode == "P" else ("error / limit",)
@@ -113,11 +113,14 @@ def plot(results: Sequence[Result], path: str | Path, ceiling: float) -> None:
     import matplotlib.pyplot as plt
 
     timed = [r for r in results if r.ok and r.times]
-    labels = [f"{r.index}: {r.name}" for r in timed]
+    labels = [f"{r.index}: {r.name} ({r.kinds if '+' not in r.kinds else str(r.kinds.count('+') + 1) + ' ops'})"
+              for r in timed]
     values = [r.flops / min(r.times) / 1e9 for r in timed]
     fig, ax = plt.subplots(figsize=(9, 1.6 + 0.35 * max(len(timed), 1)))
     ax.barh(labels, values, color="tab:blue", label=f"{timed[0].engine if timed else ''} engine, best run")
     ax.axvline(ceiling, color="tab:red", linestyle="--", label=f"numpy sgemm 2048x2048: {ceiling:.0f} GFLOP/s")
+    for y, value in enumerate(values):
+        ax.annotate(f" {value:.3g}", (value, y), va="center", fontsize="small")
     ax.invert_yaxis()
     ax.set_xlabel("GFLOP/s")
     ax.set_title("convgrad: GFLOP/s per case")

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..dtypes import DATA_DTYPES
-from ..errors import ConvgradError
+from ..attributes import parse_attributes, per_axis
+from ..errors import ConvgradError, ShapeError
 from ..op import Op
 from ..opdefs import OpDef, get_opdef
 from ..problem import Problem, data_shape, split_data_shape, split_weights_shape, weights_shape
@@ -68,25 +69,50 @@ def _order(graph: Graph) -> list[GraphOp]:
     return order
 
 
+def _data_spatial(d: OpDef, attrs: dict[str, Any], y_spatial: tuple[int, ...],
+                  kernel: tuple[int, ...]) -> tuple[int, ...]:
+    """The smallest forward input size whose output size is ``y_spatial``: S*(O-1) + EK - PB - PE
+    (S*O with a same_* auto_pad, PB = PE = 0 with valid)."""
+    parsed = parse_attributes(d, attrs)
+    rank = len(y_spatial)
+    strides, dilations = (per_axis(d, parsed, name, rank) for name in ("strides", "dilations"))
+    mode = parsed.get("auto_pad", "none")
+    if mode.startswith("same"):
+        return tuple(s * o for s, o in zip(strides, y_spatial))
+    pads = [(0,) * rank] * 2 if mode == "valid" else [per_axis(d, parsed, p, rank) for p in ("pads_begin", "pads_end")]
+    return tuple(s * (o - 1) + (k - 1) * dl + 1 - b - e
+                 for s, o, k, dl, b, e in zip(strides, y_spatial, kernel, dilations, *pads))
+
+
 def _resolve_shape(d: OpDef, attrs: dict[str, Any], shapes: dict[str, tuple[int, ...]], base: tuple[int, ...],
-                   label: str) -> tuple[int, ...]:
-    """The shape attribute/input's values: spatial/kernel from ``base``, batch and channels from the data."""
+                   fit: bool) -> tuple[int, ...]:
+    """The shape attribute/input's values: batch and channels from the data inputs; kernel and spatial
+    sizes from ``base``, or (``fit``, diff_src only) the spatial size that fits diff_dst."""
     groups = attrs.get("groups", 1)
     data_format = str(attrs.get("data_format", d.attr("data_format").default)).upper()
     weights_format = str(attrs.get(d.weights_format_attr, d.attr(d.weights_format_attr).default)).upper()
-    try:
-        if d.output.role == "w":  # (OC, ICg, K): OC from y, ICg from x
-            _, _, kernel = split_weights_shape(base, weights_format)
-            oc = split_data_shape(shapes["y"], data_format)[1]
-            ic = split_data_shape(shapes["x"], data_format)[1]
-            return weights_shape(oc, ic // groups, kernel, weights_format)
-        _, _, spatial = split_data_shape(base, data_format)  # diff_src: batch from y, channels from w
-        n = split_data_shape(shapes["y"], data_format)[0]
-        icg = split_weights_shape(shapes["w"], weights_format)[1]
-        return data_shape(n, icg * groups, spatial, data_format)
-    except (IndexError, TypeError, KeyError):
-        raise GraphError(f"{label}: cannot derive '{d.shape_attr}' from base {list(base)} and the input "
-                         f"shapes") from None
+    if d.output.role == "w":  # (OC, ICg, K): OC from y, ICg from x
+        kernel = split_weights_shape(base, weights_format)[2]
+        oc = split_data_shape(shapes["y"], data_format)[1]
+        ic = split_data_shape(shapes["x"], data_format)[1]
+        return weights_shape(oc, ic // groups, kernel, weights_format)
+    n, _, y_spatial = split_data_shape(shapes["y"], data_format)  # diff_src: batch from y, channels from w
+    _, icg, kernel = split_weights_shape(shapes["w"], weights_format)
+    spatial = _data_spatial(d, attrs, y_spatial, kernel) if fit else split_data_shape(base, data_format)[2]
+    return data_shape(n, icg * groups, spatial, data_format)
+
+
+def _infer(op: GraphOp, d: OpDef, attrs: dict[str, Any], current: list[LogicalTensor],
+           values: tuple[int, ...] | None) -> tuple[Op, Problem]:
+    """The convgrad op and its resolved problem; shape ``values`` go to the input if there is one,
+    else to the shape attribute."""
+    has_input = any(spec.role == "shape" for spec in d.inputs[:len(current)])
+    if values is not None and not has_input:
+        attrs = {**attrs, d.shape_attr: list(values)}
+    convop = Op(op.kind, **attrs)
+    args = [values if spec.role == "shape" else t.shape for spec, t in zip(d.inputs, current)]
+    dtype = next(t.dtype for spec, t in zip(d.inputs, current) if spec.role != "shape")
+    return convop, convop.infer(*args, dtype=DATA_DTYPES.get(dtype, "f32"))
 
 
 def _plan_step(op: GraphOp, tensors: dict[int, LogicalTensor], inputs: set[int],
@@ -100,31 +126,31 @@ def _plan_step(op: GraphOp, tensors: dict[int, LogicalTensor], inputs: set[int],
                          f"({', '.join(s.name for s in d.inputs)})")
     current = [tensors[t.id] for t in op.inputs]
     shapes = {spec.role: t.shape for spec, t in zip(d.inputs, current) if spec.role in ("x", "y", "w")}
-    attrs = dict(op.attrs)
     shape_input = next((t for spec, t in zip(d.inputs, current) if spec.role == "shape"), None)
-    if d.shape_attr is not None and (shape_input is not None or any(attrs.get(d.shape_attr) or [])):
-        base = tuple(attrs.get(d.shape_attr) or ())
-        if not any(base):
-            base = op.outputs[0].shape
-        if -1 in base or not base:
-            raise GraphError(f"{op.label}: '{d.shape_attr}' has no values: give the attribute or the output "
-                             "tensor's shape")
-        values = _resolve_shape(d, attrs, shapes, base, op.label)
-        if shape_input is None:
-            attrs[d.shape_attr] = list(values)
-        elif shape_input.id not in inputs or shape_input.dtype != "s32":
-            raise GraphError(f"{op.label}: input '{d.inputs[2].name}' (tensor {shape_input.id}) must be an "
-                             "s32 graph input")
-        else:
-            shape_values[shape_input.id] = values
-            tensors[shape_input.id] = replace(shape_input, shape=(len(values),), stride=None)
+    values = None
     try:
-        convop = Op(op.kind, **attrs)
-        args = [shape_values[t.id] if spec.role == "shape" else t.shape for spec, t in zip(d.inputs, current)]
-        data_dtypes = [t.dtype for spec, t in zip(d.inputs, current) if spec.role != "shape"]
-        problem = convop.infer(*args, dtype=DATA_DTYPES.get(data_dtypes[0], "f32"))
+        if d.shape_attr is not None and (shape_input is not None or any(op.attrs.get(d.shape_attr) or [])):
+            base = tuple(op.attrs.get(d.shape_attr) or ())
+            base = base if any(base) else op.outputs[0].shape
+            if -1 in base or len(base) != len(next(iter(shapes.values()), ())):
+                raise GraphError(f"{op.label}: '{d.shape_attr}' has no usable values ({list(base)}): give the "
+                                 "attribute or the output tensor's shape")
+            values = _resolve_shape(d, op.attrs, shapes, base, fit=False)
+        try:
+            convop, problem = _infer(op, d, op.attrs, current, values)
+        except ShapeError:
+            if values is None or d.output.role != "x":
+                raise
+            values = _resolve_shape(d, op.attrs, shapes, values, fit=True)
+            convop, problem = _infer(op, d, op.attrs, current, values)
     except ConvgradError as exc:
         raise GraphError(f"{op.label}: {exc}") from None
+    if shape_input is not None:
+        if shape_input.id not in inputs or shape_input.dtype != "s32":
+            raise GraphError(f"{op.label}: input '{d.inputs[2].name}' (tensor {shape_input.id}) must be an "
+                             "s32 graph input")
+        shape_values[shape_input.id] = values
+        tensors[shape_input.id] = replace(shape_input, shape=(len(values),), stride=None)
     declared = op.outputs[0]
     output = declared if declared.shape == problem.output_shape else restride(declared, problem.output_shape)
     return Step(op, convop, tuple(t.id for t in op.inputs), output, problem)
