@@ -153,52 +153,51 @@ def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], m
     sys.exit(0 if all(r.ok for r in results) else 1)
 
 
-@main.command(epilog=EXIT_CODES)
+_GRAPH_HELP = """Run oneDNN Graph JSON cases as benchdnn's graph driver does.
+
+\b
+convgrad graph --case=FILE.json [--dt=f32|bf16|f16] [--in-shapes=ID:AxBxC[*tag][+ID:...]]
+               [--op-attrs=OPID:name:value[*name:value]] [--mb=N] [--mode=C|P] [--engine=...]
+convgrad graph --batch=FILE
+
+The graph's ops (Convolution, ConvolutionBackwardData, ConvolutionBackwardWeights,
+ConvolutionBackpropFilters, ConvTranspose, ConvTransposeBackwardData, ConvTransposeBackwardWeights)
+run in dependency order; graph inputs get random non-zero data laid out with their strides.
+Rewritten shapes and attributes flow to the outputs by shape inference. A shape given as input 2
+(dst_shape, weights_shape, filter_shape) takes its spatial/kernel sizes from the op's attribute,
+else from the op's output shape in the file (a diff_src size that no longer fits diff_dst becomes
+the smallest that does), and its batch and channels from the op's data inputs.
+
+\b
+Output: one line per case, "N:PASSED __REPRO: <command>" or "N:FAILED (why) __REPRO: <command>"
+(C mode) or a perf line (P mode), a summary table, and "tests:T passed:P failed:F".
+"""
+
+_CONV_HELP = """Run benchdnn convolution problem descriptors.
+
+\b
+convgrad conv --dir=FWD_D|FWD_B|BWD_D|BWD_W [--dt=f32|bf16|f16] [--mb=N] [--tag=nxc|ncx] DESCRIPTOR...
+convgrad conv --batch=FILE
+
+A descriptor is benchdnn's "gG mbN icC idD ihH iwW ocK odD ohH owW kdK khK kwK sdS shS swS pdP phP
+pwP ddD dhD dwD nNAME" (dilation written minus one; missing sizes derived as benchdnn does), e.g.
+mb2ic64ih56oc64oh56kh3ph1n"resnet_50:res2a_branch2b". Modes and output as for "convgrad graph".
+"""
+
+
+@main.command(help=_GRAPH_HELP + "\n" + _BATCH_HELP, epilog=EXIT_CODES)
 @click.option("--case", "cases", multiple=True, metavar="FILE.json", help="oneDNN Graph JSON case (repeatable).")
 @_knob_options(GRAPH)
 @_run_options
 def graph(cases: tuple[str, ...], batches: tuple[str, ...], plot: str | None, **options: Any) -> None:
-    """Run oneDNN Graph JSON cases as benchdnn's graph driver does.
-
-    \b
-    convgrad graph --case=FILE.json [--dt=f32|bf16|f16] [--in-shapes=ID:AxBxC[*tag][+ID:...]]
-                   [--op-attrs=OPID:name:value[*name:value]] [--mb=N] [--mode=C|P] [--engine=...]
-    convgrad graph --batch=FILE
-
-    The graph's ops (Convolution, ConvolutionBackwardData, ConvolutionBackwardWeights,
-    ConvolutionBackpropFilters, ConvTranspose, ConvTransposeBackwardData,
-    ConvTransposeBackwardWeights) run in dependency order; graph inputs get random non-zero data laid
-    out with their strides. Rewritten shapes and attributes flow to the outputs by shape inference.
-    A shape given as input 2 (dst_shape, weights_shape, filter_shape) takes its spatial/kernel sizes
-    from the op's attribute, else from the op's output shape in the file, and its batch and channels
-    from the op's data inputs.
-
-    \b
-    Output: one line per case, "N:PASSED __REPRO: <command>" or "N:FAILED (why) __REPRO: <command>"
-    (C mode) or a perf line (P mode), a summary table, and "tests:T passed:P failed:F".
-    """
+    """``convgrad graph`` (its help is _GRAPH_HELP)."""
     _drive(GRAPH, cases, batches, plot_file=plot, **options)
 
 
-graph.help = (graph.help or "") + "\n\n" + _BATCH_HELP
-
-
-@main.command(epilog=EXIT_CODES)
+@main.command(help=_CONV_HELP + "\n" + _BATCH_HELP, epilog=EXIT_CODES)
 @click.argument("descriptors", nargs=-1, metavar="[DESCRIPTOR]...")
 @_knob_options(CONV)
 @_run_options
 def conv(descriptors: tuple[str, ...], batches: tuple[str, ...], plot: str | None, **options: Any) -> None:
-    """Run benchdnn convolution problem descriptors.
-
-    \b
-    convgrad conv --dir=FWD_D|FWD_B|BWD_D|BWD_W [--dt=f32|bf16|f16] [--mb=N] [--tag=nxc|ncx] DESCRIPTOR...
-    convgrad conv --batch=FILE
-
-    A descriptor is benchdnn's "gG mbN icC idD ihH iwW ocK odD ohH owW kdK khK kwK sdS shS swS pdP phP
-    pwP ddD dhD dwD nNAME" (dilation written minus one; missing sizes derived as benchdnn does), e.g.
-    mb2ic64ih56oc64oh56kh3ph1n"resnet_50:res2a_branch2b". Modes and output as for "convgrad graph".
-    """
+    """``convgrad conv`` (its help is _CONV_HELP)."""
     _drive(CONV, descriptors, batches, plot_file=plot, **options)
-
-
-conv.help = (conv.help or "") + "\n\n" + _BATCH_HELP

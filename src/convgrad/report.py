@@ -84,7 +84,7 @@ def summary_table(results: Sequence[Result], mode: str) -> Table:
             cells = ("",) * len(numbers)
         elif mode == "P":
             f = _fields(r)
-            cells = (f["Gops"], f"{float(f['-time']):.3f}", f"{float(f['0time']):.3f}", f"{float(f['-Gflops']):.2f}")
+            cells = (f"{float(f['Gops']):.4g}", f"{float(f['-time']):.3f}", f"{float(f['0time']):.3f}", f"{float(f['-Gflops']):.2f}")
         else:
             cells = (f"{r.max_error:.2g}",)
         table.add_row(str(r.index), r.name, r.kinds.replace("+", "\n"), status, *cells)
