@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import secrets
 import sys
 from collections.abc import Callable
@@ -124,6 +125,8 @@ def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], m
         raise click.BadParameter(str(exc), param_hint="--perf-template") from None
     if plot_file and mode != "P":
         raise click.UsageError("--plot needs --mode=P")
+    if plot_file and importlib.util.find_spec("matplotlib") is None:
+        raise click.UsageError("--plot needs matplotlib: pip install 'convgrad[plot]'")
     cases = _collect(driver, targets, batches, knobs)
     if not cases:
         raise click.UsageError(f"nothing to run: give {'--case' if driver.trigger else 'a descriptor'} or --batch")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +95,6 @@ class Graph:
     version: str = ""
     engine_kind: str = "cpu"
     fpmath_mode: str = "strict"
-    meta: dict[str, Any] = field(default_factory=dict)
 
     def producers(self) -> dict[int, GraphOp]:
         """Tensor id -> the op that produces it."""

@@ -27,7 +27,7 @@ from ..problem import Problem
 from .model import LogicalTensor, storage_size
 from .plan import Plan, Step
 
-__all__ = ["OpCheck", "make_inputs", "execute", "check", "time_plan", "tolerance", "strided"]
+__all__ = ["OpCheck", "make_inputs", "execute", "check", "time_plan", "tolerance", "reduction_length", "strided"]
 
 
 def strided(values: np.ndarray, stride: tuple[int, ...] | None) -> np.ndarray:
