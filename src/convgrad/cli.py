@@ -1,21 +1,53 @@
-"""The ``convgrad`` command line."""
+"""The ``convgrad`` command line: ``demo``, and the benchdnn-style ``graph`` and ``conv`` drivers."""
 
 from __future__ import annotations
 
+import importlib.util
+import secrets
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import __version__
+from .batch import Case
+from .driver import CONV, GRAPH, Driver, Result, RunSettings, run_case
+from .engines import available_engines, default_engine_name
+from .report import case_line, check_template, csv_header, gemm_ceiling, perf_line, plot, summary_line, summary_table
+
+EXIT_CODES = """\b
+Exit codes:
+  0  every case passed
+  1  some case failed (a bad file or line counts as a failed case)
+  2  usage error (bad option on the command line)"""
+
+_BATCH_HELP = """\b
+Batch files (--batch=FILE) hold such command lines, one case a line:
+  # comment
+  --reset --dt=bf16 --case=conv.json      (graph)
+  --dir=BWD_W --batch=shapes_resnet_50    (conv: descriptors or nested batches)
+Options persist from line to line until --reset (back to the defaults);
+relative paths are resolved against the batch file's folder."""
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+             epilog=EXIT_CODES)
 @click.version_option(__version__, prog_name="convgrad")
 def main() -> None:
-    """convgrad: oneDNN Graph convolution-gradient ops, spec-exact, in NumPy."""
+    """convgrad: oneDNN Graph convolution-gradient ops, spec-exact, in NumPy.
+
+    \b
+    convgrad demo     compute and verify a real ResNet-50 layer's gradients
+    convgrad graph    run oneDNN Graph JSON cases, benchdnn graph-driver style
+    convgrad conv     run benchdnn convolution descriptors
+    """
 
 
-@main.command()
+@main.command(epilog=EXIT_CODES)
 @click.option("--mb", default=4, show_default=True, help="Minibatch of the layer.")
 @click.option("--seed", type=int, default=None, help="Random seed (default: fresh each run).")
 def demo(mb: int, seed: int | None) -> None:
@@ -23,3 +55,152 @@ def demo(mb: int, seed: int | None) -> None:
     from .demo import run
 
     sys.exit(0 if run(mb=mb, seed=seed) else 1)
+
+
+def _knob_options(driver: Driver) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """One click option per driver option, validated by the option's own parser."""
+
+    def validate(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                driver.knobs[param.name.replace("_", "-")].parse(value)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc)) from None
+        return value
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        for knob in reversed(list(driver.knobs.values())):
+            default = f" [default: {knob.default}]" if knob.default else ""
+            f = click.option(f"--{knob.name}", metavar="VALUE", callback=validate, help=knob.help + default)(f)
+        return f
+
+    return decorate
+
+
+def _run_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by ``graph`` and ``conv`` that hold for the whole run."""
+    options = [
+        click.option("--batch", "batches", multiple=True, metavar="FILE",
+                     help="Batch file of command lines (repeatable)."),
+        click.option("--mode", type=click.Choice(["C", "P"], case_sensitive=False), default="C",
+                     show_default=True, help="C: check the engine against the reference engine; P: time it."),
+        click.option("--engine", type=click.Choice(available_engines()), default=None,
+                     help=f"Engine to check or time [default: {default_engine_name()}]."),
+        click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=None,
+                     help="Seed of the random inputs (case N uses SEED+N; default: fresh each run)."),
+        click.option("--perf-template", default="def", show_default=True, metavar="def|csv|TEXT",
+                     help="Perf line format: def (benchdnn's), csv (quoted, with a header row) or a text with "
+                          "%engine% %impl% %name% %prb% %Gops% %-time% %-Gflops% %0time% %0Gflops%."),
+        click.option("--max-ms-per-prb", "max_ms", type=click.FloatRange(0), default=1000.0, show_default=True,
+                     help="P mode: time each case for about this long (at least 3 runs)."),
+        click.option("--fix-times-per-prb", "times", type=click.IntRange(0), default=0, show_default=True,
+                     help="P mode: exactly this many timed runs (0: use --max-ms-per-prb)."),
+        click.option("--plot", type=click.Path(dir_okay=False, writable=True), default=None, metavar="FILE.png",
+                     help="P mode: save a chart of GFLOP/s per case with the machine's GEMM ceiling."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _collect(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], knobs: dict[str, Any]) -> list[Case]:
+    """The cases of the command line: its own targets, then its batch files, in order."""
+    reader = driver.reader()
+    settings = reader.defaults()
+    settings.update({name.replace("_", "-"): v for name, v in knobs.items() if v is not None})
+    cases = [reader.case(t, settings, "command line") for t in targets]
+    for batch in batches:
+        cases.extend(reader.read(Path(batch), dict(settings)))
+    return cases
+
+
+def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], mode: str, engine: str | None,
+           seed: int | None, perf_template: str, max_ms: float, times: int, plot_file: str | None,
+           **knobs: Any) -> None:
+    """Run every case, print its line, the summary table and line; exit 0, 1 or 2."""
+    mode = mode.upper()
+    try:
+        check_template(perf_template)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--perf-template") from None
+    if plot_file and mode != "P":
+        raise click.UsageError("--plot needs --mode=P")
+    if plot_file and importlib.util.find_spec("matplotlib") is None:
+        raise click.UsageError("--plot needs matplotlib: pip install 'convgrad[plot]'")
+    cases = _collect(driver, targets, batches, knobs)
+    if not cases:
+        raise click.UsageError(f"nothing to run: give {'--case' if driver.trigger else 'a descriptor'} or --batch")
+    settings = RunSettings(mode, engine or default_engine_name(), secrets.randbits(31) if seed is None else seed,
+                           max_ms, times)
+    csv_out = mode == "P" and perf_template == "csv"
+    info = Console(stderr=csv_out, width=None if sys.stdout.isatty() else 120)
+    if csv_out:
+        click.echo(csv_header())
+    results: list[Result] = []
+    with Progress(TextColumn(f"convgrad {driver.name}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True, disable=len(cases) < 2) as progress:
+        task = progress.add_task("cases", total=len(cases))
+        for index, case in enumerate(cases):
+            result = run_case(driver, settings, case, index)
+            results.append(result)
+            if mode == "P" and result.ok:
+                click.echo(perf_line(result, perf_template))
+            else:
+                click.echo(case_line(result), err=csv_out)
+            progress.advance(task)
+    info.print(summary_table(results, mode))
+    if plot_file:
+        plot(results, plot_file, gemm_ceiling())
+        info.print(f"plot: {plot_file}")
+    click.echo(summary_line(results), err=csv_out)
+    sys.exit(0 if all(r.ok for r in results) else 1)
+
+
+_GRAPH_HELP = """Run oneDNN Graph JSON cases as benchdnn's graph driver does.
+
+\b
+convgrad graph --case=FILE.json [--dt=f32|bf16|f16] [--in-shapes=ID:AxBxC[*tag][+ID:...]]
+               [--op-attrs=OPID:name:value[*name:value]] [--mb=N] [--mode=C|P] [--engine=...]
+convgrad graph --batch=FILE
+
+The graph's ops (Convolution, ConvolutionBackwardData, ConvolutionBackwardWeights,
+ConvolutionBackpropFilters, ConvTranspose, ConvTransposeBackwardData, ConvTransposeBackwardWeights)
+run in dependency order; graph inputs get random non-zero data laid out with their strides.
+Rewritten shapes and attributes flow to the outputs by shape inference. A shape given as input 2
+(dst_shape, weights_shape, filter_shape) takes its spatial/kernel sizes from the op's attribute,
+else from the op's output shape in the file (a diff_src size that no longer fits diff_dst becomes
+the smallest that does), and its batch and channels from the op's data inputs.
+
+\b
+Output: one line per case, "N:PASSED __REPRO: <command>" or "N:FAILED (why) __REPRO: <command>"
+(C mode) or a perf line (P mode), a summary table, and "tests:T passed:P failed:F".
+"""
+
+_CONV_HELP = """Run benchdnn convolution problem descriptors.
+
+\b
+convgrad conv --dir=FWD_D|FWD_B|BWD_D|BWD_W [--dt=f32|bf16|f16] [--mb=N] [--tag=nxc|ncx] DESCRIPTOR...
+convgrad conv --batch=FILE
+
+A descriptor is benchdnn's "gG mbN icC idD ihH iwW ocK odD ohH owW kdK khK kwK sdS shS swS pdP phP
+pwP ddD dhD dwD nNAME" (dilation written minus one; missing sizes derived as benchdnn does), e.g.
+mb2ic64ih56oc64oh56kh3ph1n"resnet_50:res2a_branch2b". Modes and output as for "convgrad graph".
+"""
+
+
+@main.command(help=_GRAPH_HELP + "\n" + _BATCH_HELP, epilog=EXIT_CODES)
+@click.option("--case", "cases", multiple=True, metavar="FILE.json", help="oneDNN Graph JSON case (repeatable).")
+@_knob_options(GRAPH)
+@_run_options
+def graph(cases: tuple[str, ...], batches: tuple[str, ...], plot: str | None, **options: Any) -> None:
+    """``convgrad graph`` (its help is _GRAPH_HELP)."""
+    _drive(GRAPH, cases, batches, plot_file=plot, **options)
+
+
+@main.command(help=_CONV_HELP + "\n" + _BATCH_HELP, epilog=EXIT_CODES)
+@click.argument("descriptors", nargs=-1, metavar="[DESCRIPTOR]...")
+@_knob_options(CONV)
+@_run_options
+def conv(descriptors: tuple[str, ...], batches: tuple[str, ...], plot: str | None, **options: Any) -> None:
+    """``convgrad conv`` (its help is _CONV_HELP)."""
+    _drive(CONV, descriptors, batches, plot_file=plot, **options)

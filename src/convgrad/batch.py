@@ -1,0 +1,111 @@
+"""benchdnn-style option lines and batch files, shared by ``convgrad graph`` and ``convgrad conv``.
+
+A batch file holds command lines, one case a line; ``#`` starts a comment. Driver options
+(``--dt=...``) persist from line to line until ``--reset`` (back to the defaults); a case
+(``--case=FILE`` for graphs, a descriptor for conv) runs with the options in force; ``--batch=FILE``
+reads another batch file in place. Relative paths are resolved against the folder of the batch
+file that names them. A bad line becomes a failed case whose message names the file, the line and
+the field; the lines after it still run.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Knob", "Case", "BatchReader"]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One driver option: ``--NAME=VALUE`` with a parser that raises ValueError on bad values."""
+
+    name: str
+    help: str
+    parse: Callable[[str], Any]
+    default: str = ""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One case to run: its target (case file or descriptor), the non-default options in force,
+    where it came from, and the error if its line could not be read."""
+
+    target: str
+    knobs: tuple[tuple[str, str], ...] = ()
+    origin: str = "command line"
+    error: str | None = None
+
+    def knob(self, name: str, default: str = "") -> str:
+        return dict(self.knobs).get(name, default)
+
+
+class BatchReader:
+    """Turns option tokens and batch files into cases.
+
+    ``trigger`` names the option that runs a case (``case`` for graphs); without one, every plain
+    argument (not starting with ``--``) is a case (conv descriptors).
+    """
+
+    def __init__(self, knobs: dict[str, Knob], trigger: str | None) -> None:
+        self.knobs = knobs
+        self.trigger = trigger
+
+    def defaults(self) -> dict[str, str]:
+        return {name: knob.default for name, knob in self.knobs.items()}
+
+    def case(self, target: str, settings: dict[str, str], origin: str) -> Case:
+        """A case with a snapshot of the options in force (only those off their default)."""
+        knobs = tuple((k, v) for k, v in settings.items() if v != self.knobs[k].default)
+        return Case(target, knobs, origin)
+
+    def expand(self, tokens: list[str], settings: dict[str, str], folder: Path, origin: str,
+               stack: tuple[Path, ...] = ()) -> Iterator[Case]:
+        """The cases of one line; ``settings`` is updated in place and persists to the next line."""
+        for token in tokens:
+            name, equals, value = token.partition("=")
+            if token == "--reset":
+                settings.update(self.defaults())
+            elif name == "--batch" and equals:
+                yield from self.read(folder / value, settings, stack, f"{origin}: {token}")
+            elif self.trigger and name == f"--{self.trigger}" and equals:
+                yield self.case(str(folder / value), settings, origin)
+            elif name.startswith("--") and name[2:] in self.knobs and equals:
+                try:
+                    self.knobs[name[2:]].parse(value)
+                except ValueError as exc:
+                    yield Case(token, error=f"{origin}: {name}: {exc}", origin=origin)
+                    return
+                settings[name[2:]] = value
+            elif token.startswith("-") or self.trigger:
+                expected = ", ".join(f"--{k}=" for k in self.knobs)
+                yield Case(token, error=f"{origin}: {token!r}: unknown option (expected --reset, --batch=, "
+                           + (f"--{self.trigger}=, " if self.trigger else "") + f"{expected})", origin=origin)
+                return
+            else:
+                yield self.case(token, settings, origin)
+
+    def read(self, path: Path, settings: dict[str, str], stack: tuple[Path, ...] = (),
+             origin: str = "command line") -> Iterator[Case]:
+        """The cases of a batch file (nested batches included)."""
+        resolved = path.resolve()
+        if resolved in stack:
+            yield Case(str(path), error=f"{origin}: batch file {path} includes itself", origin=origin)
+            return
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as exc:
+            yield Case(str(path), error=f"{origin}: cannot read batch file {path} ({exc.strerror or exc})",
+                       origin=origin)
+            return
+        for number, raw in enumerate(lines, 1):
+            where = f"{path}:{number}"
+            try:
+                tokens = shlex.split(raw.split("#", 1)[0])
+            except ValueError as exc:
+                yield Case(raw, error=f"{where}: cannot split the line ({exc})", origin=where)
+                continue
+            yield from self.expand(tokens, settings, path.parent, where, (*stack, resolved))

@@ -1,0 +1,177 @@
+"""benchdnn graph driver rewrites: ``--in-shapes``, ``--op-attrs``, ``--mb`` and ``--dt``.
+
+- ``--in-shapes=ID:SHAPE[*TAG][+ID:...]``: a graph input's shape (``2x64x56x56``, rank may change;
+  ``-`` a 0-d tensor, ``0`` a 1-D empty one) and/or memory order (``ID:TAG``; ``abcd`` row-major,
+  ``acdb`` channels-last). A shape without a tag is dense row-major.
+- ``--op-attrs=OPID:NAME:VALUE[*NAME:VALUE][+OPID:...]``: an op's attribute; lists as ``2x2``.
+  Names and value types come from the op table (:mod:`convgrad.opdefs`).
+- ``--mb=N``: the batch (axis 0) of every graph input that is an op's data tensor (not weights,
+  bias or shape tensors); applied after ``--in-shapes``, so it takes precedence. 0: as in the file.
+- ``--dt=DT`` every floating-point tensor, or ``--dt=ID:DT[+ID:DT]`` single tensors.
+
+Shapes of inner tensors and outputs are not touched here: :mod:`convgrad.graph.plan` re-infers
+them, so a rewritten input flows through the graph.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any
+
+from ..errors import ConvgradError
+from ..opdefs import get_opdef
+from .model import Graph, GraphError, GraphOp, LogicalTensor, axis_order, dense_strides
+
+__all__ = ["InShape", "parse_in_shapes", "parse_op_attrs", "parse_dt", "parse_mb", "rewrite", "restride",
+           "FLOAT_DTYPES"]
+
+FLOAT_DTYPES = ("f32", "bf16", "f16")
+_TAG = re.compile(r"[a-l]+")
+_SHAPE = re.compile(r"-|\d+(x\d+)*")
+
+InShape = tuple[tuple[int, ...] | None, str | None]
+
+
+def _pairs(text: str, option: str, sep: str = "+") -> list[tuple[str, str]]:
+    """``ID:REST`` items separated by ``sep``; the id must be a non-negative integer."""
+    items = []
+    for item in text.split(sep):
+        tid, colon, rest = item.partition(":")
+        if not colon or not tid.isdigit() or not rest:
+            raise ValueError(f"{option}: {item!r} is not ID:VALUE (ID a tensor or op id)")
+        items.append((tid, rest))
+    return items
+
+
+def parse_in_shapes(text: str) -> dict[int, InShape]:
+    """``--in-shapes`` value -> {tensor id: (shape or None, tag or None)}."""
+    out: dict[int, InShape] = {}
+    for tid, spec in _pairs(text, "--in-shapes"):
+        shape_text, star, tag = spec.partition("*")
+        if not star and _TAG.fullmatch(spec):
+            shape_text, tag = "", spec
+        shape = None
+        if shape_text:
+            if not _SHAPE.fullmatch(shape_text):
+                raise ValueError(f"--in-shapes: {spec!r} for tensor {tid}: expected a shape like 2x64x56x56 "
+                                 "(or - for 0-d), optionally *TAG, or a TAG like acdb")
+            shape = () if shape_text == "-" else tuple(int(d) for d in shape_text.split("x"))
+        if star or tag:
+            rank = len(shape) if shape is not None else len(tag)
+            if not _TAG.fullmatch(tag or "") or sorted(tag) != [chr(ord("a") + i) for i in range(rank)]:
+                raise ValueError(f"--in-shapes: tag {tag!r} for tensor {tid}: expected each of the first {rank} "
+                                 "letters once (abcd = row-major, acdb = channels-last)")
+        out[int(tid)] = (shape, tag or None)
+    return out
+
+
+def parse_op_attrs(text: str) -> dict[int, dict[str, str]]:
+    """``--op-attrs`` value -> {op id: {attribute name: value text}}."""
+    out: dict[int, dict[str, str]] = {}
+    for op_id, rest in _pairs(text, "--op-attrs"):
+        for assignment in rest.split("*"):
+            name, colon, value = assignment.partition(":")
+            if not colon or not name:
+                raise ValueError(f"--op-attrs: {assignment!r} for op {op_id} is not NAME:VALUE")
+            out.setdefault(int(op_id), {})[name] = value
+    return out
+
+
+def parse_dt(text: str) -> dict[int | None, str]:
+    """``--dt`` value -> {tensor id or None (= every floating-point tensor): dtype}."""
+    items = [(None, text)] if ":" not in text else [(int(t), d) for t, d in _pairs(text, "--dt")]
+    for _, dtype in items:
+        if dtype not in FLOAT_DTYPES:
+            raise ValueError(f"--dt: {dtype!r}: expected one of {', '.join(FLOAT_DTYPES)}")
+    return dict(items)
+
+
+def parse_mb(text: str) -> int:
+    """``--mb`` value: a non-negative integer (0 keeps the file's batch)."""
+    if not text.isdigit():
+        raise ValueError(f"--mb: {text!r}: expected a non-negative integer")
+    return int(text)
+
+
+def restride(tensor: LogicalTensor, shape: tuple[int, ...]) -> LogicalTensor:
+    """``tensor`` with a new shape, dense in the memory order its strides had (padding is dropped)."""
+    if tensor.stride is None or len(shape) != len(tensor.shape):
+        return replace(tensor, shape=shape, stride=None)
+    return replace(tensor, shape=shape, stride=dense_strides(shape, axis_order(tensor.stride)))
+
+
+def _attr_value(op: GraphOp, name: str, text: str) -> Any:
+    """The value of ``--op-attrs`` text for attribute ``name``, typed by the op table."""
+    try:
+        definition = get_opdef(op.kind)
+    except ConvgradError as exc:
+        raise GraphError(f"--op-attrs: {op.label}: {exc}") from None
+    if name not in definition.attr_names:
+        raise GraphError(f"--op-attrs: {op.label}: unknown attribute '{name}': expected one of "
+                         + ", ".join(definition.attr_names))
+    spec = definition.attr(name)
+    if spec.type == "string":
+        return text
+    try:
+        if spec.type == "s64":
+            return int(text)
+        return [int(v) for v in text.split("x")] if text else []
+    except ValueError:
+        raise GraphError(f"--op-attrs: {op.label}: attribute '{name}' = {text!r}: expected {spec.expected()}"
+                         + (", written like 2x2" if spec.type == "s64[]" else "")) from None
+
+
+def _data_input_ids(graph: Graph) -> set[int]:
+    """Graph inputs that some op uses as a data tensor (the ones ``--mb`` changes)."""
+    ids = set()
+    for op in graph.ops:
+        try:
+            specs = get_opdef(op.kind).inputs
+        except ConvgradError:
+            continue  # reported when the graph is planned
+        ids.update(t.id for spec, t in zip(specs, op.inputs) if spec.role in ("x", "y"))
+    return ids & set(graph.input_ids())
+
+
+def rewrite(graph: Graph, *, in_shapes: dict[int, InShape] | None = None,
+            op_attrs: dict[int, dict[str, str]] | None = None, mb: int = 0,
+            dt: dict[int | None, str] | None = None) -> Graph:
+    """The graph with the rewrites applied to its inputs, attributes and dtypes."""
+    inputs = graph.input_ids()
+    changed: dict[int, LogicalTensor] = {}
+    for tid, (shape, tag) in (in_shapes or {}).items():
+        if tid not in inputs:
+            where = "is produced by an op" if tid in graph.producers() else "is not in the graph"
+            raise GraphError(f"--in-shapes: tensor {tid} {where}: expected a graph input, one of {inputs}")
+        tensor = graph.tensor(tid)
+        shape = tensor.shape if shape is None else shape
+        if tag is not None and len(tag) != len(shape):
+            raise GraphError(f"--in-shapes: tag {tag!r} for tensor {tid}: expected {len(shape)} letters "
+                             f"for shape {list(shape)}")
+        stride = dense_strides(shape, tuple(ord(c) - ord("a") for c in tag)) if tag else None
+        changed[tid] = replace(tensor, shape=shape, stride=stride)
+    if mb:
+        for tid in _data_input_ids(graph):
+            tensor = changed.get(tid, graph.tensor(tid))
+            if tensor.shape and tensor.shape[0] != mb:
+                changed[tid] = restride(tensor, (mb, *tensor.shape[1:]))
+    dt = dt or {}
+    unknown = set(dt) - {None} - {t.id for op in graph.ops for t in (*op.inputs, *op.outputs)}
+    if unknown:
+        raise GraphError(f"--dt: tensor {sorted(unknown)[0]} is not in the graph")
+
+    def new_tensor(t: LogicalTensor) -> LogicalTensor:
+        t = changed.get(t.id, t)
+        dtype = dt.get(t.id, dt.get(None, t.dtype)) if t.dtype in FLOAT_DTYPES else t.dtype
+        return replace(t, dtype=dtype)
+
+    attrs = op_attrs or {}
+    unknown_ops = set(attrs) - {op.id for op in graph.ops}
+    if unknown_ops:
+        raise GraphError(f"--op-attrs: op {sorted(unknown_ops)[0]} is not in the graph: expected one of "
+                         f"{[op.id for op in graph.ops]}")
+    ops = tuple(replace(op, attrs={**op.attrs, **{k: _attr_value(op, k, v) for k, v in attrs.get(op.id, {}).items()}},
+                        inputs=tuple(map(new_tensor, op.inputs)), outputs=tuple(map(new_tensor, op.outputs)))
+                for op in graph.ops)
+    return replace(graph, ops=ops)

@@ -1,0 +1,133 @@
+"""Running a plan: random inputs laid out with their strides, dependency-ordered execution, the
+check of an engine against the reference engine, and timing.
+
+Inputs are random non-zero multiples of 1/8 in [-1, 1] (exact in f32, bf16 and f16). A tensor with
+non-dense strides is a real strided view into a larger buffer whose gaps hold NaN, so an engine
+that reads outside the logical elements produces NaN and fails the check.
+
+The check runs every op on the graph's values with the engine under test and again with the
+reference engine, on the same inputs, and compares elementwise relative to the largest reference
+magnitude: ``max |got - ref| / max |ref| <= eps(out) + 8 * eps(acc) * sqrt(R)``, where eps(out)
+covers the one final rounding, eps(acc) is the engine's accumulation precision (f32, or f64 for
+f64 data) and R the reduction length (ICg*K forward, OCg*K backward-data, N*O backward-weights).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from ..dtypes import DATA_DTYPES, compute_dtype
+from ..engines import Engine, get_engine
+from ..problem import Problem
+from .model import LogicalTensor, storage_size
+from .plan import Plan, Step
+
+__all__ = ["OpCheck", "make_inputs", "execute", "check", "time_plan", "tolerance", "reduction_length", "strided"]
+
+
+def strided(values: np.ndarray, stride: tuple[int, ...] | None) -> np.ndarray:
+    """``values`` as a view with ``stride`` (elements) into a buffer whose gaps hold NaN."""
+    if stride is None or values.ndim == 0:
+        return values
+    buffer = np.full(max(storage_size(values.shape, stride), 1), np.nan, dtype=values.dtype)
+    view = np.lib.stride_tricks.as_strided(buffer, values.shape, [s * values.itemsize for s in stride])
+    view[...] = values
+    return view
+
+
+def _fill(rng: np.random.Generator, tensor: LogicalTensor) -> np.ndarray:
+    magnitude = rng.integers(1, 9, size=tensor.shape) / 8.0
+    sign = np.where(rng.random(tensor.shape) < 0.5, -1.0, 1.0)
+    values = (magnitude * sign).astype(DATA_DTYPES[tensor.dtype])
+    return strided(values, None if tensor.is_dense else tensor.stride)
+
+
+def make_inputs(plan: Plan, rng: np.random.Generator) -> dict[int, np.ndarray]:
+    """Fresh data for every graph input (shape tensors get their resolved values)."""
+    return {tid: np.array(plan.shape_values[tid], dtype=np.int32) if tid in plan.shape_values
+            else _fill(rng, plan.tensors[tid]) for tid in plan.inputs}
+
+
+def _run_step(step: Step, values: dict[int, np.ndarray], engine: Engine) -> np.ndarray:
+    result = step.op(*(values[tid] for tid in step.input_ids), engine=engine)
+    return result.astype(DATA_DTYPES[step.output.dtype], copy=False)
+
+
+def execute(plan: Plan, engine: Engine | str | None, inputs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Every tensor's value after running the plan's ops in order; outputs are laid out with
+    their tensor's strides when those are not dense (so consumers see them as written)."""
+    engine = get_engine(engine)
+    values = dict(inputs)
+    for step in plan.steps:
+        out = step.output
+        values[out.id] = strided(_run_step(step, values, engine), None if out.is_dense else out.stride)
+    return values
+
+
+def reduction_length(problem: Problem) -> int:
+    """Number of products summed into one output element of the op's canonical problem."""
+    g = problem.geometry
+    if problem.task == "forward":
+        return g.icg * math.prod(g.kernel)
+    if problem.task == "backward_data":
+        return g.ocg * math.prod(g.kernel)
+    return g.n * math.prod(g.out_size)
+
+
+def tolerance(problem: Problem, out_dtype: np.dtype) -> float:
+    """Largest accepted error, relative to max |reference| (see the module docstring)."""
+    eps_out = max(float(ml_dtypes.finfo(out_dtype).eps), float(ml_dtypes.finfo(problem.dtype).eps))
+    eps_acc = float(np.finfo(compute_dtype(problem.dtype)).eps)
+    return eps_out + 8 * eps_acc * math.sqrt(max(reduction_length(problem), 1))
+
+
+@dataclass(frozen=True)
+class OpCheck:
+    """Result of checking one op: error relative to max |reference|, and the limit."""
+
+    step: Step
+    error: float
+    limit: float
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.error <= self.limit)  # NaN fails
+
+    def describe(self) -> str:
+        return (f"{self.step.source.label}: max error {self.error:.3g} (relative to max |reference|) "
+                f"{'<=' if self.ok else '>'} limit {self.limit:.3g}")
+
+
+def check(plan: Plan, engine: Engine | str | None, inputs: dict[int, np.ndarray]) -> list[OpCheck]:
+    """Run the plan with ``engine`` and every op again with the reference engine on the same inputs."""
+    values = execute(plan, engine, inputs)
+    reference = get_engine("reference")
+    checks = []
+    for step in plan.steps:
+        got = values[step.output.id].astype(np.float64)
+        want = _run_step(step, values, reference).astype(np.float64)
+        scale = float(np.max(np.abs(want))) if want.size else 1.0
+        error = float(np.max(np.abs(got - want))) / (scale or 1.0) if want.size else 0.0
+        if not np.all(np.isfinite(got)):
+            error = math.nan
+        checks.append(OpCheck(step, error, tolerance(step.problem, DATA_DTYPES[step.output.dtype])))
+    return checks
+
+
+def time_plan(plan: Plan, engine: Engine | str | None, inputs: dict[int, np.ndarray], max_ms: float,
+              times: int = 0) -> list[float]:
+    """Seconds per run of the whole plan: one warm-up run, then ``times`` runs, or (``times`` = 0)
+    at least 3 runs and more while the total stays under ``max_ms``."""
+    engine = get_engine(engine)
+    execute(plan, engine, inputs)
+    runs: list[float] = []
+    while (len(runs) < times) if times else (len(runs) < 3 or sum(runs) * 1e3 < max_ms):
+        start = time.perf_counter()
+        execute(plan, engine, inputs)
+        runs.append(time.perf_counter() - start)
+    return runs
