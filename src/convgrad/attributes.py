@@ -75,10 +75,14 @@ def parse_attributes(definition: OpDef, attrs: Mapping[str, Any]) -> Attrs:
         if value is None:
             continue
         spec = definition.attr(name)
-        if spec.full_shape and isinstance(value, (list, tuple, np.ndarray)) and not any(_nonzero(v) for v in value):
+        if spec.full_shape and _is_list(value) and not any(_nonzero(v) for v in value):
             continue
         parsed[name] = _parse_one(op, spec, value)
     return parsed
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray) and value.ndim == 1)
 
 
 def _nonzero(item: Any) -> bool:
