@@ -40,7 +40,7 @@ def parse_dtype(value: Any) -> np.dtype:
         return DATA_DTYPES[value]
     try:
         dtype = np.dtype(value)
-    except TypeError:
+    except Exception:  # numpy raises TypeError, ValueError, KeyError... for odd specifications
         dtype = None
     if dtype not in _NAMES:
         raise DTypeError(None, None, f"dtype {describe(value)} is not supported: expected one of "

@@ -136,8 +136,8 @@ def _weights_format(name: str, pair: tuple[str, str]) -> AttrSpec:
 
 
 def _shape_attr(name: str, of: str) -> AttrSpec:
-    return AttrSpec(name, "s64[]", f"Shape of the {of} tensor (may also be given as input 2, which wins).",
-                    minimum=1, full_shape=True)
+    return AttrSpec(name, "s64[]", f"Shape of the {of} tensor (may also be given as input 2, which wins; "
+                    "a data tensor may have a batch of 0).", minimum=0, full_shape=True)
 
 
 CONV_WEIGHTS_FORMAT = _weights_format("weights_format", ("OIX", "XIO"))

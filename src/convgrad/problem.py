@@ -286,9 +286,11 @@ class _Inference:
         else:
             raise InputError(self.op, shape_attr, f"is missing: give it as input 2 or as attribute "
                              f"'{shape_attr}' (the shape of {self.d.output.name})")
-        if len(values) != rank + 2 or any(v < 1 for v in values):
+        zero_batch = target != "w" and len(values) > 0 and values[0] == 0  # a batch of 0 is allowed
+        if len(values) != rank + 2 or any(v < 1 for v in values[zero_batch:]):
             fmt = self.data_format if target != "w" else self.weights_format
-            raise ShapeError(self.op, None, f"{source} = {list(values)}: expected {rank + 2} positive sizes "
+            batch = " (a batch of 0 is allowed)" if target != "w" else ""
+            raise ShapeError(self.op, None, f"{source} = {list(values)}: expected {rank + 2} positive sizes{batch} "
                              f"(the {fmt} shape of {self.d.output.name} for a {rank}-D problem)")
         shapes[target] = tuple(values)
         return shapes
