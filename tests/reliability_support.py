@@ -75,9 +75,12 @@ class Case:
         return cg.Op(self.kind, **self.attrs)
 
 
-def _variant(draw: st.DrawFn, array: np.ndarray) -> np.ndarray:
-    """The same values as a differently laid-out array: C, Fortran, strided view, reversed, read-only."""
-    how = draw(st.sampled_from(["c", "fortran", "strided", "reversed", "readonly"]))
+LAYOUTS = ("c", "fortran", "strided", "reversed", "readonly")
+
+
+def relayout(array: np.ndarray, how: str) -> np.ndarray:
+    """The same values as a differently laid-out array: C, Fortran, strided view, view with
+    negative strides, read-only."""
     if how == "fortran":
         return np.asfortranarray(array)
     if how == "strided":
@@ -92,65 +95,62 @@ def _variant(draw: st.DrawFn, array: np.ndarray) -> np.ndarray:
     return array
 
 
-@st.composite
-def valid_cases(draw: st.DrawFn, max_rank: int = 3) -> Case:
-    """A random valid invocation of a random op: every attribute, layout, dtype and shape route."""
-    kind = draw(st.sampled_from(sorted(cg.OPS)))
+def random_case(rng: np.random.Generator, kind: str | None = None, max_rank: int = 3) -> Case:
+    """A random valid invocation of ``kind`` (default: a random op) covering every attribute,
+    layout, dtype, shape route (attribute, s32/s64 tensor, list, both) and input memory layout."""
+    pick = lambda options: options[rng.integers(len(options))]  # noqa: E731
+    ints = lambda lo, hi, size=None: rng.integers(lo, hi + 1, size).tolist()  # noqa: E731
+    kind = kind or pick(sorted(cg.OPS))
     d = cg.OPS[kind]
-    rank = draw(st.integers(1, max_rank))
-    axis = st.lists  # one value per spatial axis
-    n = draw(st.integers(0, 2))
-    groups = draw(st.integers(1, 3))
-    icg, ocg = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    kernel = tuple(draw(axis(st.integers(1, 3), min_size=rank, max_size=rank)))
-    strides = tuple(draw(axis(st.integers(1, 3), min_size=rank, max_size=rank)))
-    dilations = tuple(draw(axis(st.integers(1, 2), min_size=rank, max_size=rank)))
-    eff = tuple((k - 1) * dd + 1 for k, dd in zip(kernel, dilations))
-    mode = draw(st.sampled_from(["none", "none", "valid", "same_upper", "same_lower"]))
-    in_size = tuple(draw(st.integers(e, e + 4)) for e in eff)
+    rank = ints(1, max_rank)
+    n, groups, icg, ocg = ints(0, 2), ints(1, 3), ints(1, 3), ints(1, 3)
+    kernel, strides, dilations = ints(1, 3, rank), ints(1, 3, rank), ints(1, 2, rank)
+    eff = [(k - 1) * dd + 1 for k, dd in zip(kernel, dilations)]
+    in_size = [e + ints(0, 4) for e in eff]
+    mode = pick(["none", "none", "valid", "same_upper", "same_lower"])
     if mode == "none":
-        pb = tuple(draw(axis(st.integers(0, 2), min_size=rank, max_size=rank)))
-        pe = tuple(draw(axis(st.integers(0, 2), min_size=rank, max_size=rank)))
+        pb, pe = tuple(ints(0, 2, rank)), tuple(ints(0, 2, rank))
     else:
-        pb, pe = auto_pads(mode, None if kind == "ConvTranspose" else in_size, strides, eff)
+        pb, pe = auto_pads(mode, None if kind == "ConvTranspose" else tuple(in_size), tuple(strides), tuple(eff))
     span = [i + b + e - k for i, b, e, k in zip(in_size, pb, pe, eff)]
-    out_size = tuple(s // st_ + 1 for s, st_ in zip(span, strides))
-    out_pad = tuple(s % st_ for s, st_ in zip(span, strides))  # makes the transposed formula give in_size
-    dtype = draw(st.sampled_from(list(DATA_DTYPES)))
-    fmt = draw(st.sampled_from(["NCX", "NXC"]))
-    wfmt = draw(st.sampled_from(d.attr(d.weights_format_attr).choices))
+    out_size = [s // st_ + 1 for s, st_ in zip(span, strides)]
+    out_pad = [s % st_ for s, st_ in zip(span, strides)]  # makes the transposed formula give in_size
+    dtype = pick(list(DATA_DTYPES))
+    fmt, wfmt = pick(["NCX", "NXC"]), pick(d.attr(d.weights_format_attr).choices)
     ic, oc = icg * groups, ocg * groups
-    shapes = {"x": data_shape(n, ic, in_size, fmt), "y": data_shape(n, oc, out_size, fmt),
-              "w": weights_shape(oc, icg, kernel, wfmt)}
-    pad_list = st.sampled_from([0, 12 - rank])  # oneDNN writes unset lists as 12 entries
+    shapes = {"x": data_shape(n, ic, tuple(in_size), fmt), "y": data_shape(n, oc, tuple(out_size), fmt),
+              "w": weights_shape(oc, icg, tuple(kernel), wfmt)}
     attrs: dict[str, Any] = {
-        "strides": list(strides), "dilations": list(dilations),
-        "pads_begin": list(pb) + [0] * draw(pad_list), "pads_end": list(pe) + [0] * draw(pad_list),
-        "auto_pad": draw(st.sampled_from([mode, mode.upper()])), "groups": groups,
-        "data_format": fmt, d.weights_format_attr: wfmt,
+        "strides": strides, "dilations": dilations, "groups": groups, "data_format": fmt,
+        "pads_begin": list(pb) + [0] * pick([0, 12 - rank]), "pads_end": list(pe) + [0] * pick([0, 12 - rank]),
+        "auto_pad": pick([mode, mode.upper()]), d.weights_format_attr: wfmt,  # oneDNN writes 12-entry lists
     }
     if "output_padding" in d.attr_names:
-        attrs["output_padding"] = list(out_pad) if d.transposed else [0] * rank
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+        attrs["output_padding"] = out_pad if d.transposed else [0] * rank
     np_dtype = DATA_DTYPES[dtype]
     inputs: list[Any] = []
     for spec in d.inputs:
         if spec.role == "shape":
             values = list(shapes[d.output.role])
-            route = draw(st.sampled_from(["attr", "int32", "int64", "list", "both"]))
+            route = pick(["attr", "int32", "int64", "list", "both"])
             if route in ("attr", "both"):
                 attrs[d.shape_attr] = values
             inputs.append(None if route == "attr" else values if route == "list"
                           else np.array(values, dtype="int64" if route == "int64" else "int32"))
         elif spec.role == "bias":
-            if draw(st.booleans()):
+            if rng.integers(2):
                 channels = oc if d.output.role == "y" else ic
-                inputs.append(_variant(draw, rng.standard_normal(channels).astype(np_dtype)))
+                inputs.append(relayout(rng.standard_normal(channels).astype(np_dtype), pick(LAYOUTS)))
         else:
-            inputs.append(_variant(draw, rng.standard_normal(shapes[spec.role]).astype(np_dtype)))
-    while inputs and inputs[-1] is None and draw(st.booleans()):
+            inputs.append(relayout(rng.standard_normal(shapes[spec.role]).astype(np_dtype), pick(LAYOUTS)))
+    while inputs and inputs[-1] is None and rng.integers(2):
         inputs.pop()
     return Case(kind, attrs, inputs, tuple(shapes[d.output.role]), dtype)
+
+
+def valid_cases(max_rank: int = 3) -> st.SearchStrategy[Case]:
+    """Hypothesis strategy of :func:`random_case` (the failing case is printed in full)."""
+    return st.integers(0, 2**63).map(lambda seed: random_case(np.random.default_rng(seed), max_rank=max_rank))
 
 
 # ---------------------------------------------------------------------------------------------
