@@ -135,6 +135,10 @@ def test_hostile_values_everywhere(kind: str, attrs: dict[str, Any], inputs: lis
 @given(hostile, hostile, st.lists(hostile, max_size=3))
 def test_hostile_op_kinds_engines_and_dtypes(kind: Any, engine: Any, shapes: list[Any]) -> None:
     _outcome(lambda: cg.Op(kind))
+    try:
+        _outcome(lambda: cg.set_memory_budget(kind))
+    finally:
+        cg.set_memory_budget(None)
     op = cg.Op("ConvolutionBackwardWeights", strides=[1], pads_begin=[0], pads_end=[0], dilations=[1])
     _outcome(lambda: op.infer(*shapes, dtype=engine))
     _outcome(lambda: op(np.ones((1, 3, 2), np.float32), np.ones((1, 3, 2), np.float32), [1, 2, 2], engine=engine))
