@@ -7,7 +7,9 @@ input fingerprints and the result comparison.
 from __future__ import annotations
 
 import hashlib
+import numbers
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,13 +203,29 @@ class RaisingNumber:
     __int__ = __float__ = __index__
 
 
+numbers.Integral.register(RaisingNumber)  # claims to be an integer, but int() fails
+
+
+class RaisingMapping(Mapping):
+    """A mapping whose every access raises."""
+
+    def __getitem__(self, key: Any) -> Any:
+        raise LookupError(key)
+
+    def __iter__(self) -> Iterator[Any]:
+        raise RuntimeError("iter")
+
+    def __len__(self) -> int:
+        raise RuntimeError("len")
+
+
 def _self_containing_list() -> list[Any]:
     items: list[Any] = []
     items.append(items)
     return items
 
 
-_WEIRD = st.sampled_from([RaisingArray, RaisingDLPack, RaisingSequence, RaisingNumber, object,
+_WEIRD = st.sampled_from([RaisingArray, RaisingDLPack, RaisingSequence, RaisingNumber, RaisingMapping, object,
                           _self_containing_list]).map(lambda make: make())
 _ODD_DTYPES = st.sampled_from(["f4", "f8", "f2", "i4", "i8", "u1", "?", "c8", "c16", ">f4", "<f8", "M8[s]",
                                "m8[s]", "U3", "S2", "O", "V4", "bfloat16"])

@@ -135,6 +135,7 @@ def test_hostile_values_everywhere(kind: str, attrs: dict[str, Any], inputs: lis
 @given(hostile, hostile, st.lists(hostile, max_size=3))
 def test_hostile_op_kinds_engines_and_dtypes(kind: Any, engine: Any, shapes: list[Any]) -> None:
     _outcome(lambda: cg.Op(kind))
+    _outcome(lambda: cg.Op("Convolution", kind, strides=[1]))  # as the attribute mapping
     try:
         _outcome(lambda: cg.set_memory_budget(kind))
     finally:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 from typing import TYPE_CHECKING
 
 from .errors import ResourceError, ShapeError
@@ -37,7 +38,9 @@ _INT64_MAX = 2**63 - 1
 _FALLBACK_AVAILABLE = 4 * 2**30
 _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
           "T": 10**12, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_REFRESH_SECONDS = 0.5
 _budget: list[int | None] = [None]
+_available: list[tuple[float, int]] = [(0.0, 0)]  # (expiry time, bytes), replaced as a whole
 
 
 def parse_size(text: str) -> int:
@@ -84,7 +87,17 @@ def _cgroup_headroom() -> int | None:
 
 
 def available_memory() -> int:
-    """Bytes of memory available now (``MemAvailable``, bounded by the cgroup limit)."""
+    """Bytes of memory available now (``MemAvailable``, bounded by the cgroup limit), read at
+    most every ``_REFRESH_SECONDS`` (reading costs about as much as a small convolution)."""
+    expiry, value = _available[0]
+    if time.monotonic() < expiry:
+        return value
+    value = _read_available()
+    _available[0] = (time.monotonic() + _REFRESH_SECONDS, value)
+    return value
+
+
+def _read_available() -> int:
     available = _read_int("/proc/meminfo", "MemAvailable")
     if available is None:
         try:

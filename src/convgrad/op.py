@@ -94,9 +94,13 @@ def _merge_attrs(op: str, attrs: Any, extra: tuple[Any, ...], kwargs: dict[str, 
                              f"{len(extra)} more positional arguments were given")
     if attrs is None:
         return kwargs
-    if not isinstance(attrs, Mapping):
+    try:
+        if not isinstance(attrs, Mapping):
+            raise TypeError
+        attrs = dict(attrs)
+    except Exception:
         raise InputTypeError(op, None, f"Op(kind, attrs): attrs = {describe(attrs)} ({type(attrs).__name__}): "
-                             "expected a mapping of attribute names to values")
+                             "expected a mapping of attribute names to values") from None
     for name in attrs:
         if name in kwargs:
             raise AttributeValueError(op, name, kwargs[name], "given once, but it is both in the attribute "
