@@ -251,10 +251,10 @@ _SCALARS = st.one_of(
 
 #: Any Python value a confused caller might pass: scalars, containers, arrays, generators, objects.
 hostile = st.recursive(
-    st.one_of(_SCALARS, _arrays(), _WEIRD, st.builds(lambda n: (i for i in range(n)), st.integers(0, 4))),
+    st.one_of(_SCALARS, _arrays(), _WEIRD, st.builds(lambda n: (i for i in range(n)), st.integers(0, 4)),
+              st.frozensets(st.integers(0, 3), max_size=3)),
     lambda children: st.one_of(st.lists(children, max_size=5), st.tuples(children, children),
-                               st.dictionaries(st.text(max_size=3), children, max_size=3),
-                               st.frozensets(st.integers(0, 3), max_size=3)),
+                               st.dictionaries(st.text(max_size=3), children, max_size=3)),
     max_leaves=8,
 )
 

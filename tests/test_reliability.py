@@ -101,7 +101,7 @@ def test_parse_size_rejects(text: str) -> None:
         limits.parse_size(text)
 
 
-@pytest.mark.parametrize("value", [-1, 1.5, True, [1], "lots"])
+@pytest.mark.parametrize("value", [-1, 1.5, True, np.bool_(True), [1], "lots", np.int64(-2)])
 def test_set_memory_budget_rejects(value: Any) -> None:
     with pytest.raises(cg.ResourceError):
         limits.set_memory_budget(value)

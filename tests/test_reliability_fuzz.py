@@ -56,7 +56,7 @@ def _run_checked(op: cg.Op, inputs: list[Any]) -> np.ndarray | cg.ConvgradError:
     return outcome
 
 
-@fuzz_settings(120)
+@fuzz_settings(400)
 @given(valid_cases())
 def test_valid_problems_match_the_reference(case: Case) -> None:
     result = _run_checked(case.op(), case.inputs)
@@ -105,7 +105,7 @@ def _mutate(case: Case, data: st.DataObject) -> tuple[dict[str, Any], list[Any]]
     return attrs, inputs
 
 
-@fuzz_settings(250)
+@fuzz_settings(800)
 @given(valid_cases(max_rank=2), st.data())
 def test_corrupted_problems_fail_cleanly(case: Case, data: st.DataObject) -> None:
     attrs, inputs = _mutate(case, data)
@@ -115,7 +115,7 @@ def test_corrupted_problems_fail_cleanly(case: Case, data: st.DataObject) -> Non
         _outcome(lambda: op.infer(*inputs))
 
 
-@fuzz_settings(250)
+@fuzz_settings(800)
 @given(st.sampled_from(sorted(cg.OPS)), st.dictionaries(st.sampled_from(
     ["strides", "pads_begin", "pads_end", "dilations", "auto_pad", "groups", "data_format", "weights_format",
      "filter_format", "output_padding", "dst_shape", "weights_shape", "filter_shape", "bogus"]), hostile, max_size=6),
@@ -131,7 +131,7 @@ def test_hostile_values_everywhere(kind: str, attrs: dict[str, Any], inputs: lis
     assert [fingerprint(v) for v in inputs] == before, "an input was modified"
 
 
-@fuzz_settings(150)
+@fuzz_settings(400)
 @given(hostile, hostile, st.lists(hostile, max_size=3))
 def test_hostile_op_kinds_engines_and_dtypes(kind: Any, engine: Any, shapes: list[Any]) -> None:
     _outcome(lambda: cg.Op(kind))

@@ -22,6 +22,8 @@ import re
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .errors import ResourceError, ShapeError
 
 if TYPE_CHECKING:
@@ -113,10 +115,11 @@ def set_memory_budget(budget: int | str | None) -> None:
     ``None`` restores the default (``CONVGRAD_MEMORY_BUDGET``, else half the available memory)."""
     if isinstance(budget, str):
         budget = parse_size(budget)
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+    if budget is not None and (isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, np.integer))
+                               or budget < 0):
         raise ResourceError(None, f"memory budget {budget!r}: expected a non-negative number of bytes, "
                             "a size string such as '2GiB', or None")
-    _budget[0] = budget
+    _budget[0] = None if budget is None else int(budget)
 
 
 def memory_budget() -> int:
