@@ -143,10 +143,12 @@ def test_env_budget_applies(monkeypatch: pytest.MonkeyPatch) -> None:
 _FIXED_OVERHEAD = 64 * 2**10
 
 
-@pytest.mark.parametrize("kind", OPS)
-@pytest.mark.parametrize("strides,dilations,groups", [(1, 1, 1), (2, 1, 2), (1, 2, 4), (3, 2, 1)])
-def test_reference_memory_estimate_bounds_the_real_peak(kind: str, strides: int, dilations: int,
-                                                        groups: int) -> None:
+_MEDIUM = [(1, 1, 1), (2, 1, 2), (1, 2, 4), (3, 2, 1)]  # strides, dilations, groups
+
+
+def _medium(kind: str, strides: int, dilations: int, groups: int, seed: int = 0) -> tuple[cg.Op, list[Any]]:
+    """A 2-D problem of ``kind`` large enough for its arrays to dominate the memory use and for
+    NumPy to release the GIL: NCX data (4, 16, 24, 20), 3x3 OIX/IOX weights, random f32 values."""
     attrs = dict(strides=[strides] * 2, dilations=[dilations] * 2, pads_begin=[1, 2], pads_end=[2, 0],
                  groups=groups, data_format="NCX")
     x, w = (4, 16, 24, 20), (16, 16 // groups, 3, 3)
@@ -157,8 +159,16 @@ def test_reference_memory_estimate_bounds_the_real_peak(kind: str, strides: int,
         attrs["output_padding"] = [s % strides for s in span]
     op = cg.Op(kind, **attrs, **{d.weights_format_attr: "IOX" if d.transposed else "OIX"})
     shapes = {"x": x, "y": y, "w": w, "shape": x if d.output.role == "x" else w}
-    inputs = [np.ones(shapes[s.role], np.float32) if s.role != "shape" else list(shapes["shape"])
-              for s in d.inputs if s.role != "bias"]
+    rng = np.random.default_rng(seed)
+    return op, [rng.standard_normal(shapes[s.role]).astype(np.float32) if s.role != "shape"
+                else list(shapes["shape"]) for s in d.inputs if s.role != "bias"]
+
+
+@pytest.mark.parametrize("kind", OPS)
+@pytest.mark.parametrize("strides,dilations,groups", _MEDIUM)
+def test_reference_memory_estimate_bounds_the_real_peak(kind: str, strides: int, dilations: int,
+                                                        groups: int) -> None:
+    op, inputs = _medium(kind, strides, dilations, groups)
     problem, arrays = op.prepare(*inputs)
     estimate = limits.estimate_bytes(problem, ReferenceEngine())
     tracemalloc.start()
@@ -168,6 +178,19 @@ def test_reference_memory_estimate_bounds_the_real_peak(kind: str, strides: int,
     finally:
         tracemalloc.stop()
     assert peak <= estimate + _FIXED_OVERHEAD
+
+
+def test_memmap_larger_than_the_budget_is_refused_before_reading(tmp_path: Any) -> None:
+    x = np.memmap(tmp_path / "x.bin", dtype=np.float32, mode="w+", shape=(64, 32, 32, 1024))  # 256 MiB, sparse
+    cg.set_memory_budget("64MiB")
+    tracemalloc.start()
+    try:
+        with pytest.raises(cg.ResourceError, match="running this problem on the reference engine"):
+            cg.convolution(x, np.ones((3, 3, 1024, 8), np.float32), strides=[1, 1], engine="reference")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20
 
 
 def _absurd_backward_data() -> tuple[cg.Op, tuple[Any, ...]]:
@@ -385,18 +408,19 @@ def test_nan_in_any_op_gives_nan_not_an_exception(kind: str) -> None:
 # ---------------------------------------------------------------------------------------------
 def test_threads_give_the_serial_results() -> None:
     rng = np.random.default_rng(5)
-    cases = [random_case(rng, kind) for kind in OPS for _ in range(4)]
-    serial = [c.op()(*c.inputs) for c in cases]
+    calls = [(c.op(), c.inputs) for c in (random_case(rng, kind) for kind in OPS for _ in range(4))]
+    calls += [_medium(kind, *geometry, seed=i) for i, (kind, geometry) in enumerate(zip(OPS * 4, _MEDIUM * 7))]
+    serial = [op(*inputs) for op, inputs in calls]
     barrier = threading.Barrier(8)
 
     def run(index: int) -> list[tuple[int, np.ndarray]]:
         barrier.wait()
-        return [(i, cases[i].op()(*cases[i].inputs)) for i in range(index, len(cases), 8)]
+        return [(i, calls[i][0](*calls[i][1])) for i in range(index, len(calls), 8)]
 
     with ThreadPoolExecutor(8) as pool:
         parallel = dict(pair for chunk in pool.map(run, range(8)) for pair in chunk)
     for i, expected in enumerate(serial):
-        assert parallel[i].dtype == expected.dtype and parallel[i].tobytes() == expected.tobytes(), cases[i].kind
+        assert parallel[i].dtype == expected.dtype and parallel[i].tobytes() == expected.tobytes(), calls[i][0]
 
 
 def test_threads_with_different_budgets_and_errors() -> None:
