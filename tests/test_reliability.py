@@ -86,6 +86,17 @@ def test_broadcast_inputs_with_zero_strides(kind: str) -> None:
     np.testing.assert_array_equal(case.op()(*broadcast), case.op()(*full))
 
 
+def test_torch_tensors_are_read_not_written() -> None:
+    torch = pytest.importorskip("torch")
+    case = _case("ConvolutionBackwardWeights")
+    tensors = [torch.from_numpy(a.copy()) if isinstance(a, np.ndarray) else a for a in case.inputs]
+    before = [t.clone() if isinstance(t, torch.Tensor) else t for t in tensors]
+    np.testing.assert_array_equal(case.op()(*tensors), case.op()(*case.inputs))
+    assert all(torch.equal(t, b) for t, b in zip(tensors, before) if isinstance(t, torch.Tensor))
+    with pytest.raises(cg.InputTypeError, match="requires grad"):
+        case.op()(tensors[0].requires_grad_(), *tensors[1:])
+
+
 # ---------------------------------------------------------------------------------------------
 # Memory guard and absurd sizes
 # ---------------------------------------------------------------------------------------------
