@@ -9,36 +9,30 @@ Bounded in the suite; ``make fuzz`` (``CONVGRAD_FUZZ_EXAMPLES=5000``) runs it lo
 from __future__ import annotations
 
 import faulthandler
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 from reliability_support import Case, assert_close, fingerprint, fuzz_settings, hostile, valid_cases
 
 import convgrad as cg
 
-#: A call that takes longer than this is a hang: the worker dumps its stacks and exits.
-HANG_SECONDS = 600
-
-
-@pytest.fixture(autouse=True)
-def hang_watchdog() -> Iterator[None]:
-    faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+#: A single call that takes longer than this is a hang: the worker dumps its stacks and exits.
+HANG_SECONDS = 60
 
 
 def _outcome(call: Any) -> np.ndarray | cg.ConvgradError:
     """The call's result, or the convgrad error it raised (anything else fails the test)."""
+    faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
     try:
         result = call()
     except cg.ConvgradError as exc:
         assert str(exc), "a convgrad error must say what is wrong"
         event(f"error: {type(exc).__name__}")
         return exc
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     event("result")
     return result
 
