@@ -236,6 +236,7 @@ def test_bad_shape_tensors(values: Any, error: type, match: str) -> None:
     (dict(_ATTRS, pads_begin=[2**62, 2**62], pads_end=[2**62, 2**62]), ((1, 4, 4, 2), (3, 3, 2, 2))),
     (_ATTRS, ((2**62, 4, 4, 2), (3, 3, 2, 2))),
     (_ATTRS, ((2**70, 4, 4, 2), (3, 3, 2, 2))),
+    (_ATTRS, ((0, 2**40, 2**40, 2), (1, 1, 2, 2))),  # found by fuzzing: NumPy refuses it despite the 0
 ])
 def test_sizes_beyond_int64_are_shape_errors(attrs: dict[str, Any], shapes: Any) -> None:
     with pytest.raises(cg.ShapeError, match="beyond int64"):

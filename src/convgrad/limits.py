@@ -2,7 +2,8 @@
 being killed for memory.
 
 - Every size of a resolved problem (each dimension, padded sizes, element and byte counts of
-  every tensor) must fit in int64; otherwise a :class:`ShapeError` at shape inference.
+  every tensor, also when the batch is 0) must fit in int64; otherwise a :class:`ShapeError` at
+  shape inference.
 - The output alone must fit in the memory budget (checked at shape inference, so ``Op.infer``
   rejects it too), and before an engine runs, the output plus the engine's working set must fit
   (:func:`check_memory`); otherwise a :class:`ResourceError` that gives both numbers and how to
@@ -145,8 +146,8 @@ def check_sizes(problem: Problem) -> None:
     g = problem.geometry
     tensors = {"x": g.x_shape, "y": g.y_shape, "w": g.w_shape, "padded x": (g.n, *g.padded_size, g.ic)}
     itemsize = max(problem.dtype.itemsize, 8)
-    for name, shape in tensors.items():
-        if max(shape) > _INT64_MAX or math.prod(shape) * itemsize > _INT64_MAX:
+    for name, shape in tensors.items():  # NumPy refuses such shapes even with a 0 among them
+        if math.prod(max(d, 1) for d in shape) * itemsize > _INT64_MAX:
             raise ShapeError(problem.op, None, f"the {name} tensor of this problem would have shape "
                              f"{list(shape)}: sizes beyond int64 cannot be allocated or indexed")
     out_bytes = math.prod(problem.output_shape) * problem.dtype.itemsize
