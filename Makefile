@@ -1,10 +1,11 @@
-# `make demo` runs the main job, `make test` the tests; each installs what it needs into .venv.
+# `make demo` runs the main job, `make test` the tests, `make fuzz` the long fuzz run (FUZZ_EXAMPLES
+# per fuzz test); all install what they need into .venv.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install -qq --disable-pip-version-check
 
-.PHONY: demo test install clean
+.PHONY: demo test fuzz install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +27,11 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -n 2 -q
+
+FUZZ_EXAMPLES ?= 5000
+fuzz: $(VENV)/.installed-test
+	CONVGRAD_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -n 2 -q --hypothesis-show-statistics \
+		tests/test_*fuzz*.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -32,6 +32,7 @@ from .functional import (
     convolution_backward_data,
     convolution_backward_weights,
 )
+from .limits import memory_budget, set_memory_budget
 from .op import Op
 from .opdefs import OPS
 from .problem import ConvGeometry, Problem
@@ -42,7 +43,7 @@ __all__ = [
     "Op", "OPS", "Problem", "ConvGeometry",
     "convolution", "convolution_backward_data", "convolution_backward_weights", "convolution_backprop_filters",
     "conv_transpose", "conv_transpose_backward_data", "conv_transpose_backward_weights",
-    "available_engines", "get_engine", "set_default_engine",
+    "available_engines", "get_engine", "set_default_engine", "memory_budget", "set_memory_budget",
     "ConvgradError", "UnknownOpError", "AttributeValueError", "UnknownAttributeError", "MissingAttributeError",
     "AttributeTypeError", "InputError", "ShapeError", "InputTypeError", "DTypeError", "ResourceError", "EngineError",
 ]

@@ -25,10 +25,13 @@ _S64_MAX = 2**63 - 1
 
 
 def _as_int(op: str, spec: AttrSpec, value: Any, whole: Any) -> int:
+    kind = "an integer" if spec.type == "s64" else "a list of integers"
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        kind = "an integer" if spec.type == "s64" else "a list of integers"
         raise AttributeTypeError(op, spec.name, whole, f"{kind} ({spec.expected()})")
-    number = int(value)
+    try:
+        number = int(value)
+    except Exception:  # an Integral whose conversion fails
+        raise AttributeTypeError(op, spec.name, whole, f"{kind} ({spec.expected()})") from None
     if abs(number) > _S64_MAX:
         raise AttributeValueError(op, spec.name, whole, f"{spec.expected()} that fit in s64")
     if spec.minimum is not None and number < spec.minimum:
@@ -75,10 +78,14 @@ def parse_attributes(definition: OpDef, attrs: Mapping[str, Any]) -> Attrs:
         if value is None:
             continue
         spec = definition.attr(name)
-        if spec.full_shape and isinstance(value, (list, tuple, np.ndarray)) and not any(_nonzero(v) for v in value):
+        if spec.full_shape and _is_list(value) and not any(_nonzero(v) for v in value):
             continue
         parsed[name] = _parse_one(op, spec, value)
     return parsed
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray) and value.ndim == 1)
 
 
 def _nonzero(item: Any) -> bool:

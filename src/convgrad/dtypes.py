@@ -41,7 +41,7 @@ def parse_dtype(value: Any) -> np.dtype:
         return DATA_DTYPES[value]
     try:
         dtype = np.dtype(value)
-    except TypeError:
+    except Exception:  # numpy raises TypeError, ValueError, KeyError... for odd specifications
         dtype = None
     if dtype not in _NAMES:
         raise DTypeError(None, None, f"dtype {describe(value)} is not supported: expected one of "
@@ -56,9 +56,19 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
 
 def as_array(value: Any, op: str, name: str) -> np.ndarray:
     """Convert an input (array-like or ``__dlpack__`` object) to a NumPy array without copying
-    where possible. The caller's object is never modified."""
+    where possible (a non-native byte order is copied to native). The caller's object is never
+    modified. Masked arrays are refused: their mask would be silently ignored."""
+    if isinstance(value, np.ma.MaskedArray):
+        raise InputTypeError(op, name, "is a masked array: expected a plain array (use .filled(...) to choose "
+                             "the values of the masked elements)")
     if isinstance(value, np.ndarray):
-        return value
+        array = value.view(np.ndarray)  # subclasses (memmap, matrix) as plain arrays
+    else:
+        array = _convert(value, op, name)
+    return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
+
+
+def _convert(value: Any, op: str, name: str) -> np.ndarray:
     try:
         if hasattr(value, "__dlpack__"):
             try:
@@ -93,7 +103,8 @@ def as_shape_values(value: Any, op: str, name: str) -> tuple[int, ...]:
     """The values of a 1-D integer shape tensor (s32 in the spec; any integer dtype accepted)."""
     array = as_array(value, op, name)
     if array.dtype.kind not in "iu" and not (array.size == 0 and array.dtype.kind == "f"):
-        raise DTypeError(op, name, f"has dtype {array.dtype}: expected a 1-D integer (s32) shape tensor")
+        raise DTypeError(op, name, f"= {describe(array)} has dtype {array.dtype}: expected a 1-D integer (s32) "
+                         "shape tensor")
     if array.ndim != 1:
         raise InputError(op, name, f"has shape {array.shape}: expected a 1-D integer (s32) shape tensor")
     values = tuple(int(v) for v in array.tolist())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -10,8 +10,9 @@ import numpy as np
 from .attributes import Attrs, parse_attributes
 from .dtypes import as_array, as_shape_values, check_data_dtype, parse_dtype, round_to
 from .engines import Engine, get_engine
-from .errors import InputError
+from .errors import AttributeValueError, InputError, InputTypeError, describe
 from .layout import data_from_canonical, data_to_canonical, weights_from_canonical, weights_to_canonical
+from .limits import check_memory
 from .opdefs import OpDef, get_opdef
 from .problem import Problem, TensorInfo, build_problem
 
@@ -27,14 +28,20 @@ class Op:
     ``op(*inputs)`` runs it on inputs in the specification's index order and returns a NumPy array;
     ``op.infer(*inputs_or_shapes)`` resolves shapes, dtype and pads without computing.
 
+    The attributes may also come as a mapping, ``Op(kind, {"strides": [1, 1], ...})``, next to
+    keywords; an attribute given both ways is an error.
+
     ``lenient=True`` (what the functional API uses) fills omitted pads with 0 and dilations with 1;
     by default those attributes are required, as the specification says.
     """
 
-    def __init__(self, kind: str, /, *, lenient: bool = False, **attrs: Any) -> None:
+    def __init__(self, kind: str | None = None, attrs: Mapping[str, Any] | None = None, /, *extra: Any,
+                 lenient: bool = False, **kwargs: Any) -> None:
         self.definition: OpDef = get_opdef(kind)
-        self.attrs: Attrs = parse_attributes(self.definition, attrs)
-        self.lenient = lenient
+        self.attrs: Attrs = parse_attributes(self.definition, _merge_attrs(self.kind, attrs, extra, kwargs))
+        if not isinstance(lenient, (bool, np.bool_)):
+            raise InputTypeError(self.kind, None, f"Op(..., lenient={describe(lenient)}): expected True or False")
+        self.lenient = bool(lenient)
 
     @property
     def kind(self) -> str:
@@ -49,24 +56,16 @@ class Op:
         """Output shape and dtype and the resolved pads (a :class:`~convgrad.problem.Problem`),
         without computing. Each data input may be an array or just its shape (a tuple of ints,
         taken as ``dtype``); a shape input (index 2) gives its values."""
-        default = parse_dtype(dtype)
-        infos = []
-        for spec, value in zip(self.definition.inputs, inputs):
-            if value is None:
-                infos.append(None)
-            elif spec.role == "shape":
-                infos.append(TensorInfo(values=as_shape_values(value, self.kind, spec.name)))
-            elif isinstance(value, (tuple, list)):
-                infos.append(TensorInfo(shape=_shape_of(value, self.kind, spec.name), dtype=default))
-            else:
-                array = as_array(value, self.kind, spec.name)
-                infos.append(TensorInfo(shape=array.shape, dtype=check_data_dtype(array, self.kind, spec.name)))
-        infos.extend([TensorInfo()] * max(0, len(inputs) - len(infos)))
-        return build_problem(self.definition, self.attrs, infos, self.lenient)
+        return self._resolve(inputs, parse_dtype(dtype))[0]
 
     # -- execution -----------------------------------------------------------------------------
     def prepare(self, *inputs: Any) -> tuple[Problem, dict[str, np.ndarray]]:
         """Convert and check the inputs: the resolved problem and the data arrays by role."""
+        return self._resolve(inputs, None)
+
+    def _resolve(self, inputs: tuple[Any, ...], shapes_as: np.dtype | None) -> tuple[Problem, dict[str, np.ndarray]]:
+        """Problem and data arrays from the inputs; with ``shapes_as``, a tuple or list stands for a
+        data input of that shape and dtype."""
         infos: list[TensorInfo | None] = []
         arrays: dict[str, np.ndarray] = {}
         for spec, value in zip(self.definition.inputs, inputs):
@@ -74,6 +73,8 @@ class Op:
                 infos.append(None)
             elif spec.role == "shape":
                 infos.append(TensorInfo(values=as_shape_values(value, self.kind, spec.name)))
+            elif shapes_as is not None and isinstance(value, (tuple, list)):
+                infos.append(TensorInfo(shape=_shape_of(value, self.kind, spec.name), dtype=shapes_as))
             else:
                 array = as_array(value, self.kind, spec.name)
                 infos.append(TensorInfo(shape=array.shape, dtype=check_data_dtype(array, self.kind, spec.name)))
@@ -86,18 +87,46 @@ class Op:
         return execute(problem, arrays, get_engine(engine))
 
 
+def _merge_attrs(op: str, attrs: Any, extra: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Any, Any]:
+    """The attributes given as a mapping and as keywords, each name at most once."""
+    if extra:
+        raise InputTypeError(op, None, f"Op() takes the op kind and at most one attribute mapping; "
+                             f"{len(extra)} more positional arguments were given")
+    if attrs is None:
+        return kwargs
+    try:
+        if not isinstance(attrs, Mapping):
+            raise TypeError
+        attrs = dict(attrs)
+    except Exception:
+        raise InputTypeError(op, None, f"Op(kind, attrs): attrs = {describe(attrs)} ({type(attrs).__name__}): "
+                             "expected a mapping of attribute names to values") from None
+    for name in attrs:
+        if name in kwargs:
+            raise AttributeValueError(op, name, kwargs[name], "given once, but it is both in the attribute "
+                                      "mapping and a keyword argument")
+    return {**attrs, **kwargs}
+
+
 def _shape_of(value: Sequence[Any], op: str, name: str) -> tuple[int, ...]:
     try:
         shape = tuple(int(v) for v in value)
         if any(isinstance(v, bool) or int(v) != v for v in value):
             raise ValueError
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InputError(op, name, f"= {value!r}: expected an array or a shape (a tuple of integers)") from None
     return shape
 
 
 def execute(problem: Problem, arrays: dict[str, np.ndarray], engine: Engine) -> np.ndarray:
-    """Run a resolved problem: canonical views in, one engine call, bias, one rounding, user layout out."""
+    """Run a resolved problem: canonical views in, one engine call, bias, one rounding, user layout out.
+    The memory guard runs first; NaN and Inf propagate as IEEE arithmetic does, without warnings."""
+    check_memory(problem, engine)
+    with np.errstate(all="ignore"):  # IEEE arithmetic: NaN and Inf propagate, overflow gives Inf
+        return _run(problem, arrays, engine)
+
+
+def _run(problem: Problem, arrays: dict[str, np.ndarray], engine: Engine) -> np.ndarray:
     g, fmt, wfmt = problem.geometry, problem.data_format, problem.weights_format
     canonical = {role: (weights_to_canonical(a, wfmt) if role == "w" else data_to_canonical(a, fmt))
                  for role, a in arrays.items() if role != "bias"}

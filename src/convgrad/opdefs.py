@@ -135,9 +135,11 @@ def _weights_format(name: str, pair: tuple[str, str]) -> AttrSpec:
                     choices=pair)
 
 
-def _shape_attr(name: str, of: str) -> AttrSpec:
-    return AttrSpec(name, "s64[]", f"Shape of the {of} tensor (may also be given as input 2, which wins).",
-                    minimum=1, full_shape=True)
+def _shape_attr(name: str, of: str, data: bool = False) -> AttrSpec:
+    """A shape attribute; a data shape (dst_shape) may have a batch of 0 like the data inputs."""
+    batch = " Positive sizes, except that the batch (first entry) may be 0." if data else ""
+    return AttrSpec(name, "s64[]", f"Shape of the {of} tensor (may also be given as input 2, which wins).{batch}",
+                    minimum=0 if data else 1, full_shape=True)
 
 
 CONV_WEIGHTS_FORMAT = _weights_format("weights_format", ("OIX", "XIO"))
@@ -164,7 +166,7 @@ OPS: dict[str, OpDef] = {
             (InputSpec("diff_dst", "y"), InputSpec("weights", "w"), InputSpec("dst_shape", "shape", required=False)),
             InputSpec("diff_src", "x"),
             _GEOMETRY + (OUTPUT_PADDING, GROUPS, DATA_FORMAT, CONV_WEIGHTS_FORMAT,
-                         _shape_attr("dst_shape", "diff_src (the forward src)")),
+                         _shape_attr("dst_shape", "diff_src (the forward src)", data=True)),
         ),
         OpDef(
             "ConvolutionBackwardWeights", "convolution_backward_weights", "backward_weights", False,

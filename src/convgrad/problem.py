@@ -24,6 +24,7 @@ import numpy as np
 from .attributes import Attrs, per_axis
 from .dtypes import dtype_name
 from .errors import AttributeValueError, DTypeError, InputError, ShapeError
+from .limits import check_sizes
 from .opdefs import InputSpec, OpDef
 
 __all__ = ["ConvGeometry", "Problem", "TensorInfo", "build_problem", "auto_pads",
@@ -57,6 +58,11 @@ class ConvGeometry:
     @property
     def ocg(self) -> int:
         return self.oc // self.groups
+
+    @property
+    def padded_size(self) -> tuple[int, ...]:
+        """Spatial sizes of the zero-padded input: I + PB + PE."""
+        return tuple(i + b + e for i, b, e in zip(self.in_size, self.pads_begin, self.pads_end))
 
     @property
     def effective_kernel(self) -> tuple[int, ...]:
@@ -376,9 +382,11 @@ class _Inference:
 
 
 def build_problem(definition: OpDef, attrs: Attrs, inputs: list[TensorInfo | None], lenient: bool = False) -> Problem:
-    """Resolve an op invocation into a :class:`Problem`, or raise a convgrad error saying why not."""
+    """Resolve an op invocation into a :class:`Problem`, or raise a convgrad error saying why not
+    (including sizes beyond int64 and an output over the memory budget: nothing is allocated)."""
     bias = next((i for s, i in zip(definition.inputs, inputs) if s.role == "bias" and i is not None), None)
     problem = _Inference(definition, attrs, list(inputs), lenient).run()
+    check_sizes(problem)
     if bias is not None:
         channels = problem.geometry.oc if definition.output.role == "y" else problem.geometry.ic
         if bias.shape != (channels,):

@@ -4,6 +4,10 @@ An engine receives canonical views (data ``(N, *X, C)``, weights ``(*K, ICg, OC)
 inputs' dtype, never writes to them, and returns a canonical result in its accumulation dtype
 (f32 or f64). Rounding to the output dtype and the user's layout happen in the API layer, so a new
 engine (GPU, distributed) needs only these three methods.
+
+An engine may also have ``workspace_bytes(g, task, dtype) -> int``: the peak bytes one call of
+``task`` allocates, its result included. The memory guard (:mod:`convgrad.limits`) uses it before
+the engine runs, and a conservative estimate for engines without it.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ one small contraction over channels (per group):
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -23,7 +24,8 @@ __all__ = ["ReferenceEngine"]
 
 
 def _padded_shape(g: ConvGeometry, channels: int) -> tuple[int, ...]:
-    return (g.n, *(i + b + e for i, b, e in zip(g.in_size, g.pads_begin, g.pads_end)), channels)
+    """Canonical shape of the zero-padded input buffer."""
+    return (g.n, *g.padded_size, channels)
 
 
 def _interior(g: ConvGeometry) -> tuple[slice, ...]:
@@ -43,6 +45,15 @@ class ReferenceEngine:
     """Obviously-correct float64 implementation used as the oracle (``engine="reference"``)."""
 
     name = "reference"
+
+    @staticmethod
+    def workspace_bytes(g: ConvGeometry, task: str, dtype: np.dtype) -> int:
+        """Peak bytes one call allocates, its f64 result included, whatever ``dtype``: the padded
+        input, copies of dy and w, the result, and per kernel offset the gathered taps (twice,
+        einsum may copy them) and one result-sized product (the maximum over the three tasks)."""
+        padded = math.prod(_padded_shape(g, g.ic))
+        taps = g.n * math.prod(g.out_size) * g.ic
+        return 8 * (padded + math.prod(g.w_shape) + 2 * math.prod(g.y_shape) + 2 * taps + math.prod(g.x_shape))
 
     @staticmethod
     def _pad(g: ConvGeometry, x: np.ndarray) -> np.ndarray:

@@ -1,0 +1,141 @@
+"""Fuzzing the library API (issue 5): every call returns a result that matches the reference
+engine, or raises a ConvgradError; never another exception, never a crash or hang, and the
+inputs are never modified.
+
+Bounded in the suite; ``make fuzz`` (``CONVGRAD_FUZZ_EXAMPLES=5000``) runs it long. Add
+``--hypothesis-show-statistics`` to see the outcome counts (``event`` lines).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+from typing import Any
+
+import numpy as np
+from hypothesis import event, given
+from hypothesis import strategies as st
+from reliability_support import Case, assert_close, fingerprint, fuzz_settings, hostile, valid_cases
+
+import convgrad as cg
+
+#: A single call that takes longer than this is a hang: the worker dumps its stacks and exits.
+HANG_SECONDS = 60
+
+
+def _outcome(call: Any) -> np.ndarray | cg.ConvgradError:
+    """The call's result, or the convgrad error it raised (anything else fails the test)."""
+    faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
+    try:
+        result = call()
+    except cg.ConvgradError as exc:
+        assert str(exc), "a convgrad error must say what is wrong"
+        event(f"error: {type(exc).__name__}")
+        return exc
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    event("result")
+    return result
+
+
+def _run_checked(op: cg.Op, inputs: list[Any]) -> np.ndarray | cg.ConvgradError:
+    """Run ``op`` on ``inputs`` with the default engine; a result must match the reference engine
+    and the inferred shape and dtype, and the inputs must be unchanged either way."""
+    before = [fingerprint(v) for v in inputs]
+    outcome = _outcome(lambda: op(*inputs))
+    assert [fingerprint(v) for v in inputs] == before, "an input was modified"
+    if isinstance(outcome, np.ndarray):
+        problem = op.infer(*inputs)
+        assert outcome.shape == problem.output_shape and outcome.dtype == problem.dtype
+        assert_close(outcome, op(*inputs, engine="reference"), cg.dtypes.dtype_name(problem.dtype))
+    return outcome
+
+
+@fuzz_settings(400)
+@given(valid_cases())
+def test_valid_problems_match_the_reference(case: Case) -> None:
+    result = _run_checked(case.op(), case.inputs)
+    assert isinstance(result, np.ndarray), f"a valid problem was refused: {result}"
+    assert result.shape == case.output_shape
+    declared = [a.shape if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a for a in case.inputs]
+    assert case.op().infer(*declared, dtype=case.dtype).output_shape == case.output_shape
+
+
+_MUTATIONS = ["drop", "extra", "hostile_input", "resize", "retype", "transpose", "hostile_attr",
+              "unknown_attr", "drop_attr", "swap"]
+
+
+def _mutate(case: Case, data: st.DataObject) -> tuple[dict[str, Any], list[Any]]:
+    """One random corruption of a valid case: of its inputs or of its attributes."""
+    attrs, inputs = dict(case.attrs), list(case.inputs)
+    how = data.draw(st.sampled_from(_MUTATIONS), label="mutation")
+    event(f"mutation: {how}")
+    index = data.draw(st.integers(0, max(0, len(inputs) - 1)), label="input index")
+    target = inputs[index] if inputs else None
+    if how == "drop" and inputs:
+        inputs[index] = None
+    elif how == "extra":
+        inputs.extend(data.draw(st.lists(hostile, min_size=1, max_size=3), label="extra inputs"))
+    elif how == "hostile_input" and inputs:
+        inputs[index] = data.draw(hostile, label="hostile input")
+    elif how == "resize" and isinstance(target, np.ndarray) and target.ndim:
+        axis = data.draw(st.integers(0, target.ndim - 1), label="axis")
+        size = data.draw(st.sampled_from([0, 1, target.shape[axis] + 1, max(0, target.shape[axis] - 1)]))
+        shape = list(target.shape)
+        shape[axis] = size
+        inputs[index] = np.ones(shape, dtype=target.dtype)
+    elif how == "retype" and isinstance(target, np.ndarray):
+        dtype = data.draw(st.sampled_from(["f4", "f8", "f2", "i4", "i8", "?", "c8", "O", ">f4", "u1"]))
+        inputs[index] = target.astype(dtype)
+    elif how == "transpose" and isinstance(target, np.ndarray):
+        inputs[index] = target.T
+    elif how in ("hostile_attr", "drop_attr"):
+        name = data.draw(st.sampled_from(sorted(attrs)), label="attribute")
+        if how == "drop_attr":
+            del attrs[name]
+        else:
+            attrs[name] = data.draw(st.one_of(hostile, st.lists(st.integers(-3, 2**64), max_size=13)))
+    elif how == "unknown_attr":
+        attrs[data.draw(st.sampled_from(["foo", "Strides", "stride", "", "weights_shape ", "kind"]))] = 1
+    elif how == "swap" and len(inputs) > 1:
+        inputs[0], inputs[1] = inputs[1], inputs[0]
+    return attrs, inputs
+
+
+@fuzz_settings(800)
+@given(valid_cases(max_rank=2), st.data())
+def test_corrupted_problems_fail_cleanly(case: Case, data: st.DataObject) -> None:
+    attrs, inputs = _mutate(case, data)
+    op = _outcome(lambda: cg.Op(case.kind, **attrs))
+    if isinstance(op, cg.Op):
+        _run_checked(op, inputs)
+        _outcome(lambda: op.infer(*inputs))
+
+
+@fuzz_settings(800)
+@given(st.sampled_from(sorted(cg.OPS)), st.dictionaries(st.sampled_from(
+    ["strides", "pads_begin", "pads_end", "dilations", "auto_pad", "groups", "data_format", "weights_format",
+     "filter_format", "output_padding", "dst_shape", "weights_shape", "filter_shape", "bogus"]), hostile, max_size=6),
+    st.lists(hostile, max_size=4), st.booleans())
+def test_hostile_values_everywhere(kind: str, attrs: dict[str, Any], inputs: list[Any], lenient: bool) -> None:
+    before = [fingerprint(v) for v in inputs]
+    op = _outcome(lambda: cg.Op(kind, lenient=lenient, **attrs))
+    if isinstance(op, cg.Op):
+        _outcome(lambda: op.infer(*inputs))
+        _run_checked(op, inputs)
+    function = getattr(cg, cg.OPS[kind].function)
+    _outcome(lambda: function(*inputs, **attrs))
+    assert [fingerprint(v) for v in inputs] == before, "an input was modified"
+
+
+@fuzz_settings(400)
+@given(hostile, hostile, st.lists(hostile, max_size=3))
+def test_hostile_op_kinds_engines_and_dtypes(kind: Any, engine: Any, shapes: list[Any]) -> None:
+    _outcome(lambda: cg.Op(kind))
+    _outcome(lambda: cg.Op("Convolution", kind, strides=[1]))  # as the attribute mapping
+    try:
+        _outcome(lambda: cg.set_memory_budget(kind))
+    finally:
+        cg.set_memory_budget(None)
+    op = cg.Op("ConvolutionBackwardWeights", strides=[1], pads_begin=[0], pads_end=[0], dilations=[1])
+    _outcome(lambda: op.infer(*shapes, dtype=engine))
+    _outcome(lambda: op(np.ones((1, 3, 2), np.float32), np.ones((1, 3, 2), np.float32), [1, 2, 2], engine=engine))
