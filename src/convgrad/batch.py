@@ -32,7 +32,8 @@ class Knob:
 @dataclass(frozen=True)
 class Case:
     """One case to run: its target (case file or descriptor), the non-default options in force,
-    where it came from, and the error if its line could not be read."""
+    where it came from, and the error if its line could not be read (then the target is the
+    offending text: the token, the line or ``--batch=FILE``)."""
 
     target: str
     knobs: tuple[tuple[str, str], ...] = ()
@@ -93,13 +94,13 @@ class BatchReader:
         """The cases of a batch file (nested batches included)."""
         resolved = path.resolve()
         if resolved in stack:
-            yield Case(str(path), error=f"{origin}: batch file {path} includes itself", origin=origin)
+            yield Case(f"--batch={path}", error=f"{origin}: batch file {path} includes itself", origin=origin)
             return
         try:
-            lines = path.read_text().splitlines()
-        except OSError as exc:
-            yield Case(str(path), error=f"{origin}: cannot read batch file {path} ({exc.strerror or exc})",
-                       origin=origin)
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror or exc if isinstance(exc, OSError) else f"byte {exc.start} is not UTF-8 text"
+            yield Case(f"--batch={path}", error=f"{origin}: cannot read batch file {path} ({why})", origin=origin)
             return
         for number, raw in enumerate(lines, 1):
             where = f"{path}:{number}"

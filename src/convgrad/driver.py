@@ -47,7 +47,9 @@ class Driver:
         return BatchReader(self.knobs, self.trigger)
 
     def problem_text(self, case: Case) -> str:
-        """benchdnn's %prb%: the options in force and the case."""
+        """benchdnn's %prb%: the options in force and the case (a line that could not be read: its text)."""
+        if case.error:
+            return case.target
         target = f"--{self.trigger}={case.target}" if self.trigger else case.target
         return shlex.join([*(f"--{k}={v}" for k, v in case.knobs), target])
 
@@ -160,6 +162,8 @@ def run_case(driver: Driver, settings: RunSettings, case: Case, index: int) -> R
         result.reason = "out of memory"
     except Exception as exc:  # a bug must not stop the rest of the batch
         result.reason = f"internal error: {type(exc).__name__}: {exc}"
+    if result.reason and not case.error and case.target not in result.reason:
+        result.reason = f"{case.target}: {result.reason}"  # name the case file or descriptor
     if result.reason and case.origin != "command line" and not result.reason.startswith(case.origin):
         result.reason = f"{case.origin}: {result.reason}"
     return result

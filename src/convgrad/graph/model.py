@@ -244,13 +244,17 @@ def load_graph(path: str | Path) -> Graph:
     """Read a oneDNN Graph JSON file."""
     source = str(path)
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise GraphError(f"{source}: cannot read the case file ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise GraphError(f"{source}: byte {exc.start}: not UTF-8 text: expected a JSON file") from None
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         raise GraphError(f"{source}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:  # integers over Python's digit limit, deep nesting
+        raise GraphError(f"{source}: not usable JSON ({exc})") from None
     return parse_graph(document, source)
 
 

@@ -23,11 +23,12 @@ import numpy as np
 
 from ..dtypes import DATA_DTYPES, compute_dtype
 from ..engines import Engine, get_engine
+from ..errors import ConvgradError
 from ..problem import Problem
-from .model import LogicalTensor, storage_size
+from .model import GraphError, LogicalTensor, storage_size
 from .plan import Plan, Step
 
-__all__ = ["OpCheck", "make_inputs", "execute", "check", "time_plan", "tolerance", "reduction_length", "strided"]
+__all__ = ["CASE_MEMORY_LIMIT", "OpCheck", "check_size", "make_inputs", "execute", "check", "time_plan", "tolerance", "reduction_length", "strided"]
 
 
 def strided(values: np.ndarray, stride: tuple[int, ...] | None) -> np.ndarray:
@@ -47,8 +48,35 @@ def _fill(rng: np.random.Generator, tensor: LogicalTensor) -> np.ndarray:
     return strided(values, None if tensor.is_dense else tensor.stride)
 
 
+#: Most bytes one case may need (its tensors, and the reference engine's padded float64 input);
+#: a bigger case fails with a clear reason before anything is allocated.
+CASE_MEMORY_LIMIT = 4 * 2**30
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.3g} GiB"
+
+
+def check_size(plan: Plan, limit: int = CASE_MEMORY_LIMIT) -> None:
+    """Raise GraphError, naming the largest need, when the plan would need more than ``limit`` bytes."""
+    needs = {f"tensor {tid} {list(t.shape)} ({t.dtype})":
+             storage_size(t.shape, t.strides) * DATA_DTYPES.get(t.dtype, np.dtype(np.int32)).itemsize
+             for tid, t in plan.tensors.items()}
+    padded = {f"{step.source.label}: padded input (f64)": 8 * math.prod(
+        (step.problem.geometry.n, step.problem.geometry.ic,
+         *(i + b + e for i, b, e in zip(step.problem.geometry.in_size, step.problem.geometry.pads_begin,
+                                        step.problem.geometry.pads_end)))) for step in plan.steps}
+    total = sum(needs.values()) + max(padded.values(), default=0)
+    if total > limit:
+        name, nbytes = max({**needs, **padded}.items(), key=lambda item: item[1])
+        raise GraphError(f"{plan.graph.source}: the case needs {_gib(total)} of memory (largest: {name}, "
+                         f"{_gib(nbytes)}): expected at most {_gib(limit)}; use smaller shapes, --mb or pads")
+
+
 def make_inputs(plan: Plan, rng: np.random.Generator) -> dict[int, np.ndarray]:
-    """Fresh data for every graph input (shape tensors get their resolved values)."""
+    """Fresh data for every graph input (shape tensors get their resolved values), after
+    :func:`check_size`."""
+    check_size(plan)
     return {tid: np.array(plan.shape_values[tid], dtype=np.int32) if tid in plan.shape_values
             else _fill(rng, plan.tensors[tid]) for tid in plan.inputs}
 
@@ -65,7 +93,11 @@ def execute(plan: Plan, engine: Engine | str | None, inputs: dict[int, np.ndarra
     values = dict(inputs)
     for step in plan.steps:
         out = step.output
-        values[out.id] = strided(_run_step(step, values, engine), None if out.is_dense else out.stride)
+        try:
+            result = _run_step(step, values, engine)
+        except ConvgradError as exc:  # e.g. inputs whose dtypes differ (--dt=ID:DT)
+            raise GraphError(f"{step.source.label}: {exc}") from None
+        values[out.id] = strided(result, None if out.is_dense else out.stride)
     return values
 
 
