@@ -129,10 +129,14 @@ def _plan_step(op: GraphOp, tensors: dict[int, LogicalTensor], inputs: set[int],
     shape_input = next((t for spec, t in zip(d.inputs, current) if spec.role == "shape"), None)
     values = None
     try:
-        if d.shape_attr is not None and (shape_input is not None or any(op.attrs.get(d.shape_attr) or [])):
+        if (d.shape_attr is not None and len(shapes) == 2  # else the op reports the missing data input
+                and (shape_input is not None or any(op.attrs.get(d.shape_attr) or []))):
             base = tuple(op.attrs.get(d.shape_attr) or ())
             base = base if any(base) else op.outputs[0].shape
-            if -1 in base or len(base) != len(next(iter(shapes.values()), ())):
+            if len({len(shape) for shape in shapes.values()}) > 1:
+                named = {spec.name: list(t.shape) for spec, t in zip(d.inputs, current) if spec.role in shapes}
+                raise GraphError(f"{op.label}: inputs {named}: expected the same rank (N, C and the spatial axes)")
+            if -1 in base or len(base) != len(next(iter(shapes.values()))):
                 raise GraphError(f"{op.label}: '{d.shape_attr}' has no usable values ({list(base)}): give the "
                                  "attribute or the output tensor's shape")
             values = _resolve_shape(d, op.attrs, shapes, base, fit=False)
