@@ -106,7 +106,7 @@ def parses(driver: Driver, options: dict[str, str]) -> bool:
 
 HUGE = st.sampled_from([2**31, 10**12, 2**62, 2**63, 2**64, -(2**63), 10**30])
 SMALL = st.integers(-2, 6)
-INTS = st.one_of(SMALL, SMALL, HUGE)
+INTS = st.one_of(SMALL, SMALL, SMALL, HUGE)
 TEXT = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), max_size=12)
 JSON_VALUES = st.recursive(st.none() | st.booleans() | INTS | st.floats() | TEXT,
                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=3),
@@ -151,8 +151,15 @@ def op_attrs(draw: st.DrawFn) -> str:
     return "+".join(ops)
 
 
-MB = st.one_of(st.integers(0, 3).map(str), HUGE.map(str), TEXT)
-DT = st.one_of(st.sampled_from(["f32", "bf16", "f16", "0:f16", "1:bf16+0:bf16", "9:f32", "f64", "s32", "0:"]), TEXT)
+
+
+def _mostly(valid: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    """Three times in four a value from ``valid``, else random text."""
+    return st.one_of(valid, valid, valid, TEXT)
+
+
+MB = _mostly(st.one_of(st.integers(0, 3).map(str), HUGE.map(str)))
+DT = _mostly(st.sampled_from(["f32", "bf16", "f16", "0:f16", "1:bf16+0:bf16", "9:f32", "f64", "s32", "0:"]))
 
 
 @st.composite
@@ -187,6 +194,12 @@ def _mutate_field(draw: st.DrawFn, doc: dict[str, Any]) -> None:
 def _mutate_attr(draw: st.DrawFn, doc: dict[str, Any]) -> None:
     """A random attribute (name, declared type, value), valid or not."""
     op = draw(st.sampled_from(doc["graph"]))
+    lists = [a["value"] for a in op["attrs"].values() if isinstance(a, dict) and isinstance(a.get("value"), list)
+             and a["value"]]
+    if lists and draw(st.booleans()):  # one entry of a list attribute
+        values = draw(st.sampled_from(lists))
+        values[draw(st.integers(0, len(values) - 1))] = draw(INTS)
+        return
     kind = draw(st.sampled_from(["s64", "s64[]", "string", "f32", "f32[]", "bool", "s32[]"]))
     value = draw(st.one_of(st.lists(INTS, max_size=4), INTS, st.sampled_from(["SAME_UPPER", "valid", "NCX", "XIO"]),
                            JSON_VALUES))
@@ -196,9 +209,12 @@ def _mutate_attr(draw: st.DrawFn, doc: dict[str, Any]) -> None:
 def _mutate_tensor(draw: st.DrawFn, doc: dict[str, Any]) -> None:
     """A random shape, stride (overlapping, negative, short) or dtype of one tensor."""
     tensor = draw(st.sampled_from(_tensors(doc)))
-    field = draw(st.sampled_from(["shape", "stride", "dtype", "layout_type", "id"]))
+    field = draw(st.sampled_from(["shape", "stride", "entry", "entry", "dtype", "layout_type", "id"]))
     if field in ("shape", "stride"):
         tensor[field] = draw(st.lists(INTS, max_size=6))
+    elif field == "entry":  # one size or stride changed: more often gets past reading, into planning and running
+        values = draw(st.sampled_from([v for v in (tensor.get("shape"), tensor.get("stride")) if v] or [[0]]))
+        values[draw(st.integers(0, len(values) - 1))] = draw(INTS)
     elif field == "dtype":
         tensor[field] = draw(st.sampled_from([*TENSOR_DTYPES, "s8", "u8", "f8_e4m3", ""]))
     elif field == "layout_type":
@@ -268,17 +284,23 @@ def graph_documents(draw: st.DrawFn) -> tuple[str, int]:
 
 @st.composite
 def descriptors(draw: st.DrawFn) -> str:
-    """benchdnn conv descriptors: random fields with tiny (or absurd) values, or garbage."""
+    """benchdnn conv descriptors: tiny sizes on 1-3 spatial axes (sometimes absurd values or
+    inconsistent axes), in any order, with or without ``_`` and a name; or garbage."""
     if draw(st.integers(0, 5)) == 0:
         return draw(st.one_of(TEXT, st.text("0123456789_gmbicdhwoksp\"n", max_size=24)))
-    small = {"g": (1, 2), "mb": (0, 2), "ic": (0, 4), "oc": (1, 4), "k": (1, 3), "i": (1, 7), "o": (1, 7),
-             "s": (0, 3), "p": (0, 2), "d": (0, 1)}
+    ranges = {"g": (0, 2), "mb": (0, 2), "ic": (0, 4), "oc": (1, 4), "k": (1, 3), "i": (1, 7), "o": (1, 7),
+              "s": (0, 3), "p": (0, 2), "d": (0, 1)}
+    ranges = {key: (max(low, 1), high) if low == 0 and draw(st.integers(0, 9)) else (low, high)  # zeros rarely
+              for key, (low, high) in ranges.items()}
+    axes = "dhw"[3 - draw(st.integers(1, 3)):]
+    odd = draw(st.integers(0, 4)) == 0  # fields on any axis, absurd values more often
+    keys = ["g", "mb", "ic", "oc", *(f"{p}{a}" for p in "iokspd" for a in ("dhw" if odd else axes))]
     fields = []
-    for key in ("g", "mb", "ic", *(f"{p}{a}" for p in "iokspd" for a in "dhw"), "oc"):
-        if key in ("ic", "oc") or draw(st.integers(0, 3)) == 0:
-            low, high = small[key if key in small else key[0]]
-            value = draw(st.one_of(st.integers(low, high), st.integers(low, high), HUGE.filter(lambda v: v > 0)))
-            fields.append(f"{key}{value}")
+    for key in keys:
+        if key in ("ic", "oc") or (key[0] in "ik" and not odd) or draw(st.integers(0, 2)) == 0:
+            low, high = ranges[key if key in ranges else key[0]]
+            value = draw(st.integers(low, high)) if draw(st.integers(0, 29 if not odd else 2)) else draw(HUGE) % 10**13
+            fields.append(f"{key}{abs(value)}")
     text = draw(st.sampled_from(["", "_"])).join(draw(st.permutations(fields)))
     return text + draw(st.sampled_from(["", 'n"fuzz"', "n", 'n"[/x] $\\x$"', "n1x1"]))
 
@@ -334,8 +356,8 @@ def test_graph_options(options: dict[str, str], name: str) -> None:
 
 
 CONV_OPTIONS = st.fixed_dictionaries({}, optional={
-    "dir": st.one_of(st.sampled_from([*DIRECTIONS, "bwd_d", "BWD_WB"]), TEXT),
-    "dt": DT, "tag": st.one_of(st.sampled_from(["nxc", "ncx", "NCX", "abcd"]), TEXT), "mb": MB})
+    "dir": _mostly(st.sampled_from([*DIRECTIONS, "bwd_d", "BWD_WB"])),
+    "dt": _mostly(st.sampled_from(["f32", "bf16", "f16", "f64"])), "tag": _mostly(st.sampled_from(["nxc", "ncx", "NCX", "abcd"])), "mb": MB})
 
 
 @fuzz(80)

@@ -62,12 +62,18 @@ def _build_graph(case: Case) -> tuple[Graph, str]:
     return graph, Path(case.target).stem
 
 
+_parse_dir = _choice("--dir", tuple(DIRECTIONS), upper=True)
+_parse_conv_dt = _choice("--dt", FLOAT_DTYPES)
+_parse_tag = _choice("--tag", ("nxc", "ncx"))
+
+
 def _build_conv(case: Case) -> tuple[Graph, str]:
     desc = parse_descriptor(case.target)
     mb = parse_mb(case.knob("mb", "0"))
     if mb:
         desc = desc.with_mb(mb)
-    graph = descriptor_graph(desc, case.knob("dir", "FWD_D"), case.knob("dt", "f32"), case.knob("tag", "nxc"))
+    graph = descriptor_graph(desc, _parse_dir(case.knob("dir", "FWD_D")), _parse_conv_dt(case.knob("dt", "f32")),
+                             _parse_tag(case.knob("tag", "nxc")))  # parsed: --dir=bwd_d, --tag=NCX are fine
     return graph, desc.name or desc.canonical()
 
 
@@ -86,12 +92,10 @@ GRAPH = Driver("graph", {
 }, "case", _build_graph)
 
 CONV = Driver("conv", {
-    "dir": Knob("dir", "Direction: FWD_D, FWD_B (with bias), BWD_D or BWD_W.",
-                _choice("--dir", tuple(DIRECTIONS), upper=True), "FWD_D"),
-    "dt": Knob("dt", "Data type: f32, bf16 or f16.", _choice("--dt", FLOAT_DTYPES), "f32"),
+    "dir": Knob("dir", "Direction: FWD_D, FWD_B (with bias), BWD_D or BWD_W.", _parse_dir, "FWD_D"),
+    "dt": Knob("dt", "Data type: f32, bf16 or f16.", _parse_conv_dt, "f32"),
     "mb": _MB,
-    "tag": Knob("tag", "Layout: nxc (NXC data, XIO weights) or ncx (NCX data, OIX weights).",
-                _choice("--tag", ("nxc", "ncx")), "nxc"),
+    "tag": Knob("tag", "Layout: nxc (NXC data, XIO weights) or ncx (NCX data, OIX weights).", _parse_tag, "nxc"),
 }, None, _build_conv)
 
 
