@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
 from convgrad.cli import main
@@ -74,7 +74,8 @@ def invoke(args: list[str], perf: bool = False) -> Outcome:
     out = result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), (args, result.exc_info)
     assert result.exit_code in (0, 1, 2), (args, out)
-    event(f"exit {result.exit_code}")
+    if currently_in_test_context():
+        event(f"exit {result.exit_code}")  # shown by --hypothesis-show-statistics
     assert "Traceback" not in out and "internal error" not in out, (args, out)
     if result.exit_code == 2:
         assert "Error:" in out, (args, out)
@@ -85,7 +86,7 @@ def invoke(args: list[str], perf: bool = False) -> Outcome:
     cases = _CASE.findall(out)
     reasons = [m[2] for m in cases if m[1] != "PASSED"]
     repros = [m[3] for m in cases if m[1] == "PASSED"]
-    if perf:  # passed cases print perf lines instead (def or csv; the csv header is not a case)
+    if perf:  # passed cases print perf lines instead (def, csv or perf,...; the csv header is not a case)
         repros = [line for line in out.splitlines() if line.startswith("perf,") and "min_ms" not in line]
     assert (total, passed, failed) == (len(repros) + len(reasons), len(repros), len(reasons)), (args, out)
     assert result.exit_code == (1 if failed else 0), (args, out)
@@ -357,7 +358,8 @@ def test_graph_options(options: dict[str, str], name: str) -> None:
 
 CONV_OPTIONS = st.fixed_dictionaries({}, optional={
     "dir": _mostly(st.sampled_from([*DIRECTIONS, "bwd_d", "BWD_WB"])),
-    "dt": _mostly(st.sampled_from(["f32", "bf16", "f16", "f64"])), "tag": _mostly(st.sampled_from(["nxc", "ncx", "NCX", "abcd"])), "mb": MB})
+    "dt": _mostly(st.sampled_from(["f32", "bf16", "f16", "f64"])),
+    "tag": _mostly(st.sampled_from(["nxc", "ncx", "NCX", "abcd"])), "mb": MB})
 
 
 @fuzz(80)
@@ -374,7 +376,8 @@ def test_conv_descriptors(descs: list[str], options: dict[str, str]) -> None:
 
 @fuzz(15)
 @given(descs=st.lists(descriptors(), min_size=1, max_size=2),
-       template=st.one_of(st.sampled_from(["def", "csv", "%name%,%Gops%", "%nope%"]), TEXT))
+       template=st.one_of(st.sampled_from(["def", "csv", "perf,%name%,%Gops%", "%nope%"]),
+                          TEXT.filter(lambda t: "%" not in t)))
 def test_conv_performance_mode(descs: list[str], template: str) -> None:
     """P mode: perf lines for passing cases, FAILED lines for the others; a bad template exits 2."""
     try:
@@ -384,7 +387,7 @@ def test_conv_performance_mode(descs: list[str], template: str) -> None:
     else:
         valid = True
     args = ["conv", "--mode=P", "--fix-times-per-prb=1", f"--perf-template={template}", "--", *descs]
-    outcome = invoke(args, perf=template in ("def", "csv"))
+    outcome = invoke(args, perf=True)
     assert (outcome.code == 2) == (not valid), outcome.output
 
 
@@ -448,3 +451,40 @@ def test_subprocess_exit_codes(tmp_path: Path, args: list[str]) -> None:
     assert "Traceback" not in result.stdout + result.stderr, result.stderr
     if result.returncode != 2:
         assert _SUMMARY.search(result.stdout), result.stdout
+
+
+_FWD = EXAMPLES / "conv_fwd_nxc_f32.json"
+_BWD_FILTERS = EXAMPLES / "backprop_filters_ncx_f16_1d.json"
+#: Defects the fuzzing found, as (arguments, text the output must hold, exit code).
+FOUND = [
+    (["graph", "--batch={tmp}/bytes.batch"], "bytes.batch (byte 0 is not UTF-8 text)", 1),
+    (["graph", "--case={tmp}/bytes.json"], "bytes.json: byte 0: not UTF-8 text", 1),
+    (["graph", "--case={tmp}/deep.json"], "deep.json: not usable JSON (maximum recursion depth", 1),
+    (["graph", "--case={tmp}/digits.json"], "digits.json: not usable JSON (Exceeds the limit", 1),
+    (["graph", "--mb=100000000", f"--case={_FWD}"], f"{_FWD}: the case needs 2.4e+03 GiB of memory", 1),
+    (["conv", "ic1ih5oc1kh3ph9999999999sh9999999999"], "expected at most 4 GiB", 1),
+    (["graph", "--op-attrs=0:groups:3", f"--case={_FWD}"], f"({_FWD}: op 0 'conv_fwd' (Convolution)", 1),
+    (["graph", "--dt=0:bf16", f"--case={_FWD}"], "op 0 'conv_fwd' (Convolution): Convolution: input 'weights' has", 1),
+    (["graph", "--in-shapes=1:-", f"--case={_BWD_FILTERS}"],
+     "inputs {'input_forward': [3, 4, 17], 'output_delta': []}", 1),
+    (["graph", "--case={tmp}/no_inputs.json"], "input 'input_forward' is required but was not given", 1),
+    (["conv", 'ic2ih4oc2kh3n"[/x]"'], "tests:1 passed:1 failed:0", 0),
+    (["conv", "--mode=P", "--fix-times-per-prb=1", "--plot={tmp}/a.png", 'ic2ih4oc2kh3n"$\\x$"'], "plot: ", 0),
+    (["conv", "--mode=P", "--plot={tmp}/missing/a.png", "ic2ih4oc2kh3"], "does not exist or is not writable", 2),
+    (["graph", "--batch={tmp}/missing.batch"], "__REPRO: convgrad graph --mode=C --engine=reference --seed=", 1),
+    (["graph", "--mb=²", f"--case={_FWD}"], "--mb: '²': expected a non-negative integer", 2),
+    (["conv", "--dir=bwd_w", "--dt=BF16", "--tag=NCX", "ic2ih4oc2kh3"], "0:PASSED", 0),
+]
+
+
+@pytest.mark.parametrize("args, expected, code", FOUND, ids=[" ".join(a[0:2])[:40] for a, _, _ in FOUND])
+def test_found_by_fuzzing(tmp_path: Path, args: list[str], expected: str, code: int) -> None:
+    """Each defect the fuzzing found, fixed: the exit code and a message that says where and why."""
+    (tmp_path / "bytes.batch").write_bytes(b"\xff\xfe--case=a.json\n")
+    (tmp_path / "bytes.json").write_bytes(b"\xff{")
+    (tmp_path / "deep.json").write_text("[" * 100_000)
+    (tmp_path / "digits.json").write_text('{"graph": ' + "9" * 5000 + "}")
+    (tmp_path / "no_inputs.json").write_text(json.dumps(
+        {"graph": [{**GRAPHS[_BWD_FILTERS.name]["graph"][0], "inputs": []}]}))
+    outcome = invoke([a.format(tmp=tmp_path) for a in args], perf="--mode=P" in args)
+    assert outcome.code == code and expected in outcome.output, outcome.output

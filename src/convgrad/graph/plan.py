@@ -111,7 +111,8 @@ def _infer(op: GraphOp, d: OpDef, attrs: dict[str, Any], current: list[LogicalTe
         attrs = {**attrs, d.shape_attr: list(values)}
     convop = Op(op.kind, **attrs)
     args = [values if spec.role == "shape" else t.shape for spec, t in zip(d.inputs, current)]
-    dtype = next(t.dtype for spec, t in zip(d.inputs, current) if spec.role != "shape")
+    # With no data input, the op's shape inference reports the missing input.
+    dtype = next((t.dtype for spec, t in zip(d.inputs, current) if spec.role != "shape"), "f32")
     return convop, convop.infer(*args, dtype=DATA_DTYPES.get(dtype, "f32"))
 
 

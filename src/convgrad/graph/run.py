@@ -28,7 +28,8 @@ from ..problem import Problem
 from .model import GraphError, LogicalTensor, storage_size
 from .plan import Plan, Step
 
-__all__ = ["CASE_MEMORY_LIMIT", "OpCheck", "check_size", "make_inputs", "execute", "check", "time_plan", "tolerance", "reduction_length", "strided"]
+__all__ = ["CASE_MEMORY_LIMIT", "OpCheck", "check_size", "make_inputs", "execute", "check", "time_plan", "tolerance",
+           "reduction_length", "strided"]
 
 
 def strided(values: np.ndarray, stride: tuple[int, ...] | None) -> np.ndarray:
