@@ -114,6 +114,11 @@ JSON_VALUES = st.recursive(st.none() | st.booleans() | INTS | st.floats() | TEXT
                            max_leaves=8)
 
 
+def _garbage(draw: st.DrawFn, alphabet: str) -> str | None:
+    """One time in five, random text (any, or from the option's own alphabet); else None."""
+    return draw(st.one_of(TEXT, st.text(alphabet, max_size=24))) if draw(st.integers(0, 4)) == 0 else None
+
+
 def _shape_text(draw: st.DrawFn) -> str:
     dims = draw(st.lists(st.one_of(st.integers(0, 5), st.integers(0, 5), HUGE.filter(lambda v: v > 0)), max_size=6))
     return "x".join(map(str, dims)) if dims else draw(st.sampled_from(["-", "0", ""]))
@@ -122,8 +127,8 @@ def _shape_text(draw: st.DrawFn) -> str:
 @st.composite
 def in_shapes(draw: st.DrawFn) -> str:
     """``--in-shapes`` values: ID:SHAPE[*TAG] and ID:TAG items, or garbage."""
-    if draw(st.integers(0, 4)) == 0:
-        return draw(st.one_of(TEXT, st.text("0123456789x:+*-abcdez", max_size=16)))
+    if (text := _garbage(draw, "0123456789x:+*-abcdez")) is not None:
+        return text
     items = []
     for _ in range(draw(st.integers(1, 2))):
         shape = _shape_text(draw)
@@ -137,8 +142,8 @@ def in_shapes(draw: st.DrawFn) -> str:
 @st.composite
 def op_attrs(draw: st.DrawFn) -> str:
     """``--op-attrs`` values: OPID:NAME:VALUE[*NAME:VALUE][+...], names and values valid or not."""
-    if draw(st.integers(0, 4)) == 0:
-        return draw(st.one_of(TEXT, st.text("0123456789x:+*_abdginprst", max_size=20)))
+    if (text := _garbage(draw, "0123456789x:+*_abdginprst")) is not None:
+        return text
     ops = []
     for _ in range(draw(st.integers(1, 2))):
         assignments = []
@@ -150,8 +155,6 @@ def op_attrs(draw: st.DrawFn) -> str:
             assignments.append(f"{name}:{value}")
         ops.append(f"{draw(st.integers(0, 3))}:{'*'.join(assignments)}")
     return "+".join(ops)
-
-
 
 
 def _mostly(valid: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
@@ -287,8 +290,8 @@ def graph_documents(draw: st.DrawFn) -> tuple[str, int]:
 def descriptors(draw: st.DrawFn) -> str:
     """benchdnn conv descriptors: tiny sizes on 1-3 spatial axes (sometimes absurd values or
     inconsistent axes), in any order, with or without ``_`` and a name; or garbage."""
-    if draw(st.integers(0, 5)) == 0:
-        return draw(st.one_of(TEXT, st.text("0123456789_gmbicdhwoksp\"n", max_size=24)))
+    if (text := _garbage(draw, "0123456789_gmbicdhwoksp\"n")) is not None:
+        return text
     ranges = {"g": (0, 2), "mb": (0, 2), "ic": (0, 4), "oc": (1, 4), "k": (1, 3), "i": (1, 7), "o": (1, 7),
               "s": (0, 3), "p": (0, 2), "d": (0, 1)}
     ranges = {key: (max(low, 1), high) if low == 0 and draw(st.integers(0, 9)) else (low, high)  # zeros rarely
@@ -458,7 +461,8 @@ _BWD_FILTERS = EXAMPLES / "backprop_filters_ncx_f16_1d.json"
 #: Defects the fuzzing found, as (arguments, text the output must hold, exit code).
 FOUND = [
     (["graph", "--batch={tmp}/bytes.batch"], "bytes.batch (byte 0 is not UTF-8 text)", 1),
-    (["graph", "--case={tmp}/bytes.json"], "bytes.json: byte 0: not UTF-8 text", 1),
+    (["graph", "--case={tmp}/bytes.json"], "bytes.json: byte 0 is not UTF-8 text: expected a JSON file", 1),
+    (["graph", "--case=/dev/zero", "--batch=/dev/zero"], "/dev/zero (larger than 64 MiB)", 1),
     (["graph", "--case={tmp}/deep.json"], "deep.json: not usable JSON (maximum recursion depth", 1),
     (["graph", "--case={tmp}/digits.json"], "digits.json: not usable JSON (Exceeds the limit", 1),
     (["graph", "--mb=100000000", f"--case={_FWD}"], f"{_FWD}: the case needs 2.4e+03 GiB of memory", 1),

@@ -16,7 +16,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Knob", "Case", "BatchReader"]
+__all__ = ["Knob", "Case", "BatchReader", "read_text", "MAX_FILE_BYTES"]
+
+#: Largest case or batch file read (a device such as /dev/zero must not be read forever).
+MAX_FILE_BYTES = 64 * 2**20
+
+
+def read_text(path: Path) -> str:
+    """A case or batch file's text; OSError if it cannot be read, ValueError (why) if it is larger
+    than :data:`MAX_FILE_BYTES` or not UTF-8."""
+    with open(path, "rb") as file:
+        data = file.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"larger than {MAX_FILE_BYTES // 2**20} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"byte {exc.start} is not UTF-8 text") from None
 
 
 @dataclass(frozen=True)
@@ -97,9 +113,9 @@ class BatchReader:
             yield Case(f"--batch={path}", error=f"{origin}: batch file {path} includes itself", origin=origin)
             return
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            why = exc.strerror or exc if isinstance(exc, OSError) else f"byte {exc.start} is not UTF-8 text"
+            lines = read_text(path).splitlines()
+        except (OSError, ValueError) as exc:
+            why = exc.strerror or exc if isinstance(exc, OSError) else exc
             yield Case(f"--batch={path}", error=f"{origin}: cannot read batch file {path} ({why})", origin=origin)
             return
         for number, raw in enumerate(lines, 1):

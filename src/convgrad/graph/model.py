@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..batch import read_text
+
 __all__ = ["GraphError", "LogicalTensor", "GraphOp", "Graph", "load_graph", "parse_graph",
            "dense_strides", "axis_order", "storage_size", "TENSOR_DTYPES"]
 
@@ -244,11 +246,11 @@ def load_graph(path: str | Path) -> Graph:
     """Read a oneDNN Graph JSON file."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(Path(path))
     except OSError as exc:
         raise GraphError(f"{source}: cannot read the case file ({exc.strerror or exc})") from None
-    except UnicodeDecodeError as exc:
-        raise GraphError(f"{source}: byte {exc.start}: not UTF-8 text: expected a JSON file") from None
+    except ValueError as exc:
+        raise GraphError(f"{source}: {exc}: expected a JSON file") from None
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
