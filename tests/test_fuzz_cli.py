@@ -108,6 +108,7 @@ def parses(driver: Driver, options: dict[str, str]) -> bool:
 HUGE = st.sampled_from([2**31, 10**12, 2**62, 2**63, 2**64, -(2**63), 10**30])
 SMALL = st.integers(-2, 6)
 INTS = st.one_of(SMALL, SMALL, SMALL, HUGE)
+IDS = st.one_of(st.integers(0, 2), st.integers(0, 2), st.integers(0, 5))  # tensor and op ids, mostly in the graph
 TEXT = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), max_size=12)
 JSON_VALUES = st.recursive(st.none() | st.booleans() | INTS | st.floats() | TEXT,
                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=3),
@@ -135,7 +136,7 @@ def in_shapes(draw: st.DrawFn) -> str:
         rank = shape.count("x") + 1 if shape not in ("-", "") else 0
         tag = "".join(draw(st.permutations("abcdef"[:draw(st.integers(max(rank - 1, 0), rank + 1))])))
         spec = draw(st.sampled_from([shape, f"{shape}*{tag}", tag]))
-        items.append(f"{draw(st.integers(0, 5))}:{spec}")
+        items.append(f"{draw(IDS)}:{spec}")
     return "+".join(items)
 
 
@@ -153,7 +154,7 @@ def op_attrs(draw: st.DrawFn) -> str:
                                    st.sampled_from(["SAME_UPPER", "same_lower", "VALID", "NXC", "NCX", "OIX",
                                                     "XIO", "IOX", "XOI", "none", "1", "2"]), TEXT))
             assignments.append(f"{name}:{value}")
-        ops.append(f"{draw(st.integers(0, 3))}:{'*'.join(assignments)}")
+        ops.append(f"{draw(IDS)}:{'*'.join(assignments)}")
     return "+".join(ops)
 
 
