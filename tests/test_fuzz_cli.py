@@ -468,11 +468,13 @@ FOUND = [
     (["graph", "--case={tmp}/digits.json"], "digits.json: not usable JSON (Exceeds the limit", 1),
     (["graph", "--mb=100000000", f"--case={_FWD}"], f"{_FWD}: the case needs 2.4e+03 GiB of memory", 1),
     (["conv", "ic1ih5oc1kh3ph9999999999sh9999999999"], "expected at most 4 GiB", 1),
+    (["graph", "--in-shapes=0:0x9223372036854775808x14x8", f"--case={_FWD}"], "expected sizes below 2^63", 1),
     (["graph", "--op-attrs=0:groups:3", f"--case={_FWD}"], f"({_FWD}: op 0 'conv_fwd' (Convolution)", 1),
     (["graph", "--dt=0:bf16", f"--case={_FWD}"], "op 0 'conv_fwd' (Convolution): Convolution: input 'weights' has", 1),
     (["graph", "--in-shapes=1:-", f"--case={_BWD_FILTERS}"],
      "inputs {'input_forward': [3, 4, 17], 'output_delta': []}", 1),
     (["graph", "--case={tmp}/no_inputs.json"], "input 'input_forward' is required but was not given", 1),
+    (["graph", "--case={tmp}/s32_output.json"], "output tensor 2 has dtype s32: expected one of f32", 1),
     (["conv", 'ic2ih4oc2kh3n"[/x]"'], "tests:1 passed:1 failed:0", 0),
     (["conv", "--mode=P", "--fix-times-per-prb=1", "--plot={tmp}/a.png", 'ic2ih4oc2kh3n"$\\x$"'], "plot: ", 0),
     (["conv", "--mode=P", "--plot={tmp}/missing/a.png", "ic2ih4oc2kh3"], "does not exist or is not writable", 2),
@@ -491,5 +493,8 @@ def test_found_by_fuzzing(tmp_path: Path, args: list[str], expected: str, code: 
     (tmp_path / "digits.json").write_text('{"graph": ' + "9" * 5000 + "}")
     (tmp_path / "no_inputs.json").write_text(json.dumps(
         {"graph": [{**GRAPHS[_BWD_FILTERS.name]["graph"][0], "inputs": []}]}))
+    op = GRAPHS[_BWD_FILTERS.name]["graph"][0]
+    (tmp_path / "s32_output.json").write_text(json.dumps({"graph": [{**op, "outputs": [{**op["outputs"][0],
+                                                                                        "dtype": "s32"}]}]}))
     outcome = invoke([a.format(tmp=tmp_path) for a in args], perf="--mode=P" in args)
     assert outcome.code == code and expected in outcome.output, outcome.output

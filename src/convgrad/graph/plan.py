@@ -157,6 +157,9 @@ def _plan_step(op: GraphOp, tensors: dict[int, LogicalTensor], inputs: set[int],
         shape_values[shape_input.id] = values
         tensors[shape_input.id] = replace(shape_input, shape=(len(values),), stride=None)
     declared = op.outputs[0]
+    if declared.dtype not in DATA_DTYPES:
+        raise GraphError(f"{op.label}: output tensor {declared.id} has dtype {declared.dtype}: expected one of "
+                         + ", ".join(DATA_DTYPES))
     output = declared if declared.shape == problem.output_shape else restride(declared, problem.output_shape)
     return Step(op, convop, tuple(t.id for t in op.inputs), output, problem)
 

@@ -58,19 +58,24 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / 2**30:.3g} GiB"
 
 
-def _padded_bytes(step: Step) -> int:
-    """Bytes of the reference engine's zero-padded float64 copy of the op's data input."""
+def _padded_shape(step: Step) -> tuple[int, ...]:
+    """Shape of the reference engine's zero-padded float64 copy of the op's data input."""
     g = step.problem.geometry
-    return 8 * g.n * g.ic * math.prod(i + b + e for i, b, e in zip(g.in_size, g.pads_begin, g.pads_end))
+    return (g.n, *(i + b + e for i, b, e in zip(g.in_size, g.pads_begin, g.pads_end)), g.ic)
 
 
 def check_size(plan: Plan, limit: int = CASE_MEMORY_LIMIT) -> None:
-    """Raise GraphError, naming the largest need, when the plan would need more than ``limit`` bytes:
-    every tensor (with its strides' gaps) and the largest padded input."""
+    """Raise GraphError when a size does not fit in int64, or when the plan would need more than
+    ``limit`` bytes (every tensor with its strides' gaps, and the largest padded input)."""
+    shapes = {f"tensor {tid} ({t.dtype})": t.shape for tid, t in plan.tensors.items()}
+    shapes.update({f"{step.source.label}: padded input (f64)": _padded_shape(step) for step in plan.steps})
+    for name, shape in shapes.items():
+        if any(size >= 2**63 for size in shape):
+            raise GraphError(f"{plan.graph.source}: {name} has shape {list(shape)}: expected sizes below 2^63")
     needs = {f"tensor {tid} {list(t.shape)} ({t.dtype})":
              storage_size(t.shape, t.strides) * DATA_DTYPES.get(t.dtype, np.dtype(np.int32)).itemsize
              for tid, t in plan.tensors.items()}
-    padded = {f"{step.source.label}: padded input (f64)": _padded_bytes(step) for step in plan.steps}
+    padded = {f"{step.source.label}: padded input (f64)": 8 * math.prod(_padded_shape(step)) for step in plan.steps}
     total = sum(needs.values()) + max(padded.values(), default=0)
     if total > limit:
         name, nbytes = max({**needs, **padded}.items(), key=lambda item: item[1])
