@@ -88,9 +88,10 @@ def _resolve_shape(d: OpDef, attrs: dict[str, Any], shapes: dict[str, tuple[int,
                    fit: bool) -> tuple[int, ...]:
     """The shape attribute/input's values: batch and channels from the data inputs; kernel and spatial
     sizes from ``base``, or (``fit``, diff_src only) the spatial size that fits diff_dst."""
-    groups = attrs.get("groups", 1)
-    data_format = str(attrs.get("data_format", d.attr("data_format").default)).upper()
-    weights_format = str(attrs.get(d.weights_format_attr, d.attr(d.weights_format_attr).default)).upper()
+    parsed = parse_attributes(d, attrs)  # validated first: groups 0, weights_format ''
+    groups = parsed.get("groups", 1)
+    data_format = str(parsed.get("data_format", d.attr("data_format").default)).upper()
+    weights_format = str(parsed.get(d.weights_format_attr, d.attr(d.weights_format_attr).default)).upper()
     if d.output.role == "w":  # (OC, ICg, K): OC from y, ICg from x
         kernel = split_weights_shape(base, weights_format)[2]
         oc = split_data_shape(shapes["y"], data_format)[1]
