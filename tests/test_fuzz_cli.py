@@ -152,7 +152,7 @@ def op_attrs(draw: st.DrawFn) -> str:
             name = draw(st.one_of(st.sampled_from(ATTR_NAMES), TEXT.filter(lambda t: ":" not in t)))
             value = draw(st.one_of(st.builds(lambda v: "x".join(map(str, v)), st.lists(INTS, max_size=4)),
                                    st.sampled_from(["SAME_UPPER", "same_lower", "VALID", "NXC", "NCX", "OIX",
-                                                    "XIO", "IOX", "XOI", "none", "1", "2"]), TEXT))
+                                                    "XIO", "IOX", "XOI", "none", "0", "1", "2", ""]), TEXT))
             assignments.append(f"{name}:{value}")
         ops.append(f"{draw(IDS)}:{'*'.join(assignments)}")
     return "+".join(ops)
@@ -477,6 +477,7 @@ FOUND = [
      "attribute 'groups' = 0: expected a positive integer", 1),
     (["graph", "--op-attrs=1:weights_format:", f"--case={EXAMPLES / 'training_step_ncx_grouped_f32.json'}"],
      "attribute 'weights_format' = '': expected one of 'OIX', 'XIO'", 1),
+    (["graph", "--case={tmp}/int_dst_shape.json"], "attribute 'dst_shape' = 1 (int): expected", 1),
     (["graph", "--case={tmp}/no_inputs.json"], "input 'input_forward' is required but was not given", 1),
     (["graph", "--case={tmp}/s32_output.json"], "output tensor 2 has dtype s32: expected one of f32", 1),
     (["conv", 'ic2ih4oc2kh3n"[/x]"'], "tests:1 passed:1 failed:0", 0),
@@ -497,6 +498,9 @@ def test_found_by_fuzzing(tmp_path: Path, args: list[str], expected: str, code: 
     (tmp_path / "digits.json").write_text('{"graph": ' + "9" * 5000 + "}")
     (tmp_path / "no_inputs.json").write_text(json.dumps(
         {"graph": [{**GRAPHS[_BWD_FILTERS.name]["graph"][0], "inputs": []}]}))
+    op = GRAPHS["conv_bwd_data_ncx_channels_last_f32.json"]["graph"][0]
+    (tmp_path / "int_dst_shape.json").write_text(json.dumps(
+        {"graph": [{**op, "attrs": {**op["attrs"], "dst_shape": {"type": "s64", "value": 1}}}]}))
     op = GRAPHS[_BWD_FILTERS.name]["graph"][0]
     (tmp_path / "s32_output.json").write_text(json.dumps({"graph": [{**op, "outputs": [{**op["outputs"][0],
                                                                                         "dtype": "s32"}]}]}))

@@ -88,7 +88,7 @@ def _resolve_shape(d: OpDef, attrs: dict[str, Any], shapes: dict[str, tuple[int,
                    fit: bool) -> tuple[int, ...]:
     """The shape attribute/input's values: batch and channels from the data inputs; kernel and spatial
     sizes from ``base``, or (``fit``, diff_src only) the spatial size that fits diff_dst."""
-    parsed = parse_attributes(d, attrs)  # validated first: groups 0, weights_format ''
+    parsed = parse_attributes(d, attrs)
     groups = parsed.get("groups", 1)
     data_format = str(parsed.get("data_format", d.attr("data_format").default)).upper()
     weights_format = str(parsed.get(d.weights_format_attr, d.attr(d.weights_format_attr).default)).upper()
@@ -131,9 +131,10 @@ def _plan_step(op: GraphOp, tensors: dict[int, LogicalTensor], inputs: set[int],
     shape_input = next((t for spec, t in zip(d.inputs, current) if spec.role == "shape"), None)
     values = None
     try:
+        shape_attr = parse_attributes(d, op.attrs).get(d.shape_attr) if d.shape_attr else None  # validated
         if (d.shape_attr is not None and len(shapes) == 2  # else the op reports the missing data input
-                and (shape_input is not None or any(op.attrs.get(d.shape_attr) or []))):
-            base = tuple(op.attrs.get(d.shape_attr) or ())
+                and (shape_input is not None or any(shape_attr or []))):
+            base = tuple(shape_attr or ())
             base = base if any(base) else op.outputs[0].shape
             if len({len(shape) for shape in shapes.values()}) > 1:
                 named = {spec.name: list(t.shape) for spec, t in zip(d.inputs, current) if spec.role in shapes}
