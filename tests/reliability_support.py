@@ -30,7 +30,7 @@ def fuzz_settings(default_examples: int) -> settings:
     """Bounded settings for one fuzz test (no deadline: the machine may be busy)."""
     return settings(max_examples=FUZZ_EXAMPLES or default_examples, deadline=None, derandomize=False,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.filter_too_much])
+                                           HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
 
 
 TOLERANCE = {"f64": 1e-10, "f32": 1e-4, "f16": 4e-3, "bf16": 2e-2}

@@ -16,7 +16,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Knob", "Case", "BatchReader"]
+__all__ = ["Knob", "Case", "BatchReader", "read_text", "MAX_FILE_BYTES"]
+
+#: Largest case or batch file read (a device such as /dev/zero must not be read forever).
+MAX_FILE_BYTES = 64 * 2**20
+
+
+def read_text(path: Path) -> str:
+    """A case or batch file's text; OSError if it cannot be read, ValueError (why) if it is larger
+    than :data:`MAX_FILE_BYTES` or not UTF-8."""
+    with open(path, "rb") as file:
+        data = file.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"larger than {MAX_FILE_BYTES // 2**20} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"byte {exc.start} is not UTF-8 text") from None
 
 
 @dataclass(frozen=True)
@@ -32,7 +48,8 @@ class Knob:
 @dataclass(frozen=True)
 class Case:
     """One case to run: its target (case file or descriptor), the non-default options in force,
-    where it came from, and the error if its line could not be read."""
+    where it came from, and the error if its line could not be read (then the target is the
+    offending text: the token, the line or ``--batch=FILE``)."""
 
     target: str
     knobs: tuple[tuple[str, str], ...] = ()
@@ -93,13 +110,13 @@ class BatchReader:
         """The cases of a batch file (nested batches included)."""
         resolved = path.resolve()
         if resolved in stack:
-            yield Case(str(path), error=f"{origin}: batch file {path} includes itself", origin=origin)
+            yield Case(f"--batch={path}", error=f"{origin}: batch file {path} includes itself", origin=origin)
             return
         try:
-            lines = path.read_text().splitlines()
-        except OSError as exc:
-            yield Case(str(path), error=f"{origin}: cannot read batch file {path} ({exc.strerror or exc})",
-                       origin=origin)
+            lines = read_text(path).splitlines()
+        except (OSError, ValueError) as exc:
+            why = exc.strerror or exc if isinstance(exc, OSError) else exc
+            yield Case(f"--batch={path}", error=f"{origin}: cannot read batch file {path} ({why})", origin=origin)
             return
         for number, raw in enumerate(lines, 1):
             where = f"{path}:{number}"

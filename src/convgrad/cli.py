@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import secrets
 import sys
 from collections.abc import Callable
@@ -127,6 +128,10 @@ def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], m
         raise click.UsageError("--plot needs --mode=P")
     if plot_file and importlib.util.find_spec("matplotlib") is None:
         raise click.UsageError("--plot needs matplotlib: pip install 'convgrad[plot]'")
+    folder = Path(plot_file).resolve().parent if plot_file else None
+    if folder and not (folder.is_dir() and os.access(folder, os.W_OK)):
+        raise click.BadParameter(f"{plot_file!r}: folder {str(folder)!r} does not exist or is not writable",
+                                 param_hint="--plot")
     cases = _collect(driver, targets, batches, knobs)
     if not cases:
         raise click.UsageError(f"nothing to run: give {'--case' if driver.trigger else 'a descriptor'} or --batch")
@@ -151,7 +156,7 @@ def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], m
     info.print(summary_table(results, mode))
     if plot_file:
         plot(results, plot_file, gemm_ceiling())
-        info.print(f"plot: {plot_file}")
+        info.print(f"plot: {plot_file}", markup=False, highlight=False)
     click.echo(summary_line(results), err=csv_out)
     sys.exit(0 if all(r.ok for r in results) else 1)
 

@@ -18,7 +18,7 @@ __all__ = ["ConvDescriptor", "DescriptorError", "parse_descriptor", "parse_descr
 
 _KEYS = ("g", "mb", "ic", "id", "ih", "iw", "oc", "od", "oh", "ow", "kd", "kh", "kw",
          "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw")
-_TOKEN = re.compile(r"(mb|ic|id|ih|iw|oc|od|oh|ow|kd|kh|kw|sd|sh|sw|pd|ph|pw|dd|dh|dw|g)(\d+)")
+_TOKEN = re.compile(r"(mb|ic|id|ih|iw|oc|od|oh|ow|kd|kh|kw|sd|sh|sw|pd|ph|pw|dd|dh|dw|g)([0-9]+)")
 
 
 class DescriptorError(ValueError):

@@ -47,7 +47,9 @@ class Driver:
         return BatchReader(self.knobs, self.trigger)
 
     def problem_text(self, case: Case) -> str:
-        """benchdnn's %prb%: the options in force and the case."""
+        """benchdnn's %prb%: the options in force and the case (a line that could not be read: its text)."""
+        if case.error:
+            return case.target
         target = f"--{self.trigger}={case.target}" if self.trigger else case.target
         return shlex.join([*(f"--{k}={v}" for k, v in case.knobs), target])
 
@@ -60,12 +62,18 @@ def _build_graph(case: Case) -> tuple[Graph, str]:
     return graph, Path(case.target).stem
 
 
+_parse_dir = _choice("--dir", tuple(DIRECTIONS), upper=True)
+_parse_conv_dt = _choice("--dt", FLOAT_DTYPES)
+_parse_tag = _choice("--tag", ("nxc", "ncx"))
+
+
 def _build_conv(case: Case) -> tuple[Graph, str]:
     desc = parse_descriptor(case.target)
     mb = parse_mb(case.knob("mb", "0"))
     if mb:
         desc = desc.with_mb(mb)
-    graph = descriptor_graph(desc, case.knob("dir", "FWD_D"), case.knob("dt", "f32"), case.knob("tag", "nxc"))
+    graph = descriptor_graph(desc, _parse_dir(case.knob("dir", "FWD_D")), _parse_conv_dt(case.knob("dt", "f32")),
+                             _parse_tag(case.knob("tag", "nxc")))  # parsed: --dir=bwd_d, --tag=NCX are fine
     return graph, desc.name or desc.canonical()
 
 
@@ -84,12 +92,10 @@ GRAPH = Driver("graph", {
 }, "case", _build_graph)
 
 CONV = Driver("conv", {
-    "dir": Knob("dir", "Direction: FWD_D, FWD_B (with bias), BWD_D or BWD_W.",
-                _choice("--dir", tuple(DIRECTIONS), upper=True), "FWD_D"),
-    "dt": Knob("dt", "Data type: f32, bf16 or f16.", _choice("--dt", FLOAT_DTYPES), "f32"),
+    "dir": Knob("dir", "Direction: FWD_D, FWD_B (with bias), BWD_D or BWD_W.", _parse_dir, "FWD_D"),
+    "dt": Knob("dt", "Data type: f32, bf16 or f16.", _parse_conv_dt, "f32"),
     "mb": _MB,
-    "tag": Knob("tag", "Layout: nxc (NXC data, XIO weights) or ncx (NCX data, OIX weights).",
-                _choice("--tag", ("nxc", "ncx")), "nxc"),
+    "tag": Knob("tag", "Layout: nxc (NXC data, XIO weights) or ncx (NCX data, OIX weights).", _parse_tag, "nxc"),
 }, None, _build_conv)
 
 
@@ -160,6 +166,8 @@ def run_case(driver: Driver, settings: RunSettings, case: Case, index: int) -> R
         result.reason = "out of memory"
     except Exception as exc:  # a bug must not stop the rest of the batch
         result.reason = f"internal error: {type(exc).__name__}: {exc}"
+    if result.reason and not case.error and case.target not in result.reason:
+        result.reason = f"{case.target}: {result.reason}"  # name the case file or descriptor
     if result.reason and case.origin != "command line" and not result.reason.startswith(case.origin):
         result.reason = f"{case.origin}: {result.reason}"
     return result

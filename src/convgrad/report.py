@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 from rich.table import Table
+from rich.text import Text
 
 from .driver import Result
 
@@ -87,7 +88,7 @@ def summary_table(results: Sequence[Result], mode: str) -> Table:
             cells = (f"{float(f['Gops']):.4g}", f"{float(f['-time']):.3f}", f"{float(f['0time']):.3f}", f"{float(f['-Gflops']):.2f}")
         else:
             cells = (f"{r.max_error:.2g}",)
-        table.add_row(str(r.index), r.name, r.kinds.replace("+", "\n"), status, *cells)
+        table.add_row(str(r.index), Text(r.name), r.kinds.replace("+", "\n"), status, *cells)  # no markup
     return table
 
 
@@ -114,7 +115,7 @@ def plot(results: Sequence[Result], path: str | Path, ceiling: float) -> None:
 
     timed = [r for r in results if r.ok and r.times]
     labels = [f"{r.index}: {r.name} ({r.kinds if '+' not in r.kinds else str(r.kinds.count('+') + 1) + ' ops'})"
-              for r in timed]
+              .replace("$", r"\$") for r in timed]  # a name is not mathtext
     values = [r.flops / min(r.times) / 1e9 for r in timed]
     fig, ax = plt.subplots(figsize=(9, 1.6 + 0.35 * max(len(timed), 1)))
     ax.barh(labels, values, color="tab:blue", label=f"{timed[0].engine if timed else ''} engine, best run")

@@ -45,4 +45,4 @@ def descriptor_graph(desc: ConvDescriptor, direction: str, dtype: str, tag: str)
         attrs["weights_shape"] = list(shapes[1])
     tensors = {tid: LogicalTensor(tid, dtype, shape) for tid, shape in shapes.items()}
     op = GraphOp(0, desc.name or kind, kind, attrs, tuple(tensors[t] for t in input_ids), (tensors[output_id],))
-    return Graph((op,), source=desc.canonical())
+    return Graph((op,), source=desc.text or desc.canonical())

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..batch import read_text
+
 __all__ = ["GraphError", "LogicalTensor", "GraphOp", "Graph", "load_graph", "parse_graph",
            "dense_strides", "axis_order", "storage_size", "TENSOR_DTYPES"]
 
@@ -244,13 +246,17 @@ def load_graph(path: str | Path) -> Graph:
     """Read a oneDNN Graph JSON file."""
     source = str(path)
     try:
-        text = Path(path).read_text()
+        text = read_text(Path(path))
     except OSError as exc:
         raise GraphError(f"{source}: cannot read the case file ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise GraphError(f"{source}: {exc}: expected a JSON file") from None
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         raise GraphError(f"{source}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:  # integers over Python's digit limit, deep nesting
+        raise GraphError(f"{source}: not usable JSON ({exc})") from None
     return parse_graph(document, source)
 
 

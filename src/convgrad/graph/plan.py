@@ -88,9 +88,10 @@ def _resolve_shape(d: OpDef, attrs: dict[str, Any], shapes: dict[str, tuple[int,
                    fit: bool) -> tuple[int, ...]:
     """The shape attribute/input's values: batch and channels from the data inputs; kernel and spatial
     sizes from ``base``, or (``fit``, diff_src only) the spatial size that fits diff_dst."""
-    groups = attrs.get("groups", 1)
-    data_format = str(attrs.get("data_format", d.attr("data_format").default)).upper()
-    weights_format = str(attrs.get(d.weights_format_attr, d.attr(d.weights_format_attr).default)).upper()
+    parsed = parse_attributes(d, attrs)
+    groups = parsed.get("groups", 1)
+    data_format = str(parsed.get("data_format", d.attr("data_format").default)).upper()
+    weights_format = str(parsed.get(d.weights_format_attr, d.attr(d.weights_format_attr).default)).upper()
     if d.output.role == "w":  # (OC, ICg, K): OC from y, ICg from x
         kernel = split_weights_shape(base, weights_format)[2]
         oc = split_data_shape(shapes["y"], data_format)[1]
@@ -111,7 +112,8 @@ def _infer(op: GraphOp, d: OpDef, attrs: dict[str, Any], current: list[LogicalTe
         attrs = {**attrs, d.shape_attr: list(values)}
     convop = Op(op.kind, **attrs)
     args = [values if spec.role == "shape" else t.shape for spec, t in zip(d.inputs, current)]
-    dtype = next(t.dtype for spec, t in zip(d.inputs, current) if spec.role != "shape")
+    # With no data input, the op's shape inference reports the missing input.
+    dtype = next((t.dtype for spec, t in zip(d.inputs, current) if spec.role != "shape"), "f32")
     return convop, convop.infer(*args, dtype=DATA_DTYPES.get(dtype, "f32"))
 
 
@@ -129,10 +131,15 @@ def _plan_step(op: GraphOp, tensors: dict[int, LogicalTensor], inputs: set[int],
     shape_input = next((t for spec, t in zip(d.inputs, current) if spec.role == "shape"), None)
     values = None
     try:
-        if d.shape_attr is not None and (shape_input is not None or any(op.attrs.get(d.shape_attr) or [])):
-            base = tuple(op.attrs.get(d.shape_attr) or ())
+        shape_attr = parse_attributes(d, op.attrs).get(d.shape_attr) if d.shape_attr else None  # validated
+        if (d.shape_attr is not None and len(shapes) == 2  # else the op reports the missing data input
+                and (shape_input is not None or any(shape_attr or []))):
+            base = tuple(shape_attr or ())
             base = base if any(base) else op.outputs[0].shape
-            if -1 in base or len(base) != len(next(iter(shapes.values()), ())):
+            if len({len(shape) for shape in shapes.values()}) > 1:
+                named = {spec.name: list(t.shape) for spec, t in zip(d.inputs, current) if spec.role in shapes}
+                raise GraphError(f"{op.label}: inputs {named}: expected the same rank (N, C and the spatial axes)")
+            if -1 in base or len(base) != len(next(iter(shapes.values()))):
                 raise GraphError(f"{op.label}: '{d.shape_attr}' has no usable values ({list(base)}): give the "
                                  "attribute or the output tensor's shape")
             values = _resolve_shape(d, op.attrs, shapes, base, fit=False)
@@ -152,6 +159,9 @@ def _plan_step(op: GraphOp, tensors: dict[int, LogicalTensor], inputs: set[int],
         shape_values[shape_input.id] = values
         tensors[shape_input.id] = replace(shape_input, shape=(len(values),), stride=None)
     declared = op.outputs[0]
+    if declared.dtype not in DATA_DTYPES:
+        raise GraphError(f"{op.label}: output tensor {declared.id} has dtype {declared.dtype}: expected one of "
+                         + ", ".join(DATA_DTYPES))
     output = declared if declared.shape == problem.output_shape else restride(declared, problem.output_shape)
     return Step(op, convop, tuple(t.id for t in op.inputs), output, problem)
 

@@ -28,7 +28,7 @@ __all__ = ["InShape", "parse_in_shapes", "parse_op_attrs", "parse_dt", "parse_mb
 
 FLOAT_DTYPES = ("f32", "bf16", "f16")
 _TAG = re.compile(r"[a-l]+")
-_SHAPE = re.compile(r"-|\d+(x\d+)*")
+_SHAPE = re.compile(r"-|[0-9]+(x[0-9]+)*")
 
 InShape = tuple[tuple[int, ...] | None, str | None]
 
@@ -38,7 +38,7 @@ def _pairs(text: str, option: str, sep: str = "+") -> list[tuple[str, str]]:
     items = []
     for item in text.split(sep):
         tid, colon, rest = item.partition(":")
-        if not colon or not tid.isdigit() or not rest:
+        if not colon or not (tid.isascii() and tid.isdigit()) or not rest:
             raise ValueError(f"{option}: {item!r} is not ID:VALUE (ID a tensor or op id)")
         items.append((tid, rest))
     return items
@@ -89,7 +89,7 @@ def parse_dt(text: str) -> dict[int | None, str]:
 
 def parse_mb(text: str) -> int:
     """``--mb`` value: a non-negative integer (0 keeps the file's batch)."""
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise ValueError(f"--mb: {text!r}: expected a non-negative integer")
     return int(text)
 

@@ -23,11 +23,14 @@ import numpy as np
 
 from ..dtypes import DATA_DTYPES, compute_dtype
 from ..engines import Engine, get_engine
+from ..errors import ConvgradError
+from ..limits import memory_budget
 from ..problem import Problem
-from .model import LogicalTensor, storage_size
+from .model import GraphError, LogicalTensor, storage_size
 from .plan import Plan, Step
 
-__all__ = ["OpCheck", "make_inputs", "execute", "check", "time_plan", "tolerance", "reduction_length", "strided"]
+__all__ = ["OpCheck", "check_size", "make_inputs", "execute", "check", "time_plan", "tolerance",
+           "reduction_length", "strided"]
 
 
 def strided(values: np.ndarray, stride: tuple[int, ...] | None) -> np.ndarray:
@@ -47,8 +50,41 @@ def _fill(rng: np.random.Generator, tensor: LogicalTensor) -> np.ndarray:
     return strided(values, None if tensor.is_dense else tensor.stride)
 
 
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.3g} GiB"
+
+
+def _padded_shape(step: Step) -> tuple[int, ...]:
+    """Shape of the reference engine's zero-padded float64 copy of the op's data input."""
+    g = step.problem.geometry
+    return (g.n, *g.padded_size, g.ic)
+
+
+def check_size(plan: Plan, limit: int | None = None) -> None:
+    """Raise GraphError when a size does not fit in int64, or when the plan would need more than
+    ``limit`` bytes (default: the library's memory budget, :func:`convgrad.limits.memory_budget`):
+    every tensor with its strides' gaps, and the largest padded input."""
+    limit = memory_budget() if limit is None else limit
+    shapes = {f"tensor {tid} ({t.dtype})": t.shape for tid, t in plan.tensors.items()}
+    shapes.update({f"{step.source.label}: padded input (f64)": _padded_shape(step) for step in plan.steps})
+    for name, shape in shapes.items():
+        if any(size >= 2**63 for size in shape):
+            raise GraphError(f"{plan.graph.source}: {name} has shape {list(shape)}: expected sizes below 2^63")
+    needs = {f"tensor {tid} {list(t.shape)} ({t.dtype})":
+             storage_size(t.shape, t.strides) * DATA_DTYPES.get(t.dtype, np.dtype(np.int32)).itemsize
+             for tid, t in plan.tensors.items()}
+    padded = {f"{step.source.label}: padded input (f64)": 8 * math.prod(_padded_shape(step)) for step in plan.steps}
+    total = sum(needs.values()) + max(padded.values(), default=0)
+    if total > limit:
+        name, nbytes = max({**needs, **padded}.items(), key=lambda item: item[1])
+        raise GraphError(f"{plan.graph.source}: the case needs {_gib(total)} of memory (largest: {name}, "
+                         f"{_gib(nbytes)}): expected at most {_gib(limit)}; use smaller shapes, --mb or pads")
+
+
 def make_inputs(plan: Plan, rng: np.random.Generator) -> dict[int, np.ndarray]:
-    """Fresh data for every graph input (shape tensors get their resolved values)."""
+    """Fresh data for every graph input (shape tensors get their resolved values), after
+    :func:`check_size`."""
+    check_size(plan)
     return {tid: np.array(plan.shape_values[tid], dtype=np.int32) if tid in plan.shape_values
             else _fill(rng, plan.tensors[tid]) for tid in plan.inputs}
 
@@ -65,7 +101,11 @@ def execute(plan: Plan, engine: Engine | str | None, inputs: dict[int, np.ndarra
     values = dict(inputs)
     for step in plan.steps:
         out = step.output
-        values[out.id] = strided(_run_step(step, values, engine), None if out.is_dense else out.stride)
+        try:
+            result = _run_step(step, values, engine)
+        except ConvgradError as exc:  # e.g. inputs whose dtypes differ (--dt=ID:DT)
+            raise GraphError(f"{step.source.label}: {exc}") from None
+        values[out.id] = strided(result, None if out.is_dense else out.stride)
     return values
 
 
