@@ -1,0 +1,162 @@
+"""The fast engine (the default): phase frames, shifted-row GEMMs and blocked accumulation.
+
+Algorithm (see :mod:`.frame` for the index math and :mod:`.kernels` for the row kernels):
+
+1. Split the batch into chunks whose frame buffers hold about ``CHUNK_BYTES``.
+2. Copy the chunk once into its *phase frame*: one zero-padded, stride-phase-split, channels-last
+   buffer per input phase the kernel reads (none at all for stride 1 without padding). bf16/f16
+   data is converted to the accumulation dtype (f32; f64 for f64 data) in that same copy.
+3. Every kernel offset is then a row shift of a flat ``(rows, C)`` matrix, and each problem is a
+   sum over offsets of GEMMs on views of those buffers, run over cache-sized row blocks:
+
+   - forward:          ``y[m]    = sum_k P[m + shift_k] @ w[k]``
+   - backward data:    ``dP[m]   = sum_k dy_ext[m - shift_k] @ w[k]^T``, then one copy into dx
+   - backward weights: ``dw[k]   = sum_m P[m + shift_k]^T @ dy_ext[m]``
+
+Selection rule, one per problem class:
+
+- depthwise (1 input and 1 output channel per group): vectorised multiply-adds over channels;
+- everything else: grouped GEMMs, ``taps_per_gemm`` offsets per GEMM: one (on views, no copy)
+  when a group has >= ``GEMM_DEPTH`` reduction channels, else as many as give that depth
+  (gathered side by side per row block).
+
+Extra memory (see :meth:`FastEngine.workspace_bytes`): the chunk's frame buffers (about the size
+of the chunk's inputs plus padding, at most ``CHUNK_BYTES`` unless one image is larger) plus a few
+row blocks of ``BLOCK_BYTES`` and converted weights; never an im2col buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+
+from ...dtypes import compute_dtype
+from ...problem import ConvGeometry
+from .. import register
+from . import kernels
+from .frame import Frame
+
+__all__ = ["FastEngine", "CHUNK_BYTES"]
+
+#: Bytes of frame buffers per batch chunk (at least one image per chunk).
+CHUNK_BYTES = 64 << 20
+
+
+def _depthwise(g: ConvGeometry) -> bool:
+    return g.icg == 1 and g.ocg == 1
+
+
+def _tap_weights(g: ConvGeometry, w: np.ndarray, dtype: np.dtype, transpose: bool) -> np.ndarray:
+    """Canonical weights as (T, G, ICg, OCg), or (T, G, OCg, ICg) with ``transpose``; (T, C) if
+    depthwise."""
+    taps = w.astype(dtype, copy=False).reshape(math.prod(g.kernel), g.icg, g.groups, g.ocg)
+    if _depthwise(g):
+        return taps.reshape(-1, g.ic)
+    return taps.transpose(0, 2, 3, 1) if transpose else taps.transpose(0, 2, 1, 3)
+
+
+class FastEngine:
+    """Phase-frame GEMM engine (``engine="fast"``, the default)."""
+
+    name = "fast"
+
+    # -- planning -----------------------------------------------------------------------------
+    @staticmethod
+    def _frame_bytes(g: ConvGeometry, frame: Frame, task: str, dtype: np.dtype) -> tuple[int, int]:
+        """(bytes per image, bytes per chunk) of the frame buffers ``task`` allocates."""
+        acc = compute_dtype(dtype)
+        rows = frame.image_rows
+        in_copy = 0 if frame.input_is_frame and (task == "backward_data" or dtype == acc) else \
+            len(frame.phases) * rows * g.ic
+        out_copy = 0 if frame.output_is_frame and (task == "forward" or (task == "backward_weights"
+                                                                         and dtype == acc)) else rows * g.oc
+        lead = frame.max_shift * g.oc if task == "backward_data" else 0
+        return (in_copy + out_copy) * acc.itemsize, lead * acc.itemsize
+
+    def _batches(self, g: ConvGeometry, frame: Frame, task: str, dtype: np.dtype) -> Iterator[slice]:
+        per_image, _ = self._frame_bytes(g, frame, task, dtype)
+        step = max(1, CHUNK_BYTES // max(1, per_image))
+        for start in range(0, g.n, step):
+            yield slice(start, min(g.n, start + step))
+
+    def workspace_bytes(self, g: ConvGeometry, task: str, dtype: np.dtype) -> int:
+        """Upper estimate of the extra memory ``task`` allocates beyond its inputs and result:
+        one batch chunk of frame buffers, the row-block temporaries and the converted weights."""
+        acc = compute_dtype(np.dtype(dtype))
+        frame = Frame.of(g)
+        per_image, per_chunk = self._frame_bytes(g, frame, task, np.dtype(dtype))
+        images = min(max(g.n, 1), max(1, CHUNK_BYTES // max(1, per_image)))
+        weights = 3 * math.prod(g.kernel) * g.icg * g.oc * acc.itemsize
+        taps = math.prod(g.kernel)
+        depth = g.ocg if task == "backward_data" else g.icg
+        per_gemm = kernels.taps_per_gemm(taps, depth)
+        widest = g.groups * max(per_gemm * depth, g.ocg if task != "backward_data" else g.icg) * acc.itemsize
+        rows = kernels.block_rows(widest, max(1, images * frame.image_rows))
+        return images * per_image + per_chunk + 2 * rows * widest + weights
+
+    # -- the three problems ---------------------------------------------------------------------
+    def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """y = conv(x, w): sum over offsets of shifted-row GEMMs into the frame rows of y."""
+        dtype = compute_dtype(x.dtype)
+        y = np.zeros(g.y_shape, dtype)
+        if g.n == 0:
+            return y
+        frame = Frame.of(g)
+        weights = _tap_weights(g, w, dtype, transpose=False)
+        taps = list(zip(frame.tap_phase, frame.tap_shift))
+        for batch in self._batches(g, frame, "forward", x.dtype):
+            srcs = frame.phase_input(x[batch], dtype)
+            rows = frame.output_target(y[batch])
+            out = rows[:frame.span(batch.stop - batch.start)]
+            if _depthwise(g):
+                kernels.depthwise_accumulate(out, srcs, taps, weights)
+            else:
+                kernels.accumulate(out, srcs, taps, weights, kernels.taps_per_gemm(len(taps), g.icg))
+            frame.crop_output(rows, y[batch])
+        return y
+
+    def backward_data(self, g: ConvGeometry, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """dx: per input phase, the sum over its offsets of GEMMs on dy shifted back by the offset."""
+        dtype = compute_dtype(dy.dtype)
+        frame = Frame.of(g)
+        dx = (np.empty if frame.input_is_frame and g.n else np.zeros)(g.x_shape, dtype)
+        if g.n == 0:
+            return dx
+        weights = _tap_weights(g, w, dtype, transpose=True)
+        lead = frame.max_shift
+        per_phase = [[k for k, p in enumerate(frame.tap_phase) if p == ph] for ph in range(len(frame.phases))]
+        for batch in self._batches(g, frame, "backward_data", dy.dtype):
+            src = frame.extended_output(dy[batch], dtype, lead)
+            target = frame.input_target(dx[batch])
+            for ph, offsets in enumerate(per_phase):
+                taps = [(0, lead - frame.tap_shift[k]) for k in offsets]
+                if _depthwise(g):
+                    kernels.depthwise_accumulate(target[ph], [src], taps, weights[offsets])
+                else:
+                    kernels.accumulate(target[ph], [src], taps, weights[offsets],
+                                       kernels.taps_per_gemm(len(taps), g.ocg))
+            frame.scatter_input(target, dx[batch])
+        return dx
+
+    def backward_weights(self, g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+        """dw[k] = sum over the frame rows of the shifted input rows times dy, per batch chunk."""
+        dtype = compute_dtype(x.dtype)
+        frame = Frame.of(g)
+        taps = list(zip(frame.tap_phase, frame.tap_shift))
+        shape = (len(taps), g.ic) if _depthwise(g) else (len(taps), g.groups, g.icg, g.ocg)
+        dw = np.zeros(shape, dtype)
+        for batch in (self._batches(g, frame, "backward_weights", x.dtype) if g.n else ()):
+            srcs = frame.phase_input(x[batch], dtype)
+            rows = frame.extended_output(dy[batch], dtype)[:frame.span(batch.stop - batch.start)]
+            if _depthwise(g):
+                dw += kernels.depthwise_reduce(srcs, taps, rows)
+            else:
+                dw += kernels.reduce(srcs, taps, rows, g.groups, g.icg, kernels.taps_per_gemm(len(taps), g.icg))
+        if _depthwise(g):
+            return dw.reshape(g.w_shape)
+        return dw.transpose(0, 2, 1, 3).reshape(g.w_shape)
+
+
+register(FastEngine(), default=True)

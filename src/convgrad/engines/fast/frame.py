@@ -1,0 +1,152 @@
+"""The phase frame: every convolution as shifted row-slices of flat channels-last buffers.
+
+Per spatial axis (sizes I, O, K, stride S, dilation D, pads PB/PE) the tap of kernel offset k for
+output o reads the padded input at ``p = o*S + k*D``. Writing ``p = S*q + r`` splits the padded
+input into S phases; offset k reads phase ``r_k = (k*D) mod S`` at ``q = o + s_k`` with
+``s_k = (k*D) div S``. Within one phase this is a stride-1 problem, and in a frame of
+``Q = O + max_k s_k`` positions per axis (every tap of every output lies inside it, since
+``S*(O-1) + EK <= I + PB + PE``) a multi-axis shift is one *flat row offset*: with the phase buffer
+``P_r`` of shape ``(N, *Q, C)`` viewed as ``(N*prod(Q), C)`` and the output placed at frame row
+``m = flat(n, o)``::
+
+    y[m]    = sum_k P_{r_k}[m + shift_k] @ w[k]           (forward)
+    dP_r[m] = sum_{k: r_k = r} dy_ext[m - shift_k] @ w[k]^T  (backward data)
+    dw[k]   = sum_m P_{r_k}[m + shift_k]^T dy_ext[m]        (backward weights)
+
+``dy_ext`` is dy in the frame with zeros at the rows that are no output (``o >= O`` on some axis),
+so those rows contribute nothing; frame rows of y past O are computed and dropped. For stride 1
+there is one phase and the buffer is just the padded input; for a 1x1 stride-S kernel it is one
+subsampled phase; with no padding and stride 1 it *is* the input (no copy).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...problem import ConvGeometry
+
+__all__ = ["Frame"]
+
+_ALL = slice(None)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """Phase decomposition of one convolution geometry (see the module docstring)."""
+
+    g: ConvGeometry
+    size: tuple[int, ...]                    #: Q per axis
+    phases: tuple[tuple[int, ...], ...]      #: the phase combinations some offset reads, in order
+    tap_phase: tuple[int, ...]               #: per kernel offset (C order): index into ``phases``
+    tap_shift: tuple[int, ...]               #: per kernel offset: flat row shift in the frame
+
+    @classmethod
+    def of(cls, g: ConvGeometry) -> Frame:
+        axes = list(zip(g.kernel, g.dilations, g.strides))
+        size = tuple(o + (k - 1) * d // s for o, (k, d, s) in zip(g.out_size, axes))
+        row_stride = [math.prod(size[a + 1:]) for a in range(len(size))]
+        used = [sorted({kk * d % s for kk in range(k)}) for k, d, s in axes]
+        phases = tuple(itertools.product(*used))
+        index = {p: i for i, p in enumerate(phases)}
+        tap_phase, tap_shift = [], []
+        for offset in itertools.product(*(range(k) for k in g.kernel)):
+            tap_phase.append(index[tuple(kk * d % s for kk, (_, d, s) in zip(offset, axes))])
+            tap_shift.append(sum(kk * d // s * rs for kk, (_, d, s), rs in zip(offset, axes, row_stride)))
+        return cls(g, size, phases, tuple(tap_phase), tuple(tap_shift))
+
+    # -- sizes ----------------------------------------------------------------------------------
+    @property
+    def image_rows(self) -> int:
+        return math.prod(self.size)
+
+    @property
+    def max_shift(self) -> int:
+        return max(self.tap_shift)
+
+    def span(self, n: int) -> int:
+        """Frame rows up to and including the last output of ``n`` images."""
+        last = sum((o - 1) * math.prod(self.size[a + 1:]) for a, o in enumerate(self.g.out_size))
+        return (n - 1) * self.image_rows + last + 1
+
+    @property
+    def input_is_frame(self) -> bool:
+        """Stride 1 and no padding: the phase buffer would be a copy of the input."""
+        g = self.g
+        return all(s == 1 for s in g.strides) and not any(g.pads_begin) and not any(g.pads_end)
+
+    @property
+    def output_is_frame(self) -> bool:
+        return self.size == self.g.out_size
+
+    # -- the input side (x, dx) -------------------------------------------------------------------
+    def _phase_slices(self, phase: tuple[int, ...]) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
+        """(frame slices, input slices) of the input positions in ``phase``; None if there are none."""
+        frame, data = [_ALL], [_ALL]
+        for r, s, pb, i, q in zip(phase, self.g.strides, self.g.pads_begin, self.g.in_size, self.size):
+            lo, hi = max(0, -((r - pb) // s)), min(q, -((r - pb - i) // s))
+            if hi <= lo:
+                return None
+            start = s * lo + r - pb
+            frame.append(slice(lo, hi))
+            data.append(slice(start, start + s * (hi - lo - 1) + 1, s))
+        return (*frame, _ALL), (*data, _ALL)
+
+    def phase_input(self, x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        """The phase buffers of ``x`` (n, *I, C) as ``(phases, n*prod(Q), C)`` in ``dtype``."""
+        n, c = x.shape[0], x.shape[-1]
+        if self.input_is_frame and x.dtype == dtype and x.flags.c_contiguous:
+            return x.reshape(1, -1, c)
+        buf = np.zeros((len(self.phases), n, *self.size, c), dtype)
+        for ph, phase in enumerate(self.phases):
+            slices = self._phase_slices(phase)
+            if slices is not None:
+                buf[ph][slices[0]] = x[slices[1]]
+        return buf.reshape(len(self.phases), -1, c)
+
+    def input_target(self, dx: np.ndarray) -> np.ndarray:
+        """Where backward data writes its phase buffers: ``dx`` itself if it is the frame."""
+        n, c = dx.shape[0], dx.shape[-1]
+        if self.input_is_frame:
+            return dx.reshape(1, -1, c)
+        return np.empty((len(self.phases), n * self.image_rows, c), dx.dtype)
+
+    def scatter_input(self, phases: np.ndarray, dx: np.ndarray) -> None:
+        """Copy phase buffers back to ``dx`` (zero-filled; positions no tap reads stay 0)."""
+        if self.input_is_frame:
+            return
+        n, c = dx.shape[0], dx.shape[-1]
+        for ph, phase in enumerate(self.phases):
+            slices = self._phase_slices(phase)
+            if slices is not None:
+                dx[slices[1]] = phases[ph].reshape(n, *self.size, c)[slices[0]]
+
+    # -- the output side (y, dy) ------------------------------------------------------------------
+    def _output_slices(self) -> tuple[slice, ...]:
+        return (_ALL, *(slice(0, o) for o in self.g.out_size), _ALL)
+
+    def extended_output(self, dy: np.ndarray, dtype: np.dtype, lead: int = 0) -> np.ndarray:
+        """``dy`` (n, *O, C) in the frame, zeros elsewhere, after ``lead`` zero rows: (lead + rows, C)."""
+        n, c = dy.shape[0], dy.shape[-1]
+        if not lead and self.output_is_frame and dy.dtype == dtype and dy.flags.c_contiguous:
+            return dy.reshape(-1, c)
+        buf = np.zeros((lead + n * self.image_rows, c), dtype)
+        buf[lead:].reshape(n, *self.size, c)[self._output_slices()] = dy
+        return buf
+
+    def output_target(self, y: np.ndarray) -> np.ndarray:
+        """Where forward writes its frame rows: ``y`` itself if it is the frame."""
+        n, c = y.shape[0], y.shape[-1]
+        if self.output_is_frame and y.flags.c_contiguous:
+            return y.reshape(-1, c)
+        return np.empty((n * self.image_rows, c), y.dtype)
+
+    def crop_output(self, rows: np.ndarray, y: np.ndarray) -> None:
+        """Copy the output rows of a frame buffer into ``y`` (no-op if ``rows`` is ``y``)."""
+        if np.shares_memory(rows, y):
+            return
+        n, c = y.shape[0], y.shape[-1]
+        y[...] = rows.reshape(n, *self.size, c)[self._output_slices()]

@@ -1,0 +1,145 @@
+"""Row-blocked kernels over "taps": shifted row slices of flat channels-last buffers.
+
+A tap ``t = (s, off)`` names the rows ``src[s][m + off]`` that feed row m. With grouped channels
+(``G`` groups of ``Ci`` input and ``Co`` output channels per row) and tap weights ``W[t]`` of
+shape ``(G, Ci, Co)``:
+
+- :func:`accumulate`:  ``out[m] = sum_t src[s_t][m + off_t] @ W[t]``        (forward, backward data)
+- :func:`reduce`:      ``dW[t]  = sum_m src[s_t][m + off_t]^T @ dy[m]``     (backward weights)
+
+Rows are processed in blocks of about ``BLOCK_BYTES`` so that every temporary stays in cache and
+the extra memory is independent of the problem size. Within a block the taps are taken
+``per_gemm`` at a time: with one tap per GEMM the operands are views (no copy); with several the
+taps' rows are gathered side by side into one ``(B, per_gemm*Ci)`` operand, so that narrow
+channel counts still give BLAS a deep reduction (a blocked im2col). Depthwise problems
+(``Ci = Co = 1``) are no GEMM at all: their kernels are vectorised multiply-adds over channels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["BLOCK_BYTES", "GEMM_DEPTH", "taps_per_gemm", "block_rows", "accumulate", "reduce",
+           "depthwise_accumulate", "depthwise_reduce"]
+
+#: Bytes of the per-block operand (the L2 cache of a core is 1 MiB on the reference machine).
+BLOCK_BYTES = 2 << 20
+#: Reduction depth (taps x channels) from which a GEMM runs near BLAS speed.
+GEMM_DEPTH = 64
+
+Taps = Sequence[tuple[int, int]]
+
+
+def taps_per_gemm(taps: int, channels: int) -> int:
+    """How many taps one GEMM takes: enough for a reduction of ``GEMM_DEPTH``, split evenly."""
+    want = min(taps, max(1, math.ceil(GEMM_DEPTH / channels)))
+    gemms = math.ceil(taps / want)
+    return math.ceil(taps / gemms)
+
+
+def block_rows(row_bytes: int, rows: int) -> int:
+    """Rows per block so that one block operand holds about ``BLOCK_BYTES``."""
+    return max(1, min(rows, max(256, BLOCK_BYTES // max(1, row_bytes))))
+
+
+def _grouped(rows: np.ndarray, groups: int) -> np.ndarray:
+    """View (B, G*C) rows as (G, B, C)."""
+    return rows.reshape(rows.shape[0], groups, -1).transpose(1, 0, 2)
+
+
+def _operand(srcs: Sequence[np.ndarray], taps: Taps, a: int, b: int, groups: int,
+             col: np.ndarray | None) -> np.ndarray:
+    """(G, B, len(taps)*Ci) operand of rows a..b: a view for one tap, else gathered into the flat
+    buffer ``col``."""
+    if len(taps) == 1:
+        s, off = taps[0]
+        return _grouped(srcs[s][a + off:b + off], groups)
+    ci = srcs[taps[0][0]].shape[1] // groups
+    block = col[:groups * (b - a) * len(taps) * ci].reshape(groups, b - a, len(taps), ci)
+    for j, (s, off) in enumerate(taps):
+        block[:, :, j] = _grouped(srcs[s][a + off:b + off], groups)
+    return block.reshape(groups, b - a, -1)
+
+
+def _chunks(taps: Taps, per_gemm: int) -> list[Taps]:
+    return [taps[i:i + per_gemm] for i in range(0, len(taps), per_gemm)]
+
+
+def _stack(weights: np.ndarray, per_gemm: int) -> list[np.ndarray]:
+    """Tap weights (T, G, Ci, Co) as one (G, per_gemm*Ci, Co) matrix per GEMM."""
+    t, g, ci, co = weights.shape
+    return [np.ascontiguousarray(weights[i:i + per_gemm].transpose(1, 0, 2, 3)).reshape(g, -1, co)
+            for i in range(0, t, per_gemm)]
+
+
+def accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights: np.ndarray,
+               per_gemm: int) -> None:
+    """``out[m] = sum_t srcs[s_t][m + off_t] @ weights[t]`` for every row m of ``out``.
+
+    ``out`` (R, G*Co); ``srcs[s]`` (rows, G*Ci); ``weights`` (T, G, Ci, Co)."""
+    rows, groups, ci = out.shape[0], weights.shape[1], weights.shape[2]
+    chunks, mats = _chunks(taps, per_gemm), _stack(weights, per_gemm)
+    step = block_rows(groups * max(per_gemm * ci, weights.shape[3]) * out.itemsize, rows)
+    col = np.empty(groups * step * per_gemm * ci, out.dtype) if per_gemm > 1 else None
+    tmp = np.empty((groups, step, weights.shape[3]), out.dtype) if len(chunks) > 1 else None
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        target = _grouped(out[a:b], groups)
+        for i, (chunk, mat) in enumerate(zip(chunks, mats)):
+            lhs = _operand(srcs, chunk, a, b, groups, col)
+            if i == 0:
+                np.matmul(lhs, mat, out=target)
+            else:
+                np.matmul(lhs, mat, out=tmp[:, :b - a])
+                target += tmp[:, :b - a]
+
+
+def reduce(srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarray, groups: int, channels: int,
+           per_gemm: int) -> np.ndarray:
+    """``dW[t] = sum_m srcs[s_t][m + off_t]^T @ dy[m]`` over the rows of ``dy`` (R, G*Co);
+    returns (T, G, Ci, Co) with ``Ci = channels``."""
+    rows, co = dy.shape[0], dy.shape[1] // groups
+    chunks = _chunks(taps, per_gemm)
+    dw = [np.zeros((groups, len(chunk) * channels, co), dy.dtype) for chunk in chunks]
+    step = block_rows(groups * max(per_gemm * channels, co) * dy.itemsize, rows)
+    col = np.empty(groups * step * per_gemm * channels, dy.dtype) if per_gemm > 1 else None
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        rhs = _grouped(dy[a:b], groups)
+        for chunk, acc in zip(chunks, dw):
+            acc += np.matmul(_operand(srcs, chunk, a, b, groups, col).transpose(0, 2, 1), rhs)
+    result = np.concatenate(dw, axis=1).reshape(groups, len(taps), channels, co)
+    return result.transpose(1, 0, 2, 3)
+
+
+def depthwise_accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights: np.ndarray) -> None:
+    """Depthwise :func:`accumulate`: ``out[m] = sum_t srcs[s_t][m + off_t] * weights[t]`` with
+    ``weights`` (T, C), a multiply-add per channel."""
+    rows = out.shape[0]
+    step = block_rows(out.shape[1] * out.itemsize, rows)
+    tmp = np.empty((step, out.shape[1]), out.dtype)
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        target, scratch = out[a:b], tmp[:b - a]
+        for i, (s, off) in enumerate(taps):
+            np.multiply(srcs[s][a + off:b + off], weights[i], out=target if i == 0 else scratch)
+            if i:
+                target += scratch
+
+
+def depthwise_reduce(srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarray) -> np.ndarray:
+    """Depthwise :func:`reduce`: ``dW[t] = sum_m srcs[s_t][m + off_t] * dy[m]`` per channel, (T, C)."""
+    rows = dy.shape[0]
+    dw = np.zeros((len(taps), dy.shape[1]), dy.dtype)
+    step = block_rows(dy.shape[1] * dy.itemsize, rows)
+    tmp = np.empty((step, dy.shape[1]), dy.dtype)
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        scratch = tmp[:b - a]
+        for i, (s, off) in enumerate(taps):
+            np.multiply(srcs[s][a + off:b + off], dy[a:b], out=scratch)
+            dw[i] += scratch.sum(axis=0)
+    return dw
