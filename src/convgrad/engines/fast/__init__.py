@@ -15,7 +15,8 @@ Algorithm (see :mod:`.frame` for the index math and :mod:`.kernels` for the row 
 
 Selection rule, one per problem class:
 
-- depthwise (1 input and 1 output channel per group): vectorised multiply-adds over channels;
+- depthwise (1 input and 1 output channel per group): compiled multiply-adds over channels
+  (:mod:`.depthwise`, numba);
 - everything else: grouped GEMMs, ``taps_per_gemm`` offsets per GEMM: one (on views, no copy)
   when a group has >= ``GEMM_DEPTH`` reduction channels, else as many as give that depth
   (gathered side by side per row block).
@@ -35,7 +36,7 @@ import numpy as np
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
 from .. import register
-from . import kernels
+from . import depthwise, kernels
 from .frame import Frame
 
 __all__ = ["FastEngine", "CHUNK_BYTES"]
@@ -111,7 +112,7 @@ class FastEngine:
             rows = frame.output_target(y[batch])
             out = rows[:frame.span(batch.stop - batch.start)]
             if _depthwise(g):
-                kernels.depthwise_accumulate(out, srcs, taps, weights)
+                depthwise.accumulate(out, srcs, taps, weights)
             else:
                 kernels.accumulate(out, srcs, taps, weights, kernels.taps_per_gemm(len(taps), g.icg))
             frame.crop_output(rows, y[batch])
@@ -133,7 +134,7 @@ class FastEngine:
             for ph, offsets in enumerate(per_phase):
                 taps = [(0, lead - frame.tap_shift[k]) for k in offsets]
                 if _depthwise(g):
-                    kernels.depthwise_accumulate(target[ph], [src], taps, weights[offsets])
+                    depthwise.accumulate(target[ph], src[None], taps, weights[offsets])
                 else:
                     kernels.accumulate(target[ph], [src], taps, weights[offsets],
                                        kernels.taps_per_gemm(len(taps), g.ocg))
@@ -151,7 +152,7 @@ class FastEngine:
             srcs = frame.phase_input(x[batch], dtype)
             rows = frame.extended_output(dy[batch], dtype)[:frame.span(batch.stop - batch.start)]
             if _depthwise(g):
-                dw += kernels.depthwise_reduce(srcs, taps, rows)
+                dw += depthwise.reduce(srcs, taps, rows)
             else:
                 dw += kernels.reduce(srcs, taps, rows, g.groups, g.icg, kernels.taps_per_gemm(len(taps), g.icg))
         if _depthwise(g):

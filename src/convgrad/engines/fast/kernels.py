@@ -12,7 +12,7 @@ the extra memory is independent of the problem size. Within a block the taps are
 ``per_gemm`` at a time: with one tap per GEMM the operands are views (no copy); with several the
 taps' rows are gathered side by side into one ``(B, per_gemm*Ci)`` operand, so that narrow
 channel counts still give BLAS a deep reduction (a blocked im2col). Depthwise problems
-(``Ci = Co = 1``) are no GEMM at all: their kernels are vectorised multiply-adds over channels.
+(``Ci = Co = 1``) are no GEMM at all: see :mod:`.depthwise`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["BLOCK_BYTES", "GEMM_DEPTH", "taps_per_gemm", "block_rows", "accumulate", "reduce",
-           "depthwise_accumulate", "depthwise_reduce"]
+__all__ = ["BLOCK_BYTES", "GEMM_DEPTH", "taps_per_gemm", "block_rows", "accumulate", "reduce"]
 
 #: Bytes of the per-block operand (the L2 cache of a core is 1 MiB on the reference machine).
 BLOCK_BYTES = 2 << 20
@@ -113,33 +112,3 @@ def reduce(srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarray, groups: int, 
             acc += np.matmul(_operand(srcs, chunk, a, b, groups, col).transpose(0, 2, 1), rhs)
     result = np.concatenate(dw, axis=1).reshape(groups, len(taps), channels, co)
     return result.transpose(1, 0, 2, 3)
-
-
-def depthwise_accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights: np.ndarray) -> None:
-    """Depthwise :func:`accumulate`: ``out[m] = sum_t srcs[s_t][m + off_t] * weights[t]`` with
-    ``weights`` (T, C), a multiply-add per channel."""
-    rows = out.shape[0]
-    step = block_rows(out.shape[1] * out.itemsize, rows)
-    tmp = np.empty((step, out.shape[1]), out.dtype)
-    for a in range(0, rows, step):
-        b = min(rows, a + step)
-        target, scratch = out[a:b], tmp[:b - a]
-        for i, (s, off) in enumerate(taps):
-            np.multiply(srcs[s][a + off:b + off], weights[i], out=target if i == 0 else scratch)
-            if i:
-                target += scratch
-
-
-def depthwise_reduce(srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarray) -> np.ndarray:
-    """Depthwise :func:`reduce`: ``dW[t] = sum_m srcs[s_t][m + off_t] * dy[m]`` per channel, (T, C)."""
-    rows = dy.shape[0]
-    dw = np.zeros((len(taps), dy.shape[1]), dy.dtype)
-    step = block_rows(dy.shape[1] * dy.itemsize, rows)
-    tmp = np.empty((step, dy.shape[1]), dy.dtype)
-    for a in range(0, rows, step):
-        b = min(rows, a + step)
-        scratch = tmp[:b - a]
-        for i, (s, off) in enumerate(taps):
-            np.multiply(srcs[s][a + off:b + off], dy[a:b], out=scratch)
-            dw[i] += scratch.sum(axis=0)
-    return dw
