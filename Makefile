@@ -1,4 +1,6 @@
-# `make demo` runs the main job, `make test` the tests; both install what they need into .venv.
+# `make demo` runs the main job, `make test` the tests, `make bench` the benchmark (writes
+# benchmarks/RESULTS.md and benchmarks/results.png; BENCH_ARGS=--quick for a short check);
+# all install what they need into .venv.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -18,6 +20,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
