@@ -39,9 +39,13 @@ def _geometry(n, groups, icg, ocg, in_size, kernel, strides, dilations, pb, pe) 
                         tuple(strides), tuple(dilations), tuple(pb), tuple(pe))
 
 
-def _engine_inputs(g: ConvGeometry, rng: np.random.Generator, dtype) -> dict[str, tuple[np.ndarray, ...]]:
+def _engine_inputs(g: ConvGeometry, rng: np.random.Generator, dtype,
+                   channels_first: bool = False) -> dict[str, tuple[np.ndarray, ...]]:
+    """Random non-zero canonical inputs; ``channels_first``: views of NCX-ordered memory."""
     x, w, dy = (rng.uniform(0.5, 1.5, s) * rng.choice([-1, 1], s) for s in (g.x_shape, g.w_shape, g.y_shape))
     x, w, dy = (a.astype(dtype) for a in (x, w, dy))
+    if channels_first:
+        x, dy = (np.moveaxis(np.ascontiguousarray(np.moveaxis(a, -1, 1)), 1, -1) for a in (x, dy))
     return {"forward": (x, w), "backward_data": (dy, w), "backward_weights": (x, dy)}
 
 
@@ -116,9 +120,9 @@ def geometries(draw) -> ConvGeometry:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(g=geometries(), dtype=st.sampled_from([np.float64, np.float32]))
-def test_random_geometries_against_reference(g, dtype):
-    inputs = _engine_inputs(g, np.random.default_rng(), dtype)
+@given(g=geometries(), dtype=st.sampled_from([np.float64, np.float32]), channels_first=st.booleans())
+def test_random_geometries_against_reference(g, dtype, channels_first):
+    inputs = _engine_inputs(g, np.random.default_rng(), dtype, channels_first)
     for task in TASKS:
         got, want = getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task])
         assert got.dtype == np.dtype(dtype)
@@ -147,9 +151,10 @@ def test_random_geometries_against_reference(g, dtype):
     dict(n=0, groups=2, icg=3, ocg=2, in_size=(5,), kernel=(3,), strides=(1,), dilations=(1,), pb=(1,), pe=(1,)),
 ])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_awkward_geometries(case, dtype, rng):
+@pytest.mark.parametrize("channels_first", [False, True])
+def test_awkward_geometries(case, dtype, channels_first, rng):
     g = _geometry(**case)
-    inputs = _engine_inputs(g, rng, dtype)
+    inputs = _engine_inputs(g, rng, dtype, channels_first)
     for task in TASKS:
         _close(getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task]),
                _tolerance(np.dtype(dtype)), task)
@@ -160,9 +165,9 @@ def test_batch_chunks_and_row_blocks(monkeypatch, rng):
     from convgrad.engines import fast
     monkeypatch.setattr(fast, "CHUNK_BYTES", 1)
     monkeypatch.setattr(fast.kernels, "BLOCK_BYTES", 1)
-    for groups, icg, ocg in ((1, 4, 6), (5, 1, 1)):
+    for (groups, icg, ocg), channels_first in itertools.product(((1, 4, 6), (5, 1, 1), (1, 70, 3)), (False, True)):
         g = _geometry(3, groups, icg, ocg, (20, 19), (3, 3), (2, 1), (1, 2), (1, 2), (2, 1))
-        inputs = _engine_inputs(g, rng, np.float64)
+        inputs = _engine_inputs(g, rng, np.float64, channels_first)
         for task in TASKS:
             _close(getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task]), 1e-10, task)
 

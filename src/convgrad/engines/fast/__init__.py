@@ -49,6 +49,19 @@ def _depthwise(g: ConvGeometry) -> bool:
     return g.icg == 1 and g.ocg == 1
 
 
+def _frame(g: ConvGeometry, data: np.ndarray) -> Frame:
+    """The frame of ``g``, channel-major when the data is (NCX) and the kernels are GEMMs."""
+    return Frame.of(g, channel_major=not _depthwise(g) and data.ndim > 2 and data.strides[-1] > data.strides[-2])
+
+
+def _empty_like_data(shape: tuple[int, ...], dtype: np.dtype, frame: Frame, fill: bool) -> np.ndarray:
+    """A result array of canonical ``shape`` in the frame's memory order (so NCX results need no
+    transposition later)."""
+    make = np.zeros if fill else np.empty
+    return np.moveaxis(make((shape[0], shape[-1], *shape[1:-1]), dtype), 1, -1) if frame.channel_major \
+        else make(shape, dtype)
+
+
 def _tap_weights(g: ConvGeometry, w: np.ndarray, dtype: np.dtype, transpose: bool) -> np.ndarray:
     """Canonical weights as (T, G, ICg, OCg), or (T, G, OCg, ICg) with ``transpose``; (T, C) if
     depthwise."""
@@ -101,10 +114,10 @@ class FastEngine:
     def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         """y = conv(x, w): sum over offsets of shifted-row GEMMs into the frame rows of y."""
         dtype = compute_dtype(x.dtype)
-        y = np.zeros(g.y_shape, dtype)
+        frame = _frame(g, x)
+        y = _empty_like_data(g.y_shape, dtype, frame, fill=True)
         if g.n == 0:
             return y
-        frame = Frame.of(g)
         weights = _tap_weights(g, w, dtype, transpose=False)
         taps = list(zip(frame.tap_phase, frame.tap_shift))
         for batch in self._batches(g, frame, "forward", x.dtype):
@@ -121,8 +134,8 @@ class FastEngine:
     def backward_data(self, g: ConvGeometry, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
         """dx: per input phase, the sum over its offsets of GEMMs on dy shifted back by the offset."""
         dtype = compute_dtype(dy.dtype)
-        frame = Frame.of(g)
-        dx = (np.empty if frame.input_is_frame and g.n else np.zeros)(g.x_shape, dtype)
+        frame = _frame(g, dy)
+        dx = _empty_like_data(g.x_shape, dtype, frame, fill=not frame.input_is_frame)
         if g.n == 0:
             return dx
         weights = _tap_weights(g, w, dtype, transpose=True)
@@ -144,7 +157,7 @@ class FastEngine:
     def backward_weights(self, g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
         """dw[k] = sum over the frame rows of the shifted input rows times dy, per batch chunk."""
         dtype = compute_dtype(x.dtype)
-        frame = Frame.of(g)
+        frame = _frame(g, x)
         taps = list(zip(frame.tap_phase, frame.tap_shift))
         shape = (len(taps), g.ic) if _depthwise(g) else (len(taps), g.groups, g.icg, g.ocg)
         dw = np.zeros(shape, dtype)

@@ -1,4 +1,4 @@
-"""The phase frame: every convolution as shifted row-slices of flat channels-last buffers.
+"""The phase frame: every convolution as shifted row-slices of flat (rows, channels) buffers.
 
 Per spatial axis (sizes I, O, K, stride S, dilation D, pads PB/PE) the tap of kernel offset k for
 output o reads the padded input at ``p = o*S + k*D``. Writing ``p = S*q + r`` splits the padded
@@ -17,6 +17,10 @@ input into S phases; offset k reads phase ``r_k = (k*D) mod S`` at ``q = o + s_k
 so those rows contribute nothing; frame rows of y past O are computed and dropped. For stride 1
 there is one phase and the buffer is just the padded input; for a 1x1 stride-S kernel it is one
 subsampled phase; with no padding and stride 1 it *is* the input (no copy).
+
+The buffers are (rows, C) matrices stored row by row for channels-last (NXC) data, or channel by
+channel for channels-first (NCX) data (``channel_major``): BLAS takes either order as it is, so
+NCX data is copied into its frame along contiguous memory instead of being transposed.
 """
 
 from __future__ import annotations
@@ -43,9 +47,10 @@ class Frame:
     phases: tuple[tuple[int, ...], ...]      #: the phase combinations some offset reads, in order
     tap_phase: tuple[int, ...]               #: per kernel offset (C order): index into ``phases``
     tap_shift: tuple[int, ...]               #: per kernel offset: flat row shift in the frame
+    channel_major: bool = False              #: buffers stored channel by channel (for NCX data)
 
     @classmethod
-    def of(cls, g: ConvGeometry) -> Frame:
+    def of(cls, g: ConvGeometry, channel_major: bool = False) -> Frame:
         axes = list(zip(g.kernel, g.dilations, g.strides))
         size = tuple(o + (k - 1) * d // s for o, (k, d, s) in zip(g.out_size, axes))
         row_stride = [math.prod(size[a + 1:]) for a in range(len(size))]
@@ -56,7 +61,7 @@ class Frame:
         for offset in itertools.product(*(range(k) for k in g.kernel)):
             tap_phase.append(index[tuple(kk * d % s for kk, (_, d, s) in zip(offset, axes))])
             tap_shift.append(sum(kk * d // s * rs for kk, (_, d, s), rs in zip(offset, axes, row_stride)))
-        return cls(g, size, phases, tuple(tap_phase), tuple(tap_shift))
+        return cls(g, size, phases, tuple(tap_phase), tuple(tap_shift), channel_major)
 
     # -- sizes ----------------------------------------------------------------------------------
     @property
@@ -82,6 +87,29 @@ class Frame:
     def output_is_frame(self) -> bool:
         return self.size == self.g.out_size
 
+    # -- buffers --------------------------------------------------------------------------------
+    def _buffer(self, shape: tuple[int, ...], dtype: np.dtype, fill: bool) -> np.ndarray:
+        """An array of logical shape (..., C), channel-major in memory if the frame is; zeroed if
+        ``fill``."""
+        make = np.zeros if fill else np.empty
+        if not self.channel_major:
+            return make(shape, dtype)
+        return np.moveaxis(make((shape[-1], *shape[:-1]), dtype), 0, -1)
+
+    @staticmethod
+    def _rows(a: np.ndarray) -> np.ndarray | None:
+        """``a`` (n, *X, C) as a (n*prod(X), C) view, or None if that needs a copy."""
+        flat = a.reshape(-1, a.shape[-1])
+        return flat if np.shares_memory(flat, a) or not a.size else None
+
+    def _own_rows(self, a: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+        """``a`` as frame rows without a copy: right dtype and memory order, rows mergeable."""
+        if a.dtype != dtype or (a.ndim > 2 and (a.strides[-1] > a.strides[-2]) != self.channel_major):
+            return None
+        if not (a.flags.c_contiguous or (self.channel_major and a.shape[0] == 1)):
+            return None
+        return self._rows(a)
+
     # -- the input side (x, dx) -------------------------------------------------------------------
     def _phase_slices(self, phase: tuple[int, ...]) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
         """(frame slices, input slices) of the input positions in ``phase``; None if there are none."""
@@ -98,9 +126,10 @@ class Frame:
     def phase_input(self, x: np.ndarray, dtype: np.dtype) -> np.ndarray:
         """The phase buffers of ``x`` (n, *I, C) as ``(phases, n*prod(Q), C)`` in ``dtype``."""
         n, c = x.shape[0], x.shape[-1]
-        if self.input_is_frame and x.dtype == dtype and x.flags.c_contiguous:
-            return x.reshape(1, -1, c)
-        buf = np.zeros((len(self.phases), n, *self.size, c), dtype)
+        own = self._own_rows(x, dtype) if self.input_is_frame else None
+        if own is not None:
+            return own[None]
+        buf = self._buffer((len(self.phases), n, *self.size, c), dtype, fill=True)
         for ph, phase in enumerate(self.phases):
             slices = self._phase_slices(phase)
             if slices is not None:
@@ -110,13 +139,14 @@ class Frame:
     def input_target(self, dx: np.ndarray) -> np.ndarray:
         """Where backward data writes its phase buffers: ``dx`` itself if it is the frame."""
         n, c = dx.shape[0], dx.shape[-1]
-        if self.input_is_frame:
-            return dx.reshape(1, -1, c)
-        return np.empty((len(self.phases), n * self.image_rows, c), dx.dtype)
+        own = self._own_rows(dx, dx.dtype) if self.input_is_frame else None
+        if own is not None:
+            return own[None]
+        return self._buffer((len(self.phases), n * self.image_rows, c), dx.dtype, fill=False)
 
     def scatter_input(self, phases: np.ndarray, dx: np.ndarray) -> None:
         """Copy phase buffers back to ``dx`` (zero-filled; positions no tap reads stay 0)."""
-        if self.input_is_frame:
+        if np.shares_memory(phases, dx):
             return
         n, c = dx.shape[0], dx.shape[-1]
         for ph, phase in enumerate(self.phases):
@@ -131,18 +161,20 @@ class Frame:
     def extended_output(self, dy: np.ndarray, dtype: np.dtype, lead: int = 0) -> np.ndarray:
         """``dy`` (n, *O, C) in the frame, zeros elsewhere, after ``lead`` zero rows: (lead + rows, C)."""
         n, c = dy.shape[0], dy.shape[-1]
-        if not lead and self.output_is_frame and dy.dtype == dtype and dy.flags.c_contiguous:
-            return dy.reshape(-1, c)
-        buf = np.zeros((lead + n * self.image_rows, c), dtype)
+        own = self._own_rows(dy, dtype) if not lead and self.output_is_frame else None
+        if own is not None:
+            return own
+        buf = self._buffer((lead + n * self.image_rows, c), dtype, fill=True)
         buf[lead:].reshape(n, *self.size, c)[self._output_slices()] = dy
         return buf
 
     def output_target(self, y: np.ndarray) -> np.ndarray:
         """Where forward writes its frame rows: ``y`` itself if it is the frame."""
         n, c = y.shape[0], y.shape[-1]
-        if self.output_is_frame and y.flags.c_contiguous:
-            return y.reshape(-1, c)
-        return np.empty((n * self.image_rows, c), y.dtype)
+        own = self._own_rows(y, y.dtype) if self.output_is_frame else None
+        if own is not None:
+            return own
+        return self._buffer((n * self.image_rows, c), y.dtype, fill=False)
 
     def crop_output(self, rows: np.ndarray, y: np.ndarray) -> None:
         """Copy the output rows of a frame buffer into ``y`` (no-op if ``rows`` is ``y``)."""

@@ -49,6 +49,20 @@ def _grouped(rows: np.ndarray, groups: int) -> np.ndarray:
     return rows.reshape(rows.shape[0], groups, -1).transpose(1, 0, 2)
 
 
+def channel_major(rows: np.ndarray) -> bool:
+    """Whether a (rows, C) matrix is stored channel by channel (as NCX data is)."""
+    return rows.ndim == 2 and rows.strides[0] < rows.strides[1]
+
+
+def _carve(flat: np.ndarray, groups: int, rows: int, inner: tuple[int, ...], by_channel: bool) -> np.ndarray:
+    """A (G, rows, *inner) array on the front of ``flat``, rows innermost if ``by_channel`` (so
+    that copies from and to channel-major buffers run along contiguous memory)."""
+    size = groups * rows * int(np.prod(inner))
+    if by_channel:
+        return flat[:size].reshape(groups, *inner, rows).transpose(0, len(inner) + 1, *range(1, len(inner) + 1))
+    return flat[:size].reshape(groups, rows, *inner)
+
+
 def _operand(srcs: Sequence[np.ndarray], taps: Taps, a: int, b: int, groups: int,
              col: np.ndarray | None) -> np.ndarray:
     """(G, B, len(taps)*Ci) operand of rows a..b: a view for one tap, else gathered into the flat
@@ -56,8 +70,8 @@ def _operand(srcs: Sequence[np.ndarray], taps: Taps, a: int, b: int, groups: int
     if len(taps) == 1:
         s, off = taps[0]
         return _grouped(srcs[s][a + off:b + off], groups)
-    ci = srcs[taps[0][0]].shape[1] // groups
-    block = col[:groups * (b - a) * len(taps) * ci].reshape(groups, b - a, len(taps), ci)
+    first = srcs[taps[0][0]]
+    block = _carve(col, groups, b - a, (len(taps), first.shape[1] // groups), channel_major(first))
     for j, (s, off) in enumerate(taps):
         block[:, :, j] = _grouped(srcs[s][a + off:b + off], groups)
     return block.reshape(groups, b - a, -1)
@@ -83,7 +97,7 @@ def accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights:
     chunks, mats = _chunks(taps, per_gemm), _stack(weights, per_gemm)
     step = block_rows(groups * max(per_gemm * ci, weights.shape[3]) * out.itemsize, rows)
     col = np.empty(groups * step * per_gemm * ci, out.dtype) if per_gemm > 1 else None
-    tmp = np.empty((groups, step, weights.shape[3]), out.dtype) if len(chunks) > 1 else None
+    tmp = np.empty(groups * step * weights.shape[3], out.dtype) if len(chunks) > 1 else None
     for a in range(0, rows, step):
         b = min(rows, a + step)
         target = _grouped(out[a:b], groups)
@@ -92,8 +106,8 @@ def accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights:
             if i == 0:
                 np.matmul(lhs, mat, out=target)
             else:
-                np.matmul(lhs, mat, out=tmp[:, :b - a])
-                target += tmp[:, :b - a]
+                scratch = _carve(tmp, groups, b - a, (weights.shape[3],), channel_major(out))
+                target += np.matmul(lhs, mat, out=scratch)
 
 
 def reduce(srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarray, groups: int, channels: int,
