@@ -144,6 +144,10 @@ def test_random_geometries_against_reference(g, dtype, channels_first):
     # wide channels: one offset per GEMM on views
     dict(n=2, groups=1, icg=80, ocg=70, in_size=(6, 5), kernel=(3, 3), strides=(1, 2), dilations=(1, 1),
          pb=(1, 1), pe=(1, 1)),
+    # narrow outputs from wide inputs (the data gradient of a 3-channel first layer): spread GEMMs
+    dict(n=2, groups=1, icg=3, ocg=64, in_size=(9, 8), kernel=(3, 3), strides=(2, 1), dilations=(1, 2),
+         pb=(1, 2), pe=(1, 0)),
+    dict(n=2, groups=2, icg=2, ocg=65, in_size=(7,), kernel=(4,), strides=(3,), dilations=(1,), pb=(2,), pe=(0,)),
     # 1x1 stride 1 without padding: the input is its own frame (no copies)
     dict(n=2, groups=1, icg=65, ocg=9, in_size=(4, 5), kernel=(1, 1), strides=(1, 1), dilations=(1, 1),
          pb=(0, 0), pe=(0, 0)),

