@@ -3,6 +3,7 @@
     make bench                                   # every suite, writes RESULTS.md and results.png
     python benchmarks/run.py --quick             # a short check (a few layers per suite)
     python benchmarks/run.py --suite resnet_50 --dtype f32 bf16 --mb 16 --no-write
+    python benchmarks/run.py --threads 1         # both sides on one thread (see below)
 
 For each layer of a benchdnn shape list (``benchmarks/shapes``) and each gradient (backward data,
 backward weights) it times convgrad through its public API (NXC/XIO, and NCX/OIX on the ResNet
@@ -12,6 +13,11 @@ time (best of a few runs). "extra mem" is the peak of convgrad's allocations (tr
 its result, as a multiple of inputs + output. The GEMM ceiling (numpy sgemm 4096^2) is measured in
 the same run. PyTorch pads symmetrically: a benchdnn layer whose right pad differs from its left is
 given to it with an input cropped/extended by the difference (same output, same FLOPs).
+
+``--threads N`` limits every library (OpenBLAS, numba, PyTorch/OpenMP) to N threads; it is set
+before NumPy loads. On a machine that other jobs share, multi-threaded OpenBLAS can collapse (its
+threads wait on a descheduled partner at every GEMM), so the load average is recorded with the
+results: compare runs taken on an otherwise idle machine, or on one thread each.
 """
 
 from __future__ import annotations
@@ -28,7 +34,12 @@ import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+if "--threads" in sys.argv[:-1]:  # must precede the first import of NumPy
+    for _var in THREAD_VARS:
+        os.environ[_var] = sys.argv[sys.argv.index("--threads") + 1]
+
+import numpy as np  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
@@ -45,7 +56,8 @@ DEFAULT_MB = {"resnet_50": 16, "mobilenet_dw": 16, "dilated": 16, "3d_unet": 1}
 
 
 def best_time(fn, budget: float, max_reps: int) -> float:
-    """Best wall time of ``fn`` over up to ``max_reps`` runs within about ``budget`` seconds."""
+    """Best wall time of ``fn`` over up to ``max_reps`` runs within about ``budget`` seconds (the
+    first run doubles as the warm-up: fast layers get several runs, slow ones need none)."""
     best, spent, reps = math.inf, 0.0, 0
     while reps < max_reps and (reps == 0 or spent < budget):
         start = time.perf_counter()
@@ -145,12 +157,10 @@ def measure(d: ConvDescriptor, suite: str, task: str, dtype: str, with_ncx: bool
               extra_mem=peak / io_bytes, extra_mib=peak / 2 ** 20)
     if with_ncx:
         fn, _ = ours(d, task, DATA_DTYPES[dtype], "NCX", rng)
-        fn()
         row.ours_ncx = gflop / best_time(fn, budget, reps)
     for name, cl in (("torch NCX", False), ("torch NXC", True)):
         peer = torch_peer(d, task, dtype, cl)
         if peer is not None:
-            peer()
             row.peers[name] = gflop / best_time(peer, budget, reps)
     return row
 
@@ -197,7 +207,7 @@ def summary(rows: list[Row], ceiling: float) -> list[str]:
     return out
 
 
-def environment(ceiling: float) -> list[str]:
+def environment(ceiling: float, threads: int, load: tuple[float, float]) -> list[str]:
     import torch
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else \
@@ -207,7 +217,9 @@ def environment(ceiling: float) -> list[str]:
             f"- python {platform.python_version()}, numpy {np.__version__}, torch {torch.__version__} "
             f"({torch.get_num_threads()} threads), convgrad {cg.__version__ if hasattr(cg, '__version__') else ''}"
             f" engine '{cg.engines.default_engine_name()}'",
-            f"- GEMM ceiling (numpy sgemm 4096^2, this run): {ceiling:.0f} GFLOP/s"]
+            f"- threads: {threads} for every library; load average (1 min) at start / end: "
+            f"{load[0]:.1f} / {load[1]:.1f} (above 0.5 means other jobs shared the cores)",
+            f"- GEMM ceiling (numpy sgemm 4096^2, this run, {threads} threads): {ceiling:.0f} GFLOP/s"]
 
 
 def plot(rows: list[Row], path: Path) -> None:
@@ -239,11 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="3 layers per suite, one timed run each")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md and the plot")
     parser.add_argument("--output", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads per library")
     args = parser.parse_args(argv)
 
     import torch
-    torch.set_num_threads(os.cpu_count() or 1)
-    budget, reps = (0.0, 1) if args.quick else (1.0, 3)
+    torch.set_num_threads(args.threads)
+    load_start = os.getloadavg()[0]
+    budget, reps = (0.0, 1) if args.quick else (1.0, 4)
     rng = np.random.default_rng(0)
     ceiling = gemm_ceiling()
     print(f"GEMM ceiling {ceiling:.0f} GFLOP/s", flush=True)
@@ -260,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                         row.ours_f32 = f32_row.ours
                     rows.append(row)
                     print(table([row], ceiling)[-1], flush=True)
-    lines = ["# convgrad benchmark results", "", *environment(ceiling), "",
+    lines = ["# convgrad benchmark results", "", *environment(ceiling, args.threads, (load_start, os.getloadavg()[0])), "",
              f"Command: `python benchmarks/run.py {' '.join(argv if argv is not None else sys.argv[1:])}`".rstrip(),
              "", "## Summary", "", *summary(rows, ceiling), "", "## Layers", "", *table(rows, ceiling), ""]
     print("\n".join(lines))

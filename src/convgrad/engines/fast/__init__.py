@@ -3,8 +3,9 @@
 Algorithm (see :mod:`.frame` for the index math and :mod:`.kernels` for the row kernels):
 
 1. Split the batch into chunks whose frame buffers hold about ``CHUNK_BYTES``.
-2. Copy the chunk once into its *phase frame*: one zero-padded, stride-phase-split, channels-last
-   buffer per input phase the kernel reads (none at all for stride 1 without padding). bf16/f16
+2. Copy the chunk once into its *phase frame*: one zero-padded, stride-phase-split (rows, C)
+   buffer per input phase the kernel reads (none at all for stride 1 without padding), stored in
+   the data's own order (row-major for NXC, channel-major for NCX, see :func:`_frame`). bf16/f16
    data is converted to the accumulation dtype (f32; f64 for f64 data) in that same copy.
 3. Every kernel offset is then a row shift of a flat ``(rows, C)`` matrix, and each problem is a
    sum over offsets of GEMMs on views of those buffers, run over cache-sized row blocks:
@@ -13,13 +14,15 @@ Algorithm (see :mod:`.frame` for the index math and :mod:`.kernels` for the row 
    - backward data:    ``dP[m]   = sum_k dy_ext[m - shift_k] @ w[k]^T``, then one copy into dx
    - backward weights: ``dw[k]   = sum_m P[m + shift_k]^T @ dy_ext[m]``
 
-Selection rule, one per problem class:
+Selection rule, one algorithm per problem class (Ci/Co: channels per group on the GEMM's input
+and output side; ``GEMM_DEPTH`` = 64):
 
-- depthwise (1 input and 1 output channel per group): compiled multiply-adds over channels
-  (:mod:`.depthwise`, numba);
-- everything else: grouped GEMMs, ``taps_per_gemm`` offsets per GEMM: one (on views, no copy)
-  when a group has >= ``GEMM_DEPTH`` reduction channels, else as many as give that depth
-  (gathered side by side per row block).
+- depthwise (Ci = Co = 1): compiled multiply-adds over channels (:mod:`.depthwise`, numba);
+- Ci >= GEMM_DEPTH: one GEMM per kernel offset on views of the frame (no copy);
+- Ci < GEMM_DEPTH: ``taps_per_gemm`` offsets gathered side by side per row block, so that each
+  GEMM reduces over >= GEMM_DEPTH values (a blocked im2col, cache-sized);
+- sums over offsets (forward, backward data) whose Co < GEMM_DEPTH <= Ci: one wide GEMM for a
+  cluster of offsets, then the narrow results summed at their shifts (:func:`kernels.accumulate`).
 
 Extra memory (see :meth:`FastEngine.workspace_bytes`): the chunk's frame buffers (about the size
 of the chunk's inputs plus padding, at most ``CHUNK_BYTES`` unless one image is larger) plus a few
@@ -42,7 +45,7 @@ from .frame import Frame
 __all__ = ["FastEngine", "CHUNK_BYTES"]
 
 #: Bytes of frame buffers per batch chunk (at least one image per chunk).
-CHUNK_BYTES = 64 << 20
+CHUNK_BYTES = 16 << 20
 
 
 def _depthwise(g: ConvGeometry) -> bool:
@@ -105,13 +108,14 @@ class FastEngine:
         frame = Frame.of(g)
         per_image, per_chunk = self._frame_bytes(g, frame, task, np.dtype(dtype))
         images = min(max(g.n, 1), max(1, CHUNK_BYTES // max(1, per_image)))
-        weights = 3 * math.prod(g.kernel) * g.icg * g.oc * acc.itemsize
         taps = math.prod(g.kernel)
-        depth = g.ocg if task == "backward_data" else g.icg
+        weights = 3 * taps * g.icg * g.oc * acc.itemsize
+        depth, width = (g.ocg, g.icg) if task == "backward_data" else (g.icg, g.ocg)
         per_gemm = kernels.taps_per_gemm(taps, depth)
-        widest = g.groups * max(per_gemm * depth, g.ocg if task != "backward_data" else g.icg) * acc.itemsize
-        rows = kernels.block_rows(widest, max(1, images * frame.image_rows))
-        return images * per_image + per_chunk + 2 * rows * widest + weights
+        widest = g.groups * max(per_gemm * depth, taps * width) * acc.itemsize
+        rows = images * frame.image_rows + frame.max_shift
+        blocks = 3 * min(rows * widest, max(kernels.BLOCK_BYTES, 256 * widest))
+        return images * per_image + per_chunk + blocks + weights
 
     # -- the three problems ---------------------------------------------------------------------
     def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -162,18 +166,15 @@ class FastEngine:
         dtype = compute_dtype(x.dtype)
         frame = _frame(g, x)
         taps = list(zip(frame.tap_phase, frame.tap_shift))
-        shape = (len(taps), g.ic) if _depthwise(g) else (len(taps), g.groups, g.icg, g.ocg)
-        dw = np.zeros(shape, dtype)
+        dw = np.zeros((len(taps), g.icg, g.groups, g.ocg), dtype)
         for batch in (self._batches(g, frame, "backward_weights", x.dtype) if g.n else ()):
             srcs = frame.phase_input(x[batch], dtype)
             rows = frame.extended_output(dy[batch], dtype)[:frame.span(batch.stop - batch.start)]
             if _depthwise(g):
-                dw += depthwise.reduce(srcs, taps, rows)
+                dw.reshape(len(taps), g.ic)[...] += depthwise.reduce(srcs, taps, rows)
             else:
-                dw += kernels.reduce(srcs, taps, rows, g.groups, g.icg, kernels.taps_per_gemm(len(taps), g.icg))
-        if _depthwise(g):
-            return dw.reshape(g.w_shape)
-        return dw.transpose(0, 2, 1, 3).reshape(g.w_shape)
+                kernels.reduce(dw, srcs, taps, rows, kernels.taps_per_gemm(len(taps), g.icg))
+        return dw.reshape(g.w_shape)
 
 
 register(FastEngine(), default=True)

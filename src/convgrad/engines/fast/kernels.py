@@ -153,19 +153,15 @@ def accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights:
                 target += np.matmul(lhs, mat, out=scratch)
 
 
-def reduce(srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarray, groups: int, channels: int,
-           per_gemm: int) -> np.ndarray:
-    """``dW[t] = sum_m srcs[s_t][m + off_t]^T @ dy[m]`` over the rows of ``dy`` (R, G*Co);
-    returns (T, G, Ci, Co) with ``Ci = channels``."""
-    rows, co = dy.shape[0], dy.shape[1] // groups
-    chunks = _chunks(taps, per_gemm)
-    dw = [np.zeros((groups, len(chunk) * channels, co), dy.dtype) for chunk in chunks]
-    step = block_rows(groups * max(per_gemm * channels, co) * dy.itemsize, rows)
-    col = np.empty(groups * step * per_gemm * channels, dy.dtype) if per_gemm > 1 else None
+def reduce(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarray, per_gemm: int) -> None:
+    """``out[t] += sum_m srcs[s_t][m + off_t]^T @ dy[m]`` over the rows of ``dy`` (R, G*Co), with
+    ``out`` (T, Ci, G, Co), the canonical weights layout (so no weight-sized temporaries)."""
+    rows, (_, ci, groups, co) = dy.shape[0], out.shape
+    step = block_rows(groups * max(per_gemm * ci, co) * dy.itemsize, rows)
+    col = np.empty(groups * step * per_gemm * ci, dy.dtype) if per_gemm > 1 else None
     for a in range(0, rows, step):
         b = min(rows, a + step)
         rhs = _grouped(dy[a:b], groups)
-        for chunk, acc in zip(chunks, dw):
-            acc += np.matmul(_operand(srcs, chunk, a, b, groups, col).transpose(0, 2, 1), rhs)
-    result = np.concatenate(dw, axis=1).reshape(groups, len(taps), channels, co)
-    return result.transpose(1, 0, 2, 3)
+        for chunk, t in zip(_chunks(taps, per_gemm), range(0, len(taps), per_gemm)):
+            product = np.matmul(_operand(srcs, chunk, a, b, groups, col).transpose(0, 2, 1), rhs)
+            out[t:t + len(chunk)].transpose(2, 0, 1, 3)[...] += product.reshape(groups, len(chunk), ci, co)
