@@ -1,4 +1,4 @@
-"""Row-blocked kernels over "taps": shifted row slices of flat channels-last buffers.
+"""Row-blocked kernels over "taps": shifted row slices of flat (rows, channels) buffers.
 
 A tap ``t = (s, off)`` names the rows ``src[s][m + off]`` that feed row m. With grouped channels
 (``G`` groups of ``Ci`` input and ``Co`` output channels per row) and tap weights ``W[t]`` of
