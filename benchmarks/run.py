@@ -12,7 +12,8 @@ channels_last; the better of the two is the "best peer". GFLOP/s = 2*N*OC*IC/G*p
 time (best of a few runs). "extra mem" is the peak of convgrad's allocations (tracemalloc) less
 its result, as a multiple of inputs + output. The GEMM ceiling (numpy sgemm 4096^2) is measured in
 the same run. PyTorch pads symmetrically: a benchdnn layer whose right pad differs from its left is
-given to it with an input cropped/extended by the difference (same output, same FLOPs).
+given to it with the smaller pad on both sides and the input longer by the difference (same
+output, same FLOPs).
 
 ``--threads N`` limits every library (OpenBLAS, numba, PyTorch/OpenMP) to N threads; it is set
 before NumPy loads. On a machine that other jobs share, multi-threaded OpenBLAS can collapse (its
@@ -108,7 +109,8 @@ def torch_peer(d: ConvDescriptor, task: str, dtype: str, channels_last: bool):
     if channels_last and d.rank == 1:
         return None
     tdtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
-    in_size = tuple(i + e - b for i, b, e in zip(d.in_size, d.pads_begin, d.pads_end))
+    pads = [min(b, e) for b, e in zip(d.pads_begin, d.pads_end)]
+    in_size = tuple(i + abs(e - b) for i, b, e in zip(d.in_size, d.pads_begin, d.pads_end))
     xs, ys, ws = shapes(d)
     xs = (xs[0], xs[1], *in_size)
     fmt = {2: torch.channels_last, 3: torch.channels_last_3d}.get(d.rank) if channels_last else None
@@ -116,7 +118,7 @@ def torch_peer(d: ConvDescriptor, task: str, dtype: str, channels_last: bool):
         (lambda s: torch.randn(s, dtype=tdtype))
     x, dy, w = make(xs), make(ys), make(ws)
     mask = [task == "bwd_d", task == "bwd_w", False]
-    return lambda: torch.ops.aten.convolution_backward(dy, x, w, None, list(d.strides), list(d.pads_begin),
+    return lambda: torch.ops.aten.convolution_backward(dy, x, w, None, list(d.strides), pads,
                                                        list(d.dilations), False, [0] * d.rank, d.groups, mask)
 
 

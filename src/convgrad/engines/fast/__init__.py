@@ -24,9 +24,10 @@ and output side; ``GEMM_DEPTH`` = 64):
 - sums over offsets (forward, backward data) whose Co < GEMM_DEPTH <= Ci: one wide GEMM for a
   cluster of offsets, then the narrow results summed at their shifts (:func:`kernels.accumulate`).
 
-Extra memory (see :meth:`FastEngine.workspace_bytes`): the chunk's frame buffers (about the size
-of the chunk's inputs plus padding, at most ``CHUNK_BYTES`` unless one image is larger) plus a few
-row blocks of ``BLOCK_BYTES`` and converted weights; never an im2col buffer.
+Extra memory (see :meth:`FastEngine.workspace_bytes`): the chunk's frame buffers (at most
+``CHUNK_BYTES`` and half the op's inputs + output, unless one image needs more) plus a few row
+blocks of ``BLOCK_BYTES``, converted weights, and for bf16/f16 the f32 result the API rounds;
+never an im2col buffer.
 """
 
 from __future__ import annotations
@@ -95,9 +96,16 @@ class FastEngine:
         lead = frame.max_shift * g.oc if task == "backward_data" else 0
         return (in_copy + out_copy) * acc.itemsize, lead * acc.itemsize
 
-    def _batches(self, g: ConvGeometry, frame: Frame, task: str, dtype: np.dtype) -> Iterator[slice]:
+    def _images_per_chunk(self, g: ConvGeometry, frame: Frame, task: str, dtype: np.dtype) -> int:
+        """Images per batch chunk: frame buffers of at most ``CHUNK_BYTES`` and at most half the
+        bytes of the op's inputs and output (so extra memory stays below 2x of them even when
+        bf16/f16 data is widened to f32), at least one image."""
         per_image, _ = self._frame_bytes(g, frame, task, dtype)
-        step = max(1, CHUNK_BYTES // max(1, per_image))
+        io_bytes = (math.prod(g.x_shape) + math.prod(g.y_shape) + math.prod(g.w_shape)) * dtype.itemsize
+        return max(1, min(CHUNK_BYTES, io_bytes // 2) // max(1, per_image))
+
+    def _batches(self, g: ConvGeometry, frame: Frame, task: str, dtype: np.dtype) -> Iterator[slice]:
+        step = self._images_per_chunk(g, frame, task, dtype)
         for start in range(0, g.n, step):
             yield slice(start, min(g.n, start + step))
 
@@ -107,7 +115,7 @@ class FastEngine:
         acc = compute_dtype(np.dtype(dtype))
         frame = Frame.of(g)
         per_image, per_chunk = self._frame_bytes(g, frame, task, np.dtype(dtype))
-        images = min(max(g.n, 1), max(1, CHUNK_BYTES // max(1, per_image)))
+        images = min(max(g.n, 1), self._images_per_chunk(g, frame, task, np.dtype(dtype)))
         taps = math.prod(g.kernel)
         weights = 3 * taps * g.icg * g.oc * acc.itemsize
         depth, width = (g.ocg, g.icg) if task == "backward_data" else (g.icg, g.ocg)
