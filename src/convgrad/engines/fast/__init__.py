@@ -91,10 +91,10 @@ class FastEngine:
         rows = frame.image_rows
         in_copy = 0 if frame.input_is_frame and (task == "backward_data" or dtype == acc) else \
             len(frame.phases) * rows * g.ic
-        out_copy = 0 if frame.output_is_frame and (task == "forward" or (task == "backward_weights"
-                                                                         and dtype == acc)) else rows * g.oc
-        lead = frame.max_shift * g.oc if task == "backward_data" else 0
-        return (in_copy + out_copy) * acc.itemsize, lead * acc.itemsize
+        out_copy = 0 if not frame.batch_inside and (task == "forward" or (task == "backward_weights"
+                                                                            and dtype == acc)) else rows * g.oc
+        lead = frame.max_shift(1) * g.oc if task == "backward_data" else 0  # lead rows grow at most with n
+        return (in_copy + out_copy + lead) * acc.itemsize, 0
 
     def _images_per_chunk(self, g: ConvGeometry, frame: Frame, task: str, dtype: np.dtype) -> int:
         """Images per batch chunk: frame buffers of at most ``CHUNK_BYTES`` and at most half the
@@ -121,7 +121,7 @@ class FastEngine:
         depth, width = (g.ocg, g.icg) if task == "backward_data" else (g.icg, g.ocg)
         per_gemm = kernels.taps_per_gemm(taps, depth)
         widest = g.groups * max(per_gemm * depth, taps * width) * acc.itemsize
-        rows = images * frame.image_rows + frame.max_shift
+        rows = images * frame.image_rows + frame.max_shift(images)
         blocks = 3 * min(rows * widest, max(kernels.BLOCK_BYTES, 256 * widest))
         return images * per_image + per_chunk + blocks + weights
 
@@ -134,11 +134,11 @@ class FastEngine:
         if g.n == 0:
             return y
         weights = _tap_weights(g, w, dtype, transpose=False)
-        taps = list(zip(frame.tap_phase, frame.tap_shift))
         for batch in self._batches(g, frame, "forward", x.dtype):
+            n, taps = batch.stop - batch.start, frame.taps(batch.stop - batch.start)
             srcs = frame.phase_input(x[batch], dtype)
             rows = frame.output_target(y[batch])
-            out = rows[:frame.span(batch.stop - batch.start)]
+            out = rows[:frame.span(n)]
             if _depthwise(g):
                 depthwise.accumulate(out, srcs, taps, weights)
             else:
@@ -154,18 +154,20 @@ class FastEngine:
         if g.n == 0:
             return dx
         weights = _tap_weights(g, w, dtype, transpose=True)
-        lead = frame.max_shift
         per_phase = [[k for k, p in enumerate(frame.tap_phase) if p == ph] for ph in range(len(frame.phases))]
         for batch in self._batches(g, frame, "backward_data", dy.dtype):
+            n = batch.stop - batch.start
+            shifts = [shift for _, shift in frame.taps(n)]
+            lead = max(shifts)
             src = frame.extended_output(dy[batch], dtype, lead)
             target = frame.input_target(dx[batch])
             for ph, offsets in enumerate(per_phase):
-                taps = [(0, lead - frame.tap_shift[k]) for k in offsets]
+                first, last = frame.phase_rows(ph, n)
+                out, taps = target[ph][first:last], [(0, lead + first - shifts[k]) for k in offsets]
                 if _depthwise(g):
-                    depthwise.accumulate(target[ph], src[None], taps, weights[offsets])
+                    depthwise.accumulate(out, src[None], taps, weights[offsets])
                 else:
-                    kernels.accumulate(target[ph], [src], taps, weights[offsets],
-                                       kernels.taps_per_gemm(len(taps), g.ocg))
+                    kernels.accumulate(out, [src], taps, weights[offsets], kernels.taps_per_gemm(len(taps), g.ocg))
             frame.scatter_input(target, dx[batch])
         return dx
 
@@ -173,11 +175,11 @@ class FastEngine:
         """dw[k] = sum over the frame rows of the shifted input rows times dy, per batch chunk."""
         dtype = compute_dtype(x.dtype)
         frame = _frame(g, x)
-        taps = list(zip(frame.tap_phase, frame.tap_shift))
-        dw = np.zeros((len(taps), g.icg, g.groups, g.ocg), dtype)
+        dw = np.zeros((len(frame.tap_phase), g.icg, g.groups, g.ocg), dtype)
         for batch in (self._batches(g, frame, "backward_weights", x.dtype) if g.n else ()):
+            n, taps = batch.stop - batch.start, frame.taps(batch.stop - batch.start)
             srcs = frame.phase_input(x[batch], dtype)
-            rows = frame.extended_output(dy[batch], dtype)[:frame.span(batch.stop - batch.start)]
+            rows = frame.extended_output(dy[batch], dtype)[:frame.span(n)]
             if _depthwise(g):
                 dw.reshape(len(taps), g.ic)[...] += depthwise.reduce(srcs, taps, rows)
             else:
