@@ -168,6 +168,7 @@ def test_batch_chunks_and_row_blocks(monkeypatch, rng):
     """Several batch chunks and row blocks give the same result as one."""
     from convgrad.engines import fast
     monkeypatch.setattr(fast, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(fast, "MIN_CHUNK_BYTES", 1)
     monkeypatch.setattr(fast.kernels, "BLOCK_BYTES", 1)
     for (groups, icg, ocg), channels_first in itertools.product(((1, 4, 6), (5, 1, 1), (1, 70, 3)), (False, True)):
         g = _geometry(3, groups, icg, ocg, (20, 19), (3, 3), (2, 1), (1, 2), (1, 2), (2, 1))

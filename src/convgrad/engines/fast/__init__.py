@@ -25,9 +25,9 @@ and output side; ``GEMM_DEPTH`` = 64):
   cluster of offsets, then the narrow results summed at their shifts (:func:`kernels.accumulate`).
 
 Extra memory (see :meth:`FastEngine.workspace_bytes`): the chunk's frame buffers (at most
-``CHUNK_BYTES`` and half the op's inputs + output, unless one image needs more) plus a few row
-blocks of ``BLOCK_BYTES``, converted weights, and for bf16/f16 the f32 result the API rounds;
-never an im2col buffer.
+``CHUNK_BYTES`` and half the op's inputs + output or 1 MiB, unless one image needs more) plus a
+few row blocks of ``BLOCK_BYTES``, converted weights, and for bf16/f16 the f32 result the API
+rounds; never an im2col buffer.
 """
 
 from __future__ import annotations
@@ -47,25 +47,35 @@ __all__ = ["FastEngine", "CHUNK_BYTES"]
 
 #: Bytes of frame buffers per batch chunk (at least one image per chunk).
 CHUNK_BYTES = 16 << 20
+#: Chunks of at most half the op's own size are never cut below this (tiny problems: one chunk).
+MIN_CHUNK_BYTES = 1 << 20
 
 
 def _depthwise(g: ConvGeometry) -> bool:
     return g.icg == 1 and g.ocg == 1
 
 
+def _channels_first(data: np.ndarray) -> bool:
+    """Whether canonical (N, *X, C) data is stored channels-first (a view of NCX memory)."""
+    return data.ndim > 2 and data.strides[-1] > data.strides[-2]
+
+
 def _frame(g: ConvGeometry, data: np.ndarray) -> Frame:
-    """The frame of ``g``. Its buffers are channel-major for GEMM kernels when the data is (NCX:
-    copies then run along memory) or when the channels are split into groups (the per-group
-    operands are then copied or gathered along rows, 3x faster than in narrow channel runs)."""
-    channels_first = data.ndim > 2 and data.strides[-1] > data.strides[-2]
-    return Frame.of(g, channel_major=not _depthwise(g) and (channels_first or g.groups > 1))
+    """The frame of ``g``. For GEMM kernels the buffers of a side (x, y) are channel-major when
+    the data is (NCX: copies then run along memory), or when that side's channels are split into
+    groups or fewer than ``GEMM_DEPTH`` (they are then gathered, or summed, along runs of rows,
+    2-3x faster than along runs of a few channels)."""
+    if _depthwise(g):
+        return Frame.of(g)
+    major = [_channels_first(data) or g.groups > 1 or per_group < kernels.GEMM_DEPTH for per_group in (g.icg, g.ocg)]
+    return Frame.of(g, *major)
 
 
-def _empty_like_data(shape: tuple[int, ...], dtype: np.dtype, frame: Frame, fill: bool) -> np.ndarray:
-    """A result array of canonical ``shape`` in the frame's memory order (so NCX results need no
-    transposition later)."""
+def _empty_like_data(shape: tuple[int, ...], dtype: np.dtype, like: np.ndarray, fill: bool) -> np.ndarray:
+    """A result array of canonical ``shape`` in the memory order of the data ``like`` (so NCX
+    results need no transposition later)."""
     make = np.zeros if fill else np.empty
-    return np.moveaxis(make((shape[0], shape[-1], *shape[1:-1]), dtype), 1, -1) if frame.channel_major \
+    return np.moveaxis(make((shape[0], shape[-1], *shape[1:-1]), dtype), 1, -1) if _channels_first(like) \
         else make(shape, dtype)
 
 
@@ -99,10 +109,10 @@ class FastEngine:
     def _images_per_chunk(self, g: ConvGeometry, frame: Frame, task: str, dtype: np.dtype) -> int:
         """Images per batch chunk: frame buffers of at most ``CHUNK_BYTES`` and at most half the
         bytes of the op's inputs and output (so extra memory stays below 2x of them even when
-        bf16/f16 data is widened to f32), at least one image."""
+        bf16/f16 data is widened to f32) or ``MIN_CHUNK_BYTES``; at least one image."""
         per_image, _ = self._frame_bytes(g, frame, task, dtype)
         io_bytes = (math.prod(g.x_shape) + math.prod(g.y_shape) + math.prod(g.w_shape)) * dtype.itemsize
-        return max(1, min(CHUNK_BYTES, io_bytes // 2) // max(1, per_image))
+        return max(1, min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, io_bytes // 2)) // max(1, per_image))
 
     def _batches(self, g: ConvGeometry, frame: Frame, task: str, dtype: np.dtype) -> Iterator[slice]:
         step = self._images_per_chunk(g, frame, task, dtype)
@@ -130,7 +140,7 @@ class FastEngine:
         """y = conv(x, w): sum over offsets of shifted-row GEMMs into the frame rows of y."""
         dtype = compute_dtype(x.dtype)
         frame = _frame(g, x)
-        y = _empty_like_data(g.y_shape, dtype, frame, fill=True)
+        y = _empty_like_data(g.y_shape, dtype, x, fill=True)
         if g.n == 0:
             return y
         weights = _tap_weights(g, w, dtype, transpose=False)
@@ -150,7 +160,7 @@ class FastEngine:
         """dx: per input phase, the sum over its offsets of GEMMs on dy shifted back by the offset."""
         dtype = compute_dtype(dy.dtype)
         frame = _frame(g, dy)
-        dx = _empty_like_data(g.x_shape, dtype, frame, fill=not frame.input_is_frame)
+        dx = _empty_like_data(g.x_shape, dtype, dy, fill=not frame.input_is_frame)
         if g.n == 0:
             return dx
         weights = _tap_weights(g, w, dtype, transpose=True)

@@ -25,9 +25,10 @@ all images then form one tail that is never computed, which cuts the wasted work
 ``prod(Q/O)`` to ``prod_{a>1}(Q_a/O_a)`` (none at all in 1-D), e.g. from 1.65x to 1.29x for a
 7x7 image with a 3x3 kernel.
 
-The buffers are (rows, C) matrices stored row by row for channels-last (NXC) data, or channel by
-channel for channels-first (NCX) data (``channel_major``): BLAS takes either order as it is, so
-NCX data is copied into its frame along contiguous memory instead of being transposed.
+The buffers are (rows, C) matrices stored row by row, or channel by channel (``input_major`` for
+the x side, ``output_major`` for the y side): BLAS takes either order as it is, so NCX data is
+copied into its frame along contiguous memory instead of being transposed, and narrow channel
+groups are gathered and summed along runs of rows rather than runs of a few channels.
 """
 
 from __future__ import annotations
@@ -56,11 +57,12 @@ class Frame:
     phases: tuple[tuple[int, ...], ...]      #: the phase combinations some offset reads, in order
     tap_phase: tuple[int, ...]               #: per kernel offset (C order): index into ``phases``
     tap_steps: tuple[tuple[int, ...], ...]   #: per kernel offset: its shift in frame positions per axis
-    channel_major: bool = False              #: buffers stored channel by channel (for NCX data)
+    input_major: bool = False                #: input-side buffers (x, dx) stored channel by channel
+    output_major: bool = False               #: output-side buffers (y, dy) stored channel by channel
 
     @classmethod
     @functools.lru_cache(maxsize=256)
-    def of(cls, g: ConvGeometry, channel_major: bool = False) -> Frame:
+    def of(cls, g: ConvGeometry, input_major: bool = False, output_major: bool = False) -> Frame:
         axes = list(zip(g.kernel, g.dilations, g.strides))
         size = tuple(o + (k - 1) * d // s for o, (k, d, s) in zip(g.out_size, axes))
         used = [sorted({kk * d % s for kk in range(k)}) for k, d, s in axes]
@@ -70,7 +72,7 @@ class Frame:
         for offset in itertools.product(*(range(k) for k in g.kernel)):
             tap_phase.append(index[tuple(kk * d % s for kk, (_, d, s) in zip(offset, axes))])
             tap_steps.append(tuple(kk * d // s for kk, (_, d, s) in zip(offset, axes)))
-        return cls(g, size, phases, tuple(tap_phase), tuple(tap_steps), channel_major)
+        return cls(g, size, phases, tuple(tap_phase), tuple(tap_steps), input_major, output_major)
 
     # -- rows -----------------------------------------------------------------------------------
     @property
@@ -123,10 +125,11 @@ class Frame:
         are converted by the copy into the frame."""
         return fp16.to_f32(a) if a.dtype == np.float16 and dtype == np.float32 else a
 
-    def _alloc(self, lead: tuple[int, ...], rows: int, c: int, dtype: np.dtype, fill: bool) -> np.ndarray:
-        """A (*lead, rows, C) buffer, channel-major in memory if the frame is; zeroed if ``fill``."""
+    @staticmethod
+    def _alloc(lead: tuple[int, ...], rows: int, c: int, dtype: np.dtype, fill: bool, major: bool) -> np.ndarray:
+        """A (*lead, rows, C) buffer, channel-major in memory if ``major``; zeroed if ``fill``."""
         make = np.zeros if fill else np.empty
-        if not self.channel_major:
+        if not major:
             return make((*lead, rows, c), dtype)
         return np.swapaxes(make((*lead, c, rows), dtype), -1, -2)
 
@@ -137,13 +140,13 @@ class Frame:
             return rows.reshape(*lead, n, *self.size, c)
         return np.swapaxes(rows.reshape(*lead, self.size[0], n, *self.size[1:], c), len(lead), len(lead) + 1)
 
-    def _own_rows(self, a: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+    def _own_rows(self, a: np.ndarray, dtype: np.dtype, major: bool) -> np.ndarray | None:
         """``a`` (n, *X, C) as frame rows without a copy (right dtype, order and row layout), or None."""
         if a.dtype != dtype or (self.batch_inside and a.shape[0] > 1):
             return None
-        if a.ndim > 2 and (a.strides[-1] > a.strides[-2]) != self.channel_major:
+        if a.ndim > 2 and (a.strides[-1] > a.strides[-2]) != major:
             return None
-        if not (a.flags.c_contiguous or (self.channel_major and a.shape[0] == 1)):
+        if not (a.flags.c_contiguous or (major and a.shape[0] == 1)):
             return None
         flat = a.reshape(-1, a.shape[-1])
         return flat if np.shares_memory(flat, a) or not a.size else None
@@ -165,10 +168,10 @@ class Frame:
         """The phase buffers of ``x`` (n, *I, C) as ``(phases, n*prod(Q), C)`` in ``dtype``."""
         n, c = x.shape[0], x.shape[-1]
         x = self._widened(x, dtype)
-        own = self._own_rows(x, dtype) if self.input_is_frame else None
+        own = self._own_rows(x, dtype, self.input_major) if self.input_is_frame else None
         if own is not None:
             return own[None]
-        buf = self._alloc((len(self.phases),), n * self.image_rows, c, dtype, fill=True)
+        buf = self._alloc((len(self.phases),), n * self.image_rows, c, dtype, True, self.input_major)
         images = self._images(buf, n)
         for ph, phase in enumerate(self.phases):
             slices = self._phase_slices(phase)
@@ -179,10 +182,10 @@ class Frame:
     def input_target(self, dx: np.ndarray) -> np.ndarray:
         """Where backward data writes its phase buffers: ``dx`` itself if it is the frame."""
         n, c = dx.shape[0], dx.shape[-1]
-        own = self._own_rows(dx, dx.dtype) if self.input_is_frame else None
+        own = self._own_rows(dx, dx.dtype, self.input_major) if self.input_is_frame else None
         if own is not None:
             return own[None]
-        return self._alloc((len(self.phases),), n * self.image_rows, c, dx.dtype, fill=False)
+        return self._alloc((len(self.phases),), n * self.image_rows, c, dx.dtype, False, self.input_major)
 
     def scatter_input(self, phases: np.ndarray, dx: np.ndarray) -> None:
         """Copy phase buffers back to ``dx`` (zero-filled; positions no tap reads stay 0)."""
@@ -202,20 +205,20 @@ class Frame:
         """``dy`` (n, *O, C) in the frame, zeros elsewhere, after ``lead`` zero rows: (lead + rows, C)."""
         n, c = dy.shape[0], dy.shape[-1]
         dy = self._widened(dy, dtype)
-        own = self._own_rows(dy, dtype) if not lead and not self.batch_inside else None
+        own = self._own_rows(dy, dtype, self.output_major) if not lead and not self.batch_inside else None
         if own is not None:
             return own
-        buf = self._alloc((), lead + n * self.image_rows, c, dtype, fill=True)
+        buf = self._alloc((), lead + n * self.image_rows, c, dtype, True, self.output_major)
         self._images(buf[lead:], n)[self._output_slices()] = dy
         return buf
 
     def output_target(self, y: np.ndarray) -> np.ndarray:
         """Where forward writes its frame rows: ``y`` itself if it is the frame."""
         n, c = y.shape[0], y.shape[-1]
-        own = self._own_rows(y, y.dtype) if not self.batch_inside else None
+        own = self._own_rows(y, y.dtype, self.output_major) if not self.batch_inside else None
         if own is not None:
             return own
-        return self._alloc((), n * self.image_rows, c, y.dtype, fill=False)
+        return self._alloc((), n * self.image_rows, c, y.dtype, False, self.output_major)
 
     def crop_output(self, rows: np.ndarray, y: np.ndarray) -> None:
         """Copy the output rows of a frame buffer into ``y`` (no-op if ``rows`` is ``y``)."""
