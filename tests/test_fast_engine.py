@@ -178,12 +178,19 @@ def test_batch_chunks_and_row_blocks(monkeypatch, rng):
 
 
 @pytest.mark.parametrize("task", TASKS)
-def test_workspace_estimate_bounds_the_allocations(task, rng):
+@pytest.mark.parametrize("case,dtype,channels_first", [
+    ((4, 1, 16, 24, (30, 30), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)), np.float32, False),
+    ((4, 1, 3, 70, (30, 30), (5, 5), (2, 2), (1, 1), (2, 2), (2, 2)), np.float32, True),
+    ((3, 4, 8, 8, (12, 12), (3, 3), (1, 1), (2, 2), (0, 0), (0, 0)), np.float16, False),
+    ((5, 1, 64, 64, (9, 9), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), np.float32, True),
+])
+def test_workspace_estimate_bounds_the_allocations(task, case, dtype, channels_first, rng):
     import tracemalloc
-    g = _geometry(4, 1, 16, 24, (30, 30), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1))
-    inputs = _engine_inputs(g, rng, np.float32)
+    g = _geometry(*case)
+    inputs = _engine_inputs(g, rng, dtype, channels_first)
+    getattr(FAST, task)(g, *inputs[task])  # compiles what numba compiles, outside the measurement
     tracemalloc.start()
     result = getattr(FAST, task)(g, *inputs[task])
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert peak - result.nbytes <= FAST.workspace_bytes(g, task, np.dtype(np.float32))
+    assert peak - result.nbytes <= FAST.workspace_bytes(g, task, np.dtype(dtype))

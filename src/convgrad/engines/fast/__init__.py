@@ -60,15 +60,15 @@ def _channels_first(data: np.ndarray) -> bool:
     return data.ndim > 2 and data.strides[-1] > data.strides[-2]
 
 
-def _frame(g: ConvGeometry, data: np.ndarray) -> Frame:
+def _frame(g: ConvGeometry, channels_first: bool) -> Frame:
     """The frame of ``g``. For GEMM kernels the buffers of a side (x, y) are channel-major when
     the data is (NCX: copies then run along memory), or when that side's channels are split into
     groups or fewer than ``GEMM_DEPTH`` (they are then gathered, or summed, along runs of rows,
     2-3x faster than along runs of a few channels)."""
     if _depthwise(g):
         return Frame.of(g)
-    major = [_channels_first(data) or g.groups > 1 or per_group < kernels.GEMM_DEPTH for per_group in (g.icg, g.ocg)]
-    return Frame.of(g, *major)
+    return Frame.of(g, *(channels_first or g.groups > 1 or per_group < kernels.GEMM_DEPTH
+                         for per_group in (g.icg, g.ocg)))
 
 
 def _empty_like_data(shape: tuple[int, ...], dtype: np.dtype, like: np.ndarray, fill: bool) -> np.ndarray:
@@ -95,22 +95,24 @@ class FastEngine:
 
     # -- planning -----------------------------------------------------------------------------
     @staticmethod
-    def _frame_bytes(g: ConvGeometry, frame: Frame, task: str, dtype: np.dtype) -> tuple[int, int]:
-        """(bytes per image, bytes per chunk) of the frame buffers ``task`` allocates."""
-        acc = compute_dtype(dtype)
-        rows = frame.image_rows
-        in_copy = 0 if frame.input_is_frame and (task == "backward_data" or dtype == acc) else \
-            len(frame.phases) * rows * g.ic
-        out_copy = 0 if not frame.batch_inside and (task == "forward" or (task == "backward_weights"
-                                                                            and dtype == acc)) else rows * g.oc
-        lead = frame.max_shift(1) * g.oc if task == "backward_data" else 0  # lead rows grow at most with n
-        return (in_copy + out_copy + lead) * acc.itemsize, 0
+    def _frame_bytes(g: ConvGeometry, frame: Frame, task: str, dtype: np.dtype) -> int:
+        """Bytes per image of the frame buffers ``task`` allocates (none where the data itself
+        serves as the frame: stride 1 without padding on the input side, no junk rows on the
+        output side, in the accumulation dtype and the frame's memory order)."""
+        acc, rows = compute_dtype(dtype), frame.image_rows
+        own_input = frame.input_is_frame and not frame.batch_inside and not frame.input_major \
+            and (task == "backward_data" or dtype == acc)
+        own_output = not frame.batch_inside and not frame.output_major and task != "backward_data" \
+            and (task == "forward" or dtype == acc)
+        lead = frame.max_shift(1) if task == "backward_data" else 0  # lead rows grow at most with n
+        return ((0 if own_input else len(frame.phases) * rows * g.ic)
+                + (0 if own_output else (rows + lead) * g.oc)) * acc.itemsize
 
     def _images_per_chunk(self, g: ConvGeometry, frame: Frame, task: str, dtype: np.dtype) -> int:
         """Images per batch chunk: frame buffers of at most ``CHUNK_BYTES`` and at most half the
         bytes of the op's inputs and output (so extra memory stays below 2x of them even when
         bf16/f16 data is widened to f32) or ``MIN_CHUNK_BYTES``; at least one image."""
-        per_image, _ = self._frame_bytes(g, frame, task, dtype)
+        per_image = self._frame_bytes(g, frame, task, dtype)
         io_bytes = (math.prod(g.x_shape) + math.prod(g.y_shape) + math.prod(g.w_shape)) * dtype.itemsize
         return max(1, min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, io_bytes // 2)) // max(1, per_image))
 
@@ -120,26 +122,32 @@ class FastEngine:
             yield slice(start, min(g.n, start + step))
 
     def workspace_bytes(self, g: ConvGeometry, task: str, dtype: np.dtype) -> int:
-        """Upper estimate of the extra memory ``task`` allocates beyond its inputs and result:
-        one batch chunk of frame buffers, the row-block temporaries and the converted weights."""
-        acc = compute_dtype(np.dtype(dtype))
-        frame = Frame.of(g)
-        per_image, per_chunk = self._frame_bytes(g, frame, task, np.dtype(dtype))
-        images = min(max(g.n, 1), self._images_per_chunk(g, frame, task, np.dtype(dtype)))
-        taps = math.prod(g.kernel)
-        weights = 3 * taps * g.icg * g.oc * acc.itemsize
+        """Upper estimate of the extra memory ``task`` allocates beyond its inputs and result
+        (for either data layout): one batch chunk of frame buffers (and of f16 data widened to
+        f32), the row-block temporaries, the converted weights and, for bf16/f16, the f32 result
+        before the API rounds it."""
+        dtype, taps = np.dtype(dtype), math.prod(g.kernel)
+        acc = compute_dtype(dtype)
         depth, width = (g.ocg, g.icg) if task == "backward_data" else (g.icg, g.ocg)
-        per_gemm = kernels.taps_per_gemm(taps, depth)
-        widest = g.groups * max(per_gemm * depth, taps * width) * acc.itemsize
-        rows = images * frame.image_rows + frame.max_shift(images)
-        blocks = 3 * min(rows * widest, max(kernels.BLOCK_BYTES, 256 * widest))
-        return images * per_image + per_chunk + blocks + weights
+        widest = g.groups * max(kernels.taps_per_gemm(taps, depth) * depth, taps * width) * acc.itemsize
+        result = math.prod(g.x_shape if task == "backward_data" else g.w_shape if task == "backward_weights"
+                           else g.y_shape) * (acc.itemsize if dtype != acc else 0)
+        estimates = []
+        for channels_first in (False, True):
+            frame = _frame(g, channels_first)
+            images = min(max(g.n, 1), self._images_per_chunk(g, frame, task, dtype))
+            rows = images * frame.image_rows + frame.max_shift(images)
+            blocks = 3 * min(rows * widest, max(kernels.BLOCK_BYTES, 256 * widest))
+            widened = images * (math.prod(g.x_shape[1:]) + math.prod(g.y_shape[1:])) * acc.itemsize \
+                if dtype == np.float16 else 0  # fp16.to_f32 of the chunk before its frame copy
+            estimates.append(images * self._frame_bytes(g, frame, task, dtype) + blocks + widened)
+        return max(estimates) + 3 * taps * g.icg * g.oc * acc.itemsize + result
 
     # -- the three problems ---------------------------------------------------------------------
     def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         """y = conv(x, w): sum over offsets of shifted-row GEMMs into the frame rows of y."""
         dtype = compute_dtype(x.dtype)
-        frame = _frame(g, x)
+        frame = _frame(g, _channels_first(x))
         y = _empty_like_data(g.y_shape, dtype, x, fill=True)
         if g.n == 0:
             return y
@@ -159,7 +167,7 @@ class FastEngine:
     def backward_data(self, g: ConvGeometry, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
         """dx: per input phase, the sum over its offsets of GEMMs on dy shifted back by the offset."""
         dtype = compute_dtype(dy.dtype)
-        frame = _frame(g, dy)
+        frame = _frame(g, _channels_first(dy))
         dx = _empty_like_data(g.x_shape, dtype, dy, fill=not frame.input_is_frame)
         if g.n == 0:
             return dx
@@ -184,7 +192,7 @@ class FastEngine:
     def backward_weights(self, g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
         """dw[k] = sum over the frame rows of the shifted input rows times dy, per batch chunk."""
         dtype = compute_dtype(x.dtype)
-        frame = _frame(g, x)
+        frame = _frame(g, _channels_first(x))
         dw = np.zeros((len(frame.tap_phase), g.icg, g.groups, g.ocg), dtype)
         for batch in (self._batches(g, frame, "backward_weights", x.dtype) if g.n else ()):
             n, taps = batch.stop - batch.start, frame.taps(batch.stop - batch.start)
