@@ -37,6 +37,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ... import fp16
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
 from .. import register
@@ -79,10 +80,12 @@ def _empty_like_data(shape: tuple[int, ...], dtype: np.dtype, like: np.ndarray, 
         else make(shape, dtype)
 
 
-def _tap_weights(g: ConvGeometry, w: np.ndarray, dtype: np.dtype, transpose: bool) -> np.ndarray:
-    """Canonical weights as (T, G, ICg, OCg), or (T, G, OCg, ICg) with ``transpose``; (T, C) if
-    depthwise."""
-    taps = w.astype(dtype, copy=False).reshape(math.prod(g.kernel), g.icg, g.groups, g.ocg)
+def _tap_weights(g: ConvGeometry, w: np.ndarray, transpose: bool) -> np.ndarray:
+    """Canonical weights as a (T, G, ICg, OCg) view, or (T, G, OCg, ICg) with ``transpose``;
+    (T, C) if depthwise. Still in the data's dtype (f16 excepted): the kernels convert them once,
+    in the copy that lays them out for BLAS."""
+    w = fp16.to_f32(w) if w.dtype == np.float16 else w
+    taps = w.reshape(math.prod(g.kernel), g.icg, g.groups, g.ocg)
     if _depthwise(g):
         return taps.reshape(-1, g.ic)
     return taps.transpose(0, 2, 3, 1) if transpose else taps.transpose(0, 2, 1, 3)
@@ -151,7 +154,7 @@ class FastEngine:
         y = _empty_like_data(g.y_shape, dtype, x, fill=True)
         if g.n == 0:
             return y
-        weights = _tap_weights(g, w, dtype, transpose=False)
+        weights = _tap_weights(g, w, transpose=False)
         for batch in self._batches(g, frame, "forward", x.dtype):
             n, taps = batch.stop - batch.start, frame.taps(batch.stop - batch.start)
             srcs = frame.phase_input(x[batch], dtype)
@@ -171,7 +174,7 @@ class FastEngine:
         dx = _empty_like_data(g.x_shape, dtype, dy, fill=not frame.input_is_frame)
         if g.n == 0:
             return dx
-        weights = _tap_weights(g, w, dtype, transpose=True)
+        weights = _tap_weights(g, w, transpose=True)
         per_phase = [[k for k, p in enumerate(frame.tap_phase) if p == ph] for ph in range(len(frame.phases))]
         for batch in self._batches(g, frame, "backward_data", dy.dtype):
             n = batch.stop - batch.start
@@ -182,10 +185,11 @@ class FastEngine:
             for ph, offsets in enumerate(per_phase):
                 first, last = frame.phase_rows(ph, n)
                 out, taps = target[ph][first:last], [(0, lead + first - shifts[k]) for k in offsets]
+                own = weights if len(offsets) == len(weights) else weights[offsets]
                 if _depthwise(g):
-                    depthwise.accumulate(out, src[None], taps, weights[offsets])
+                    depthwise.accumulate(out, src[None], taps, own)
                 else:
-                    kernels.accumulate(out, [src], taps, weights[offsets], kernels.taps_per_gemm(len(taps), g.ocg))
+                    kernels.accumulate(out, [src], taps, own, kernels.taps_per_gemm(len(taps), g.ocg))
             frame.scatter_input(target, dx[batch])
         return dx
 

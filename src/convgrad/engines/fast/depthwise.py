@@ -68,7 +68,8 @@ def _taps(taps: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
 def accumulate(out: np.ndarray, srcs: np.ndarray, taps: Sequence[tuple[int, int]], weights: np.ndarray) -> None:
     """``out[m] = sum_t srcs[s_t][m + off_t] * weights[t]``; ``srcs`` (S, rows, C), ``weights`` (T, C)."""
     if out.shape[0]:
-        _accumulate(out, srcs, *_taps(taps), np.ascontiguousarray(weights), _block(out.shape[1], out.itemsize))
+        _accumulate(out, srcs, *_taps(taps), np.ascontiguousarray(weights, dtype=out.dtype),
+                    _block(out.shape[1], out.itemsize))
 
 
 def reduce(srcs: np.ndarray, taps: Sequence[tuple[int, int]], dy: np.ndarray) -> np.ndarray:

@@ -84,10 +84,10 @@ def _chunks(taps: Taps, per_gemm: int) -> list[Taps]:
     return [taps[i:i + per_gemm] for i in range(0, len(taps), per_gemm)]
 
 
-def _stack(weights: np.ndarray, per_gemm: int) -> list[np.ndarray]:
-    """Tap weights (T, G, Ci, Co) as one (G, per_gemm*Ci, Co) matrix per GEMM."""
+def _stack(weights: np.ndarray, per_gemm: int, dtype: np.dtype) -> list[np.ndarray]:
+    """Tap weights (T, G, Ci, Co) as one (G, per_gemm*Ci, Co) matrix in ``dtype`` per GEMM."""
     t, g, ci, co = weights.shape
-    return [np.ascontiguousarray(weights[i:i + per_gemm].transpose(1, 0, 2, 3)).reshape(g, -1, co)
+    return [np.ascontiguousarray(weights[i:i + per_gemm].transpose(1, 0, 2, 3), dtype=dtype).reshape(g, -1, co)
             for i in range(0, t, per_gemm)]
 
 
@@ -108,7 +108,8 @@ def _spread(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights: np
     rows, (_, groups, ci, co) = out.shape[0], weights.shape
     step = block_rows(groups * max(ci, len(taps) * co) * out.itemsize, rows)
     clusters = _clusters(taps, step // 4)
-    mats = [np.ascontiguousarray(weights[idx].transpose(1, 2, 0, 3)).reshape(groups, ci, -1) for idx in clusters]
+    mats = [np.ascontiguousarray(weights[idx].transpose(1, 2, 0, 3), dtype=out.dtype).reshape(groups, ci, -1)
+            for idx in clusters]
     span = max(taps[c[-1]][1] - taps[c[0]][1] for c in clusters)
     buf = np.empty(groups * (step + span) * len(taps) * co, out.dtype)
     first = True
@@ -137,7 +138,7 @@ def accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights:
     if len(taps) > 1 and weights.shape[3] < GEMM_DEPTH <= ci:
         _spread(out, srcs, taps, weights)
         return
-    chunks, mats = _chunks(taps, per_gemm), _stack(weights, per_gemm)
+    chunks, mats = _chunks(taps, per_gemm), _stack(weights, per_gemm, out.dtype)
     step = block_rows(groups * max(per_gemm * ci, weights.shape[3]) * out.itemsize, rows)
     col = np.empty(groups * step * per_gemm * ci, out.dtype) if per_gemm > 1 else None
     tmp = np.empty(groups * step * weights.shape[3], out.dtype) if len(chunks) > 1 else None
