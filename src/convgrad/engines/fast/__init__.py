@@ -21,7 +21,7 @@ and output side; ``GEMM_DEPTH`` = 64):
 - Ci >= GEMM_DEPTH: one GEMM per kernel offset on views of the frame (no copy);
 - Ci < GEMM_DEPTH: ``taps_per_gemm`` offsets gathered side by side per row block, so that each
   GEMM reduces over >= GEMM_DEPTH values (a blocked im2col, cache-sized);
-- sums over offsets (forward, backward data) whose Co < GEMM_DEPTH <= Ci: one wide GEMM for a
+- sums over offsets (forward, backward data) with Co < min(Ci, GEMM_DEPTH): one wide GEMM for a
   cluster of offsets, then the narrow results summed at their shifts (:func:`kernels.accumulate`).
 
 Extra memory (see :meth:`FastEngine.workspace_bytes`): the chunk's frame buffers (at most

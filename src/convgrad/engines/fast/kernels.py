@@ -12,7 +12,7 @@ the extra memory is independent of the problem size. Within a block the taps are
 ``per_gemm`` at a time: with one tap per GEMM the operands are views (no copy); with several the
 taps' rows are gathered side by side into one ``(B, per_gemm*Ci)`` operand, so that narrow
 channel counts still give BLAS a deep reduction (a blocked im2col). When instead the *outputs*
-are narrow (``Co < GEMM_DEPTH <= Ci``, e.g. the data gradient of a 3-channel first layer),
+are the narrow side (``Co < min(Ci, GEMM_DEPTH)``, e.g. the data gradient of a 3-channel first layer),
 :func:`accumulate` spreads: one GEMM ``src @ [W_t1 | W_t2 | ...]`` per cluster of nearby taps,
 then the narrow per-tap results are summed at their shifts. Depthwise problems
 (``Ci = Co = 1``) are no GEMM at all: see :mod:`.depthwise`.
@@ -135,7 +135,7 @@ def accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights:
 
     ``out`` (R, G*Co); ``srcs[s]`` (rows, G*Ci); ``weights`` (T, G, Ci, Co)."""
     rows, groups, ci = out.shape[0], weights.shape[1], weights.shape[2]
-    if len(taps) > 1 and weights.shape[3] < GEMM_DEPTH <= ci:
+    if len(taps) > 1 and weights.shape[3] < min(ci, GEMM_DEPTH):
         _spread(out, srcs, taps, weights)
         return
     chunks, mats = _chunks(taps, per_gemm), _stack(weights, per_gemm, out.dtype)
