@@ -61,13 +61,16 @@ def _channels_first(data: np.ndarray) -> bool:
     return data.ndim > 2 and data.strides[-1] > data.strides[-2]
 
 
+def _in_dtype(data: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``data`` in the accumulation dtype (f16 through :mod:`convgrad.fp16`)."""
+    return fp16.to_f32(data) if data.dtype == np.float16 else data.astype(dtype, copy=False)
+
+
 def _frame(g: ConvGeometry, channels_first: bool) -> Frame:
-    """The frame of ``g``. For GEMM kernels the buffers of a side (x, y) are channel-major when
-    the data is (NCX: copies then run along memory), or when that side's channels are split into
-    groups or fewer than ``GEMM_DEPTH`` (they are then gathered, or summed, along runs of rows,
-    2-3x faster than along runs of a few channels)."""
-    if _depthwise(g):
-        return Frame.of(g)
+    """The frame of ``g``. The buffers of a side (x, y) are channel-major when the data is (NCX:
+    copies then run along memory), or when that side's channels are split into groups or fewer
+    than ``GEMM_DEPTH`` (they are then gathered, or summed, along runs of rows, 2-3x faster than
+    along runs of a few channels)."""
     return Frame.of(g, *(channels_first or g.groups > 1 or per_group < kernels.GEMM_DEPTH
                          for per_group in (g.icg, g.ocg)))
 
@@ -81,13 +84,11 @@ def _empty_like_data(shape: tuple[int, ...], dtype: np.dtype, like: np.ndarray, 
 
 
 def _tap_weights(g: ConvGeometry, w: np.ndarray, transpose: bool) -> np.ndarray:
-    """Canonical weights as a (T, G, ICg, OCg) view, or (T, G, OCg, ICg) with ``transpose``;
-    (T, C) if depthwise. Still in the data's dtype (f16 excepted): the kernels convert them once,
-    in the copy that lays them out for BLAS."""
+    """Canonical weights as a (T, G, ICg, OCg) view, or (T, G, OCg, ICg) with ``transpose``,
+    still in the data's dtype (f16 excepted): the kernels convert them once, in the copy that
+    lays them out for BLAS."""
     w = fp16.to_f32(w) if w.dtype == np.float16 else w
     taps = w.reshape(math.prod(g.kernel), g.icg, g.groups, g.ocg)
-    if _depthwise(g):
-        return taps.reshape(-1, g.ic)
     return taps.transpose(0, 2, 3, 1) if transpose else taps.transpose(0, 2, 1, 3)
 
 
@@ -150,20 +151,19 @@ class FastEngine:
     def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         """y = conv(x, w): sum over offsets of shifted-row GEMMs into the frame rows of y."""
         dtype = compute_dtype(x.dtype)
-        frame = _frame(g, _channels_first(x))
-        y = _empty_like_data(g.y_shape, dtype, x, fill=True)
+        y = _empty_like_data(g.y_shape, dtype, x, fill=not _depthwise(g))
         if g.n == 0:
             return y
+        if _depthwise(g):
+            depthwise.forward(g, _in_dtype(x, dtype), w, y)
+            return y
+        frame = _frame(g, _channels_first(x))
         weights = _tap_weights(g, w, transpose=False)
         for batch in self._batches(g, frame, "forward", x.dtype):
             n, taps = batch.stop - batch.start, frame.taps(batch.stop - batch.start)
             srcs = frame.phase_input(x[batch], dtype)
             rows = frame.output_target(y[batch])
-            out = rows[:frame.span(n)]
-            if _depthwise(g):
-                depthwise.accumulate(out, srcs, taps, weights)
-            else:
-                kernels.accumulate(out, srcs, taps, weights, kernels.taps_per_gemm(len(taps), g.icg))
+            kernels.accumulate(rows[:frame.span(n)], srcs, taps, weights, kernels.taps_per_gemm(len(taps), g.icg))
             frame.crop_output(rows, y[batch])
         return y
 
@@ -171,8 +171,11 @@ class FastEngine:
         """dx: per input phase, the sum over its offsets of GEMMs on dy shifted back by the offset."""
         dtype = compute_dtype(dy.dtype)
         frame = _frame(g, _channels_first(dy))
-        dx = _empty_like_data(g.x_shape, dtype, dy, fill=not frame.input_is_frame)
+        dx = _empty_like_data(g.x_shape, dtype, dy, fill=not (frame.input_is_frame or _depthwise(g)))
         if g.n == 0:
+            return dx
+        if _depthwise(g):
+            depthwise.backward_data(g, _in_dtype(dy, dtype), w, dx)
             return dx
         weights = _tap_weights(g, w, transpose=True)
         per_phase = [[k for k, p in enumerate(frame.tap_phase) if p == ph] for ph in range(len(frame.phases))]
@@ -186,25 +189,22 @@ class FastEngine:
                 first, last = frame.phase_rows(ph, n)
                 out, taps = target[ph][first:last], [(0, lead + first - shifts[k]) for k in offsets]
                 own = weights if len(offsets) == len(weights) else weights[offsets]
-                if _depthwise(g):
-                    depthwise.accumulate(out, src[None], taps, own)
-                else:
-                    kernels.accumulate(out, [src], taps, own, kernels.taps_per_gemm(len(taps), g.ocg))
+                kernels.accumulate(out, [src], taps, own, kernels.taps_per_gemm(len(taps), g.ocg))
             frame.scatter_input(target, dx[batch])
         return dx
 
     def backward_weights(self, g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
         """dw[k] = sum over the frame rows of the shifted input rows times dy, per batch chunk."""
         dtype = compute_dtype(x.dtype)
-        frame = _frame(g, _channels_first(x))
-        dw = np.zeros((len(frame.tap_phase), g.icg, g.groups, g.ocg), dtype)
-        for batch in (self._batches(g, frame, "backward_weights", x.dtype) if g.n else ()):
-            n, taps = batch.stop - batch.start, frame.taps(batch.stop - batch.start)
-            srcs = frame.phase_input(x[batch], dtype)
-            rows = frame.extended_output(dy[batch], dtype)[:frame.span(n)]
-            if _depthwise(g):
-                dw.reshape(len(taps), g.ic)[...] += depthwise.reduce(srcs, taps, rows)
-            else:
+        dw = np.zeros((math.prod(g.kernel), g.icg, g.groups, g.ocg), dtype)
+        if g.n and _depthwise(g):
+            depthwise.backward_weights(g, _in_dtype(x, dtype), _in_dtype(dy, dtype), dw)
+        elif g.n:
+            frame = _frame(g, _channels_first(x))
+            for batch in self._batches(g, frame, "backward_weights", x.dtype):
+                n, taps = batch.stop - batch.start, frame.taps(batch.stop - batch.start)
+                srcs = frame.phase_input(x[batch], dtype)
+                rows = frame.extended_output(dy[batch], dtype)[:frame.span(n)]
                 kernels.reduce(dw, srcs, taps, rows, kernels.taps_per_gemm(len(taps), g.icg))
         return dw.reshape(g.w_shape)
 

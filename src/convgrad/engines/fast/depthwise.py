@@ -1,79 +1,143 @@
-"""Depthwise kernels (one input and one output channel per group): compiled multiply-adds.
+"""Depthwise convolutions (one input and one output channel per group): direct compiled loops.
 
-The same tap sums as :mod:`.kernels` with a per-channel weight instead of a matrix::
+With ``C`` channels and a per-channel kernel ``w[k, c]`` there is no GEMM to hand to BLAS: each
+output is a short dot product along the kernel. The loops below read the data where it lies (no
+padded frame copy: a tap outside the input is skipped), run vectorised over the channels of a
+channels-last row and in parallel over rows, and are compiled by numba::
 
-    out[m, c] = sum_t src[p_t, m + off_t, c] * w[t, c]        (forward, backward data)
-    dw[t, c]  = sum_m src[p_t, m + off_t, c] * dy[m, c]        (backward weights)
+    y[n, o, c]  = sum_k x[n, o*S + k*D - PB, c] * w[k, c]                   (forward)
+    dx[n, i, c] = sum_{k, o: o*S + k*D - PB = i} dy[n, o, c] * w[k, c]      (backward data)
+    dw[k, c]    = sum_{n, o} x[n, o*S + k*D - PB, c] * dy[n, o, c]          (backward weights)
 
-There is no GEMM to hand to BLAS, and NumPy needs a temporary and two passes per tap (2-5 GFLOP/s
-on the reference machine); these loops, compiled by numba, run the taps of a cache-sized row
-block back to back, vectorised over channels and parallel over blocks (about 5-10x faster).
+Every array is seen as 3-D spatial (missing axes of size 1). NumPy needs a temporary and two
+passes per tap for the same sums, and a frame copy of the data besides (2-5 GFLOP/s here).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numba
 import numpy as np
 
-__all__ = ["accumulate", "reduce"]
+from ...problem import ConvGeometry
 
-#: Bytes of one row block (kept in the L1/L2 cache while all taps run over it).
-BLOCK_BYTES = 64 << 10
+__all__ = ["forward", "backward_data", "backward_weights"]
+
 _FASTMATH = {"reassoc", "contract"}  # vectorised sums and fused multiply-adds; IEEE NaN/inf kept
 
 
 @numba.njit(parallel=True, fastmath=_FASTMATH, cache=True)
-def _accumulate(out, src, phase, offset, w, block):  # pragma: no cover - compiled
-    rows, channels = out.shape
-    for i in numba.prange((rows + block - 1) // block):
-        a, b = i * block, min(rows, i * block + block)
-        for t in range(offset.shape[0]):
-            p, o = phase[t], offset[t]
-            for m in range(a, b):
-                if t == 0:
-                    for c in range(channels):
-                        out[m, c] = src[p, m + o, c] * w[t, c]
-                else:
-                    for c in range(channels):
-                        out[m, c] += src[p, m + o, c] * w[t, c]
+def _forward(x, w, y, stride, dilation, pad):  # pragma: no cover - compiled
+    n_, o0_, o1_, o2_, c_ = y.shape
+    _, i0_, i1_, i2_, _ = x.shape
+    k0_, k1_, k2_, _ = w.shape
+    for row in numba.prange(n_ * o0_ * o1_):
+        n, o0, o1 = row // (o0_ * o1_), row // o1_ % o0_, row % o1_
+        for o2 in range(o2_):
+            for c in range(c_):
+                y[n, o0, o1, o2, c] = 0
+            for k0 in range(k0_):
+                i0 = o0 * stride[0] + k0 * dilation[0] - pad[0]
+                if i0 < 0 or i0 >= i0_:
+                    continue
+                for k1 in range(k1_):
+                    i1 = o1 * stride[1] + k1 * dilation[1] - pad[1]
+                    if i1 < 0 or i1 >= i1_:
+                        continue
+                    for k2 in range(k2_):
+                        i2 = o2 * stride[2] + k2 * dilation[2] - pad[2]
+                        if i2 < 0 or i2 >= i2_:
+                            continue
+                        for c in range(c_):
+                            y[n, o0, o1, o2, c] += x[n, i0, i1, i2, c] * w[k0, k1, k2, c]
 
 
 @numba.njit(parallel=True, fastmath=_FASTMATH, cache=True)
-def _reduce(src, phase, offset, dy, block, parts):  # pragma: no cover - compiled
-    rows, channels = dy.shape
-    blocks = (rows + block - 1) // block
-    acc = np.zeros((parts, offset.shape[0], channels), dy.dtype)
+def _backward_data(dy, w, dx, stride, dilation, pad):  # pragma: no cover - compiled
+    n_, i0_, i1_, i2_, c_ = dx.shape
+    _, o0_, o1_, o2_, _ = dy.shape
+    k0_, k1_, k2_, _ = w.shape
+    for row in numba.prange(n_ * i0_ * i1_):
+        n, i0, i1 = row // (i0_ * i1_), row // i1_ % i0_, row % i1_
+        for i2 in range(i2_):
+            for c in range(c_):
+                dx[n, i0, i1, i2, c] = 0
+            for k0 in range(k0_):
+                t0 = i0 + pad[0] - k0 * dilation[0]
+                o0 = t0 // stride[0]
+                if t0 < 0 or t0 % stride[0] or o0 >= o0_:
+                    continue
+                for k1 in range(k1_):
+                    t1 = i1 + pad[1] - k1 * dilation[1]
+                    o1 = t1 // stride[1]
+                    if t1 < 0 or t1 % stride[1] or o1 >= o1_:
+                        continue
+                    for k2 in range(k2_):
+                        t2 = i2 + pad[2] - k2 * dilation[2]
+                        o2 = t2 // stride[2]
+                        if t2 < 0 or t2 % stride[2] or o2 >= o2_:
+                            continue
+                        for c in range(c_):
+                            dx[n, i0, i1, i2, c] += dy[n, o0, o1, o2, c] * w[k0, k1, k2, c]
+
+
+@numba.njit(parallel=True, fastmath=_FASTMATH, cache=True)
+def _backward_weights(x, dy, dw, stride, dilation, pad, parts):  # pragma: no cover - compiled
+    n_, o0_, o1_, o2_, c_ = dy.shape
+    _, i0_, i1_, i2_, _ = x.shape
+    k0_, k1_, k2_, _ = dw.shape
+    rows = n_ * o0_ * o1_
+    acc = np.zeros((parts, k0_, k1_, k2_, c_), dw.dtype)
     for part in numba.prange(parts):
-        for i in range(part * blocks // parts, (part + 1) * blocks // parts):
-            a, b = i * block, min(rows, i * block + block)
-            for t in range(offset.shape[0]):
-                p, o = phase[t], offset[t]
-                for m in range(a, b):
-                    for c in range(channels):
-                        acc[part, t, c] += src[p, m + o, c] * dy[m, c]
-    return acc.sum(axis=0)
+        for row in range(part * rows // parts, (part + 1) * rows // parts):
+            n, o0, o1 = row // (o0_ * o1_), row // o1_ % o0_, row % o1_
+            for k0 in range(k0_):
+                i0 = o0 * stride[0] + k0 * dilation[0] - pad[0]
+                if i0 < 0 or i0 >= i0_:
+                    continue
+                for k1 in range(k1_):
+                    i1 = o1 * stride[1] + k1 * dilation[1] - pad[1]
+                    if i1 < 0 or i1 >= i1_:
+                        continue
+                    for o2 in range(o2_):
+                        for k2 in range(k2_):
+                            i2 = o2 * stride[2] + k2 * dilation[2] - pad[2]
+                            if i2 < 0 or i2 >= i2_:
+                                continue
+                            for c in range(c_):
+                                acc[part, k0, k1, k2, c] += x[n, i0, i1, i2, c] * dy[n, o0, o1, o2, c]
+    for part in range(parts):
+        dw += acc[part]
 
 
-def _block(channels: int, itemsize: int) -> int:
-    return max(1, BLOCK_BYTES // (channels * itemsize))
+def _spatial3(a: np.ndarray) -> np.ndarray:
+    """(N, *X, C) as (N, X0, X1, X2, C), missing leading spatial axes of size 1 (a view)."""
+    return a.reshape(a.shape[0], *(1,) * (5 - a.ndim), *a.shape[1:])
 
 
-def _taps(taps: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-    phase, offset = zip(*taps)
-    return np.array(phase, np.int64), np.array(offset, np.int64)
+def _params(g: ConvGeometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    fill = (1,) * (3 - g.rank)
+    return (np.array(fill + g.strides, np.int64), np.array(fill + g.dilations, np.int64),
+            np.array((0,) * (3 - g.rank) + g.pads_begin, np.int64))
 
 
-def accumulate(out: np.ndarray, srcs: np.ndarray, taps: Sequence[tuple[int, int]], weights: np.ndarray) -> None:
-    """``out[m] = sum_t srcs[s_t][m + off_t] * weights[t]``; ``srcs`` (S, rows, C), ``weights`` (T, C)."""
-    if out.shape[0]:
-        _accumulate(out, srcs, *_taps(taps), np.ascontiguousarray(weights, dtype=out.dtype),
-                    _block(out.shape[1], out.itemsize))
+def _weights(g: ConvGeometry, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Canonical (*K, 1, C) weights as a contiguous (K0, K1, K2, C) array in ``dtype``."""
+    return np.ascontiguousarray(w.reshape(*(1,) * (3 - g.rank), *g.kernel, g.ic), dtype=dtype)
 
 
-def reduce(srcs: np.ndarray, taps: Sequence[tuple[int, int]], dy: np.ndarray) -> np.ndarray:
-    """``dW[t] = sum_m srcs[s_t][m + off_t] * dy[m]`` per channel, (T, C)."""
-    block = _block(dy.shape[1], dy.itemsize)
-    parts = max(1, min(4 * numba.get_num_threads(), -(-dy.shape[0] // block)))
-    return _reduce(srcs, *_taps(taps), dy, block, parts)
+def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
+    """Fill ``y`` (N, *O, C) with the depthwise convolution of ``x`` (in ``y``'s dtype)."""
+    _forward(_spatial3(x), _weights(g, w, y.dtype), _spatial3(y), *_params(g))
+
+
+def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
+    """Fill ``dx`` (N, *I, C) with the data gradient."""
+    _backward_data(_spatial3(dy), _weights(g, w, dx.dtype), _spatial3(dx), *_params(g))
+
+
+def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
+    """Add the weights gradient to ``dw`` (*K, 1, C)."""
+    parts = max(1, min(4 * numba.get_num_threads(), g.n * (g.out_size[0] if g.rank == 3 else 1)
+                       * (g.out_size[-2] if g.rank >= 2 else 1)))
+    _backward_weights(_spatial3(x), _spatial3(dy), dw.reshape(*(1,) * (3 - g.rank), *g.kernel, g.ic),
+                      *_params(g), parts)
