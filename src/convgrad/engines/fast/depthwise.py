@@ -25,63 +25,47 @@ __all__ = ["forward", "backward_data", "backward_weights"]
 _FASTMATH = {"reassoc", "contract"}  # vectorised sums and fused multiply-adds; IEEE NaN/inf kept
 
 
-@numba.njit(parallel=True, fastmath=_FASTMATH, cache=True)
-def _forward(x, w, y, stride, dilation, pad):  # pragma: no cover - compiled
-    n_, o0_, o1_, o2_, c_ = y.shape
-    _, i0_, i1_, i2_, _ = x.shape
-    k0_, k1_, k2_, _ = w.shape
-    for row in numba.prange(n_ * o0_ * o1_):
-        n, o0, o1 = row // (o0_ * o1_), row // o1_ % o0_, row % o1_
-        for o2 in range(o2_):
-            for c in range(c_):
-                y[n, o0, o1, o2, c] = 0
-            for k0 in range(k0_):
-                i0 = o0 * stride[0] + k0 * dilation[0] - pad[0]
-                if i0 < 0 or i0 >= i0_:
-                    continue
-                for k1 in range(k1_):
-                    i1 = o1 * stride[1] + k1 * dilation[1] - pad[1]
-                    if i1 < 0 or i1 >= i1_:
-                        continue
-                    for k2 in range(k2_):
-                        i2 = o2 * stride[2] + k2 * dilation[2] - pad[2]
-                        if i2 < 0 or i2 >= i2_:
-                            continue
-                        for c in range(c_):
-                            y[n, o0, o1, o2, c] += x[n, i0, i1, i2, c] * w[k0, k1, k2, c]
+@numba.njit(inline="always")
+def _tap(a, k, stride, dilation, pad, size, transposed):  # pragma: no cover - compiled
+    """Where tap k of position a reads, or -1 if nowhere: the input under output a
+    (``a*S + k*D - PB``), or with ``transposed`` the output whose tap k covers input a."""
+    if transposed:
+        t = a + pad - k * dilation
+        return t // stride if t >= 0 and t % stride == 0 and t // stride < size else -1
+    i = a * stride + k * dilation - pad
+    return i if 0 <= i < size else -1
 
 
 @numba.njit(parallel=True, fastmath=_FASTMATH, cache=True)
-def _backward_data(dy, w, dx, stride, dilation, pad):  # pragma: no cover - compiled
-    n_, i0_, i1_, i2_, c_ = dx.shape
-    _, o0_, o1_, o2_, _ = dy.shape
+def _gather(src, w, out, stride, dilation, pad, transposed):  # pragma: no cover - compiled
+    """out[n, a, c] = sum_k src[n, tap(a, k), c] * w[k, c] (forward, or backward data if transposed)."""
+    n_, a0_, a1_, a2_, c_ = out.shape
+    _, s0_, s1_, s2_, _ = src.shape
     k0_, k1_, k2_, _ = w.shape
-    for row in numba.prange(n_ * i0_ * i1_):
-        n, i0, i1 = row // (i0_ * i1_), row // i1_ % i0_, row % i1_
-        for i2 in range(i2_):
+    for row in numba.prange(n_ * a0_ * a1_):
+        n, a0, a1 = row // (a0_ * a1_), row // a1_ % a0_, row % a1_
+        for a2 in range(a2_):
             for c in range(c_):
-                dx[n, i0, i1, i2, c] = 0
+                out[n, a0, a1, a2, c] = 0
             for k0 in range(k0_):
-                t0 = i0 + pad[0] - k0 * dilation[0]
-                o0 = t0 // stride[0]
-                if t0 < 0 or t0 % stride[0] or o0 >= o0_:
+                b0 = _tap(a0, k0, stride[0], dilation[0], pad[0], s0_, transposed)
+                if b0 < 0:
                     continue
                 for k1 in range(k1_):
-                    t1 = i1 + pad[1] - k1 * dilation[1]
-                    o1 = t1 // stride[1]
-                    if t1 < 0 or t1 % stride[1] or o1 >= o1_:
+                    b1 = _tap(a1, k1, stride[1], dilation[1], pad[1], s1_, transposed)
+                    if b1 < 0:
                         continue
                     for k2 in range(k2_):
-                        t2 = i2 + pad[2] - k2 * dilation[2]
-                        o2 = t2 // stride[2]
-                        if t2 < 0 or t2 % stride[2] or o2 >= o2_:
+                        b2 = _tap(a2, k2, stride[2], dilation[2], pad[2], s2_, transposed)
+                        if b2 < 0:
                             continue
                         for c in range(c_):
-                            dx[n, i0, i1, i2, c] += dy[n, o0, o1, o2, c] * w[k0, k1, k2, c]
+                            out[n, a0, a1, a2, c] += src[n, b0, b1, b2, c] * w[k0, k1, k2, c]
 
 
 @numba.njit(parallel=True, fastmath=_FASTMATH, cache=True)
 def _backward_weights(x, dy, dw, stride, dilation, pad, parts):  # pragma: no cover - compiled
+    """dw[k, c] += sum_{n, o} x[n, tap(o, k), c] * dy[n, o, c], in ``parts`` parallel partial sums."""
     n_, o0_, o1_, o2_, c_ = dy.shape
     _, i0_, i1_, i2_, _ = x.shape
     k0_, k1_, k2_, _ = dw.shape
@@ -91,17 +75,17 @@ def _backward_weights(x, dy, dw, stride, dilation, pad, parts):  # pragma: no co
         for row in range(part * rows // parts, (part + 1) * rows // parts):
             n, o0, o1 = row // (o0_ * o1_), row // o1_ % o0_, row % o1_
             for k0 in range(k0_):
-                i0 = o0 * stride[0] + k0 * dilation[0] - pad[0]
-                if i0 < 0 or i0 >= i0_:
+                i0 = _tap(o0, k0, stride[0], dilation[0], pad[0], i0_, False)
+                if i0 < 0:
                     continue
                 for k1 in range(k1_):
-                    i1 = o1 * stride[1] + k1 * dilation[1] - pad[1]
-                    if i1 < 0 or i1 >= i1_:
+                    i1 = _tap(o1, k1, stride[1], dilation[1], pad[1], i1_, False)
+                    if i1 < 0:
                         continue
-                    for o2 in range(o2_):
+                    for o2 in range(o2_):  # the row of outputs innermost but one: dy stays in cache
                         for k2 in range(k2_):
-                            i2 = o2 * stride[2] + k2 * dilation[2] - pad[2]
-                            if i2 < 0 or i2 >= i2_:
+                            i2 = _tap(o2, k2, stride[2], dilation[2], pad[2], i2_, False)
+                            if i2 < 0:
                                 continue
                             for c in range(c_):
                                 acc[part, k0, k1, k2, c] += x[n, i0, i1, i2, c] * dy[n, o0, o1, o2, c]
@@ -127,12 +111,12 @@ def _weights(g: ConvGeometry, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
     """Fill ``y`` (N, *O, C) with the depthwise convolution of ``x`` (in ``y``'s dtype)."""
-    _forward(_spatial3(x), _weights(g, w, y.dtype), _spatial3(y), *_params(g))
+    _gather(_spatial3(x), _weights(g, w, y.dtype), _spatial3(y), *_params(g), False)
 
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
     """Fill ``dx`` (N, *I, C) with the data gradient."""
-    _backward_data(_spatial3(dy), _weights(g, w, dx.dtype), _spatial3(dx), *_params(g))
+    _gather(_spatial3(dy), _weights(g, w, dx.dtype), _spatial3(dx), *_params(g), True)
 
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
