@@ -1,11 +1,13 @@
-# `make demo` runs the main job, `make test` the tests, `make fuzz` the long fuzz run (FUZZ_EXAMPLES
-# per fuzz test); all install what they need into .venv.
+# `make demo` runs the main job, `make test` the tests. Also: `make fuzz`, the long fuzz run
+# (FUZZ_EXAMPLES per fuzz test); `make bench`, the benchmark against PyTorch (writes
+# benchmarks/RESULTS.md and benchmarks/results.png; BENCH_ARGS=--quick for a short check).
+# All install what they need into .venv.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install -qq --disable-pip-version-check
 
-.PHONY: demo test fuzz install clean
+.PHONY: demo test fuzz bench install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +34,9 @@ FUZZ_EXAMPLES ?= 5000
 fuzz: $(VENV)/.installed-test
 	CONVGRAD_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -n 2 -q --hypothesis-show-statistics \
 		tests/test_*fuzz*.py
+
+bench: $(VENV)/.installed-test
+	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -477,7 +477,7 @@ FOUND = [
     (["conv", 'ic2ih4oc2kh3n"[/x]"'], "tests:1 passed:1 failed:0", 0),
     (["conv", "--mode=P", "--fix-times-per-prb=1", "--plot={tmp}/a.png", 'ic2ih4oc2kh3n"$\\x$"'], "plot: ", 0),
     (["conv", "--mode=P", "--plot={tmp}/missing/a.png", "ic2ih4oc2kh3"], "does not exist or is not writable", 2),
-    (["graph", "--batch={tmp}/missing.batch"], "__REPRO: convgrad graph --mode=C --engine=reference --seed=", 1),
+    (["graph", "--batch={tmp}/missing.batch"], "missing.batch (No such file or directory)) __REPRO: convgrad graph --mode=C --engine=", 1),
     (["graph", "--mb=²", f"--case={_FWD}"], "--mb: '²': expected a non-negative integer", 2),
     (["conv", "--dir=bwd_w", "--dt=BF16", "--tag=NCX", "ic2ih4oc2kh3"], "0:PASSED", 0),
 ]

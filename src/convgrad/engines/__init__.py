@@ -82,3 +82,4 @@ def get_engine(name: str | Engine | None = None) -> Engine:
 
 
 from . import reference  # noqa: E402,F401  (registers itself)
+from . import fast  # noqa: E402,F401  (registers itself as the default)

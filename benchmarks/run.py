@@ -1,0 +1,291 @@
+"""Benchmark convgrad's default engine against PyTorch CPU on real topologies.
+
+    make bench                                   # every suite, writes RESULTS.md and results.png
+    python benchmarks/run.py --quick             # a short check (a few layers per suite)
+    python benchmarks/run.py --suite resnet_50 --dtype f32 bf16 --mb 16 --no-write
+    python benchmarks/run.py --threads 1         # both sides on one thread (see below)
+
+For each layer of a benchdnn shape list (``benchmarks/shapes``) and each gradient (backward data,
+backward weights) it times convgrad through its public API (NXC/XIO, and NCX/OIX on the ResNet
+suite) and PyTorch's ``aten.convolution_backward`` asking for that one gradient, in NCHW and in
+channels_last; the better of the two is the "best peer". GFLOP/s = 2*N*OC*IC/G*prod(K)*prod(O) /
+time (best of a few runs). "extra mem" is the peak of convgrad's allocations (tracemalloc) less
+its result, as a multiple of inputs + output. The GEMM ceiling (numpy sgemm 4096^2) is measured in
+the same run. PyTorch pads symmetrically: a benchdnn layer whose right pad differs from its left is
+given to it with the smaller pad on both sides and the input longer by the difference (same
+output, same FLOPs).
+
+``--threads N`` limits every library (OpenBLAS, numba, PyTorch/OpenMP) to N threads; it is set
+before NumPy loads. On a machine that other jobs share, multi-threaded OpenBLAS can collapse (its
+threads wait on a descheduled partner at every GEMM), so the load average is recorded with the
+results: compare runs taken on an otherwise idle machine, or on one thread each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import tracemalloc
+from dataclasses import dataclass, field
+from pathlib import Path
+
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+if "--threads" in sys.argv[:-1]:  # must precede the first import of NumPy
+    for _var in THREAD_VARS:
+        os.environ[_var] = sys.argv[sys.argv.index("--threads") + 1]
+
+import numpy as np  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+
+import convgrad as cg  # noqa: E402
+from convgrad.descriptor import ConvDescriptor, parse_descriptor_file  # noqa: E402
+from convgrad.dtypes import DATA_DTYPES  # noqa: E402
+
+SUITES = {"resnet_50": "shapes_resnet_50", "mobilenet_dw": "shapes_mobilenet_dw",
+          "dilated": "shapes_dilated", "3d_unet": "shapes_3d_unet"}
+TASKS = {"bwd_d": "ConvolutionBackwardData", "bwd_w": "ConvolutionBackwardWeights"}
+#: Default minibatch per suite (3D U-Net layers are single large volumes).
+DEFAULT_MB = {"resnet_50": 16, "mobilenet_dw": 16, "dilated": 16, "3d_unet": 1}
+
+
+def best_time(fn, budget: float, max_reps: int) -> float:
+    """Best wall time of ``fn`` over up to ``max_reps`` runs within about ``budget`` seconds (the
+    first run doubles as the warm-up: fast layers get several runs, slow ones need none)."""
+    best, spent, reps = math.inf, 0.0, 0
+    while reps < max_reps and (reps == 0 or spent < budget):
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+        best, spent, reps = min(best, elapsed), spent + elapsed, reps + 1
+    return best
+
+
+def gemm_ceiling() -> float:
+    """GFLOP/s of numpy sgemm 4096^2 (best of 3)."""
+    a = np.random.default_rng().standard_normal((4096, 4096), dtype=np.float32)
+    a @ a
+    return 2 * 4096 ** 3 / best_time(lambda: a @ a, 0, 3) / 1e9
+
+
+# -- problems ---------------------------------------------------------------------------------------
+def load_suite(suite: str, mb: int, quick: bool) -> list[ConvDescriptor]:
+    lines = (HERE / "shapes" / SUITES[suite]).read_text().splitlines()
+    descs = [d.with_mb(mb) for _, d in parse_descriptor_file(lines) if isinstance(d, ConvDescriptor)]
+    return descs[:3] if quick else descs
+
+
+def shapes(d: ConvDescriptor) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """NCX x, NCX y and OIX w shapes."""
+    return ((d.mb, d.ic, *d.in_size), (d.mb, d.oc, *d.out_size), (d.oc, d.ic // d.groups, *d.kernel))
+
+
+def ours(d: ConvDescriptor, task: str, dtype: np.dtype, data_format: str, rng: np.random.Generator):
+    """(callable, inputs + output bytes) running convgrad's default engine through the API."""
+    xs, ys, ws = shapes(d)
+    if data_format == "NXC":
+        xs, ys, ws = (xs[0], *xs[2:], xs[1]), (ys[0], *ys[2:], ys[1]), (*ws[2:], ws[1], ws[0])
+    x, y, w = (rng.standard_normal(s, dtype=np.float32).astype(dtype) for s in (xs, ys, ws))
+    op = cg.Op(TASKS[task], strides=list(d.strides), dilations=list(d.dilations), pads_begin=list(d.pads_begin),
+               pads_end=list(d.pads_end), groups=d.groups, data_format=data_format,
+               weights_format="XIO" if data_format == "NXC" else "OIX")
+    if task == "bwd_d":
+        inputs, out = (y, w, np.array(xs, np.int32)), x
+    else:
+        inputs, out = (x, y, np.array(ws, np.int32)), w
+    return (lambda: op(*inputs)), sum(a.nbytes for a in (*inputs[:2], out))
+
+
+def torch_peer(d: ConvDescriptor, task: str, dtype: str, channels_last: bool):
+    """A callable running PyTorch's convolution_backward for one gradient, or None if n/a."""
+    import torch
+    if channels_last and d.rank == 1:
+        return None
+    tdtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    pads = [min(b, e) for b, e in zip(d.pads_begin, d.pads_end)]
+    in_size = tuple(i + abs(e - b) for i, b, e in zip(d.in_size, d.pads_begin, d.pads_end))
+    xs, ys, ws = shapes(d)
+    xs = (xs[0], xs[1], *in_size)
+    fmt = {2: torch.channels_last, 3: torch.channels_last_3d}.get(d.rank) if channels_last else None
+    make = (lambda s: torch.randn(s, dtype=tdtype).contiguous(memory_format=fmt)) if fmt else \
+        (lambda s: torch.randn(s, dtype=tdtype))
+    x, dy, w = make(xs), make(ys), make(ws)
+    mask = [task == "bwd_d", task == "bwd_w", False]
+    return lambda: torch.ops.aten.convolution_backward(dy, x, w, None, list(d.strides), pads,
+                                                       list(d.dilations), False, [0] * d.rank, d.groups, mask)
+
+
+# -- measurement --------------------------------------------------------------------------------------
+@dataclass
+class Row:
+    suite: str
+    layer: str
+    task: str
+    dtype: str
+    gflop: float
+    ours: float                        #: GFLOP/s, NXC
+    ours_ncx: float | None = None      #: GFLOP/s, NCX
+    ours_f32: float | None = None      #: GFLOP/s of the f32 run of the same layer (low precision rows)
+    peers: dict[str, float] = field(default_factory=dict)
+    extra_mem: float = 0.0             #: peak extra memory / (inputs + output)
+    extra_mib: float = 0.0
+
+    @property
+    def best_peer(self) -> float | None:
+        return max(self.peers.values()) if self.peers else None
+
+    @property
+    def ratio(self) -> float | None:
+        return self.ours / self.best_peer if self.best_peer else None
+
+
+def measure(d: ConvDescriptor, suite: str, task: str, dtype: str, with_ncx: bool, budget: float,
+            reps: int, rng: np.random.Generator) -> Row:
+    gflop = d.flops / 1e9
+    fn, io_bytes = ours(d, task, DATA_DTYPES[dtype], "NXC", rng)
+    tracemalloc.start()
+    result = fn()
+    peak = tracemalloc.get_traced_memory()[1] - result.nbytes
+    tracemalloc.stop()
+    del result
+    row = Row(suite, d.name or d.canonical(), task, dtype, gflop, gflop / best_time(fn, budget, reps),
+              extra_mem=peak / io_bytes, extra_mib=peak / 2 ** 20)
+    if with_ncx:
+        fn, _ = ours(d, task, DATA_DTYPES[dtype], "NCX", rng)
+        row.ours_ncx = gflop / best_time(fn, budget, reps)
+    for name, cl in (("torch NCX", False), ("torch NXC", True)):
+        peer = torch_peer(d, task, dtype, cl)
+        if peer is not None:
+            row.peers[name] = gflop / best_time(peer, budget, reps)
+    return row
+
+
+# -- report ---------------------------------------------------------------------------------------------
+def geomean(values: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else float("nan")
+
+
+def fmt(v: float | None, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def table(rows: list[Row], ceiling: float) -> list[str]:
+    out = ["| suite | layer | grad | dtype | GFLOP | ours GFLOP/s | % ceiling | ours NCX | torch NCX | "
+           "torch NXC | ratio vs best | vs own f32 | extra mem (x in+out, MiB) |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r.suite} | {r.layer} | {r.task} | {r.dtype} | {r.gflop:.2f} | {r.ours:.1f} | "
+                   f"{100 * r.ours / ceiling:.0f} | {fmt(r.ours_ncx)} | {fmt(r.peers.get('torch NCX'))} | "
+                   f"{fmt(r.peers.get('torch NXC'))} | {fmt(r.ratio, '.2f')} | "
+                   f"{fmt(r.ours_f32 / r.ours if r.ours_f32 else None, '.2f')} | "
+                   f"{r.extra_mem:.2f} ({r.extra_mib:.0f}) |")
+    return out
+
+
+def summary(rows: list[Row], ceiling: float) -> list[str]:
+    """Per suite, gradient and dtype: the numbers the targets are stated in."""
+    out = ["| suite | grad | dtype | layers | geomean ratio vs best peer | min ratio | geomean vs torch NCX | "
+           "NCX / NXC time (max) | >=1 GFLOP layers >= 75% ceiling | low precision: time vs own f32 (max) | "
+           "max extra mem |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    keys = sorted({(r.suite, r.task, r.dtype) for r in rows}, key=lambda k: (list(SUITES).index(k[0]), k[1], k[2]))
+    for suite, task, dtype in keys:
+        rs = [r for r in rows if (r.suite, r.task, r.dtype) == (suite, task, dtype)]
+        ratios = [r.ratio for r in rs if r.ratio]
+        ncx = [r.ours / r.peers["torch NCX"] for r in rs if "torch NCX" in r.peers]
+        slow = [r.ours / r.ours_ncx for r in rs if r.ours_ncx]
+        big = [r for r in rs if r.gflop >= 1]
+        at_ceiling = f"{sum(r.ours >= 0.75 * ceiling for r in big)}/{len(big)}" if big and dtype == "f32" else "-"
+        lowp = [r.ours_f32 / r.ours for r in rs if r.ours_f32]
+        out.append(f"| {suite} | {task} | {dtype} | {len(rs)} | {geomean(ratios):.2f} | {fmt(min(ratios, default=None), '.2f')} | "
+                   f"{geomean(ncx):.2f} | {fmt(max(slow, default=None), '.2f')} | {at_ceiling} | "
+                   f"{fmt(max(lowp, default=None), '.2f')} | {max(r.extra_mem for r in rs):.2f} |")
+    return out
+
+
+def environment(ceiling: float, threads: int, load: tuple[float, float]) -> list[str]:
+    import torch
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else \
+        platform.processor()
+    return [f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
+            f"- machine: {cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}",
+            f"- python {platform.python_version()}, numpy {np.__version__}, torch {torch.__version__} "
+            f"({torch.get_num_threads()} threads), convgrad {cg.__version__ if hasattr(cg, '__version__') else ''}"
+            f" engine '{cg.engines.default_engine_name()}'",
+            f"- threads: {threads} for every library; load average (1 min) at start / end: "
+            f"{load[0]:.1f} / {load[1]:.1f} (above 0.5 means other jobs shared the cores)",
+            f"- GEMM ceiling (numpy sgemm 4096^2, this run, {threads} threads): {ceiling:.0f} GFLOP/s"]
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups = sorted({(r.suite, r.task, r.dtype) for r in rows}, key=lambda k: (list(SUITES).index(k[0]), k[1], k[2]))
+    fig, axes = plt.subplots(len(groups), 1, figsize=(12, 2.6 * len(groups)), squeeze=False)
+    for ax, key in zip(axes[:, 0], groups):
+        rs = [r for r in rows if (r.suite, r.task, r.dtype) == key]
+        idx = np.arange(len(rs))
+        ax.bar(idx - 0.2, [r.ours for r in rs], 0.4, label="convgrad (NXC)")
+        ax.bar(idx + 0.2, [r.best_peer or 0 for r in rs], 0.4, label="best PyTorch")
+        ax.set_xticks(idx, [r.layer.split(":")[-1][:18] for r in rs], rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel("GFLOP/s")
+        ax.set_title(" / ".join(key), fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", nargs="+", choices=list(SUITES), default=list(SUITES))
+    parser.add_argument("--task", nargs="+", choices=list(TASKS), default=list(TASKS))
+    parser.add_argument("--dtype", nargs="+", choices=["f32", "bf16", "f16"], default=["f32", "bf16", "f16"],
+                        help="bf16/f16 run on the ResNet-50 suite only")
+    parser.add_argument("--mb", type=int, help="minibatch (default: 16; 1 for 3D U-Net)")
+    parser.add_argument("--quick", action="store_true", help="3 layers per suite, one timed run each")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md and the plot")
+    parser.add_argument("--output", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads per library")
+    args = parser.parse_args(argv)
+
+    import torch
+    torch.set_num_threads(args.threads)
+    load_start = os.getloadavg()[0]
+    budget, reps = (0.0, 1) if args.quick else (1.0, 4)
+    rng = np.random.default_rng(0)
+    ceiling = gemm_ceiling()
+    print(f"GEMM ceiling {ceiling:.0f} GFLOP/s", flush=True)
+    rows: list[Row] = []
+    for suite in args.suite:
+        for d in load_suite(suite, args.mb or DEFAULT_MB[suite], args.quick):
+            for task in args.task:
+                f32_row = None
+                for dtype in args.dtype if suite == "resnet_50" else ["f32"]:
+                    row = measure(d, suite, task, dtype, suite == "resnet_50" and dtype == "f32", budget, reps, rng)
+                    if dtype == "f32":
+                        f32_row = row
+                    elif f32_row is not None:
+                        row.ours_f32 = f32_row.ours
+                    rows.append(row)
+                    print(table([row], ceiling)[-1], flush=True)
+    lines = ["# convgrad benchmark results", "", *environment(ceiling, args.threads, (load_start, os.getloadavg()[0])), "",
+             f"Command: `python benchmarks/run.py {' '.join(argv if argv is not None else sys.argv[1:])}`".rstrip(),
+             "", "## Summary", "", *summary(rows, ceiling), "", "## Layers", "", *table(rows, ceiling), ""]
+    print("\n".join(lines))
+    if not args.no_write:
+        args.output.write_text("\n".join(lines))
+        plot(rows, args.output.with_name("results.png"))
+        print(f"wrote {args.output} and {args.output.with_name('results.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""The fast engine (the default): phase frames, shifted-row GEMMs and blocked accumulation.
+
+Algorithm (see :mod:`.frame` for the index math and :mod:`.kernels` for the row kernels):
+
+1. Split the batch into chunks whose frame buffers hold about ``CHUNK_BYTES``.
+2. Copy the chunk once into its *phase frame*: one zero-padded, stride-phase-split (rows, C)
+   buffer per input phase the kernel reads (none at all for stride 1 without padding), stored in
+   the data's own order (row-major for NXC, channel-major for NCX, see :func:`_frame`). bf16/f16
+   data is converted to the accumulation dtype (f32; f64 for f64 data) in that same copy.
+3. Every kernel offset is then a row shift of a flat ``(rows, C)`` matrix, and each problem is a
+   sum over offsets of GEMMs on views of those buffers, run over cache-sized row blocks:
+
+   - forward:          ``y[m]    = sum_k P[m + shift_k] @ w[k]``
+   - backward data:    ``dP[m]   = sum_k dy_ext[m - shift_k] @ w[k]^T``, then one copy into dx
+   - backward weights: ``dw[k]   = sum_m P[m + shift_k]^T @ dy_ext[m]``
+
+Selection rule, one algorithm per problem class (Ci/Co: channels per group on the GEMM's input
+and output side; ``GEMM_DEPTH`` = 64):
+
+- depthwise (Ci = Co = 1): compiled multiply-adds over channels (:mod:`.depthwise`, numba);
+- Ci >= GEMM_DEPTH: one GEMM per kernel offset on views of the frame (no copy);
+- Ci < GEMM_DEPTH: ``taps_per_gemm`` offsets gathered side by side per row block, so that each
+  GEMM reduces over >= GEMM_DEPTH values (a blocked im2col, cache-sized);
+- sums over offsets (forward, backward data) with Co < min(Ci, GEMM_DEPTH): one wide GEMM for a
+  cluster of offsets, then the narrow results summed at their shifts (:func:`kernels.accumulate`).
+
+Extra memory (see :meth:`FastEngine.workspace_bytes`): the chunk's frame buffers (at most
+``CHUNK_BYTES`` and half the op's inputs + output or 1 MiB, unless one image needs more) plus a
+few row blocks of ``BLOCK_BYTES``, converted weights, and for bf16/f16 the f32 result the API
+rounds; never an im2col buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+
+from ... import fp16
+from ...dtypes import compute_dtype
+from ...problem import ConvGeometry
+from .. import register
+from . import depthwise, kernels
+from .frame import Frame
+
+__all__ = ["FastEngine", "CHUNK_BYTES"]
+
+#: Bytes of frame buffers per batch chunk (at least one image per chunk).
+CHUNK_BYTES = 16 << 20
+#: Chunks of at most half the op's own size are never cut below this (tiny problems: one chunk).
+MIN_CHUNK_BYTES = 1 << 20
+
+
+def _depthwise(g: ConvGeometry) -> bool:
+    return g.icg == 1 and g.ocg == 1
+
+
+def _channels_first(data: np.ndarray) -> bool:
+    """Whether canonical (N, *X, C) data is stored channels-first (a view of NCX memory)."""
+    return data.ndim > 2 and data.strides[-1] > data.strides[-2]
+
+
+def _in_dtype(data: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``data`` in the accumulation dtype (f16 through :mod:`convgrad.fp16`)."""
+    return fp16.to_f32(data) if data.dtype == np.float16 else data.astype(dtype, copy=False)
+
+
+def _frame(g: ConvGeometry, channels_first: bool) -> Frame:
+    """The frame of ``g``. The buffers of a side (x, y) are channel-major when the data is (NCX:
+    copies then run along memory), or when that side's channels are split into groups or fewer
+    than ``GEMM_DEPTH`` (they are then gathered, or summed, along runs of rows, 2-3x faster than
+    along runs of a few channels)."""
+    return Frame.of(g, *(channels_first or g.groups > 1 or per_group < kernels.GEMM_DEPTH
+                         for per_group in (g.icg, g.ocg)))
+
+
+def _empty_like_data(shape: tuple[int, ...], dtype: np.dtype, like: np.ndarray, fill: bool) -> np.ndarray:
+    """A result array of canonical ``shape`` in the memory order of the data ``like`` (so NCX
+    results need no transposition later)."""
+    make = np.zeros if fill else np.empty
+    return np.moveaxis(make((shape[0], shape[-1], *shape[1:-1]), dtype), 1, -1) if _channels_first(like) \
+        else make(shape, dtype)
+
+
+def _tap_weights(g: ConvGeometry, w: np.ndarray, transpose: bool) -> np.ndarray:
+    """Canonical weights as a (T, G, ICg, OCg) view, or (T, G, OCg, ICg) with ``transpose``,
+    still in the data's dtype (f16 excepted): the kernels convert them once, in the copy that
+    lays them out for BLAS."""
+    w = fp16.to_f32(w) if w.dtype == np.float16 else w
+    taps = w.reshape(math.prod(g.kernel), g.icg, g.groups, g.ocg)
+    return taps.transpose(0, 2, 3, 1) if transpose else taps.transpose(0, 2, 1, 3)
+
+
+class FastEngine:
+    """Phase-frame GEMM engine (``engine="fast"``, the default)."""
+
+    name = "fast"
+
+    # -- planning -----------------------------------------------------------------------------
+    @staticmethod
+    def _frame_bytes(g: ConvGeometry, frame: Frame, task: str, dtype: np.dtype) -> int:
+        """Bytes per image of the frame buffers ``task`` allocates (none where the data itself
+        serves as the frame: stride 1 without padding on the input side, no junk rows on the
+        output side, in the accumulation dtype and the frame's memory order)."""
+        acc, rows = compute_dtype(dtype), frame.image_rows
+        own_input = frame.input_is_frame and not frame.batch_inside and not frame.input_major \
+            and (task == "backward_data" or dtype == acc)
+        own_output = not frame.batch_inside and not frame.output_major and task != "backward_data" \
+            and (task == "forward" or dtype == acc)
+        lead = frame.max_shift(1) if task == "backward_data" else 0  # lead rows grow at most with n
+        return ((0 if own_input else len(frame.phases) * rows * g.ic)
+                + (0 if own_output else (rows + lead) * g.oc)) * acc.itemsize
+
+    def _images_per_chunk(self, g: ConvGeometry, frame: Frame, task: str, dtype: np.dtype) -> int:
+        """Images per batch chunk: frame buffers of at most ``CHUNK_BYTES`` and at most half the
+        bytes of the op's inputs and output (so extra memory stays below 2x of them even when
+        bf16/f16 data is widened to f32) or ``MIN_CHUNK_BYTES``; at least one image."""
+        per_image = self._frame_bytes(g, frame, task, dtype)
+        io_bytes = (math.prod(g.x_shape) + math.prod(g.y_shape) + math.prod(g.w_shape)) * dtype.itemsize
+        return max(1, min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, io_bytes // 2)) // max(1, per_image))
+
+    def _batches(self, g: ConvGeometry, frame: Frame, task: str, dtype: np.dtype) -> Iterator[slice]:
+        step = self._images_per_chunk(g, frame, task, dtype)
+        for start in range(0, g.n, step):
+            yield slice(start, min(g.n, start + step))
+
+    def workspace_bytes(self, g: ConvGeometry, task: str, dtype: np.dtype) -> int:
+        """Upper estimate of the extra memory ``task`` allocates beyond its inputs and result
+        (for either data layout): one batch chunk of frame buffers (and of f16 data widened to
+        f32), the row-block temporaries, the converted weights and, for bf16/f16, the f32 result
+        before the API rounds it."""
+        dtype, taps = np.dtype(dtype), math.prod(g.kernel)
+        acc = compute_dtype(dtype)
+        depth, width = (g.ocg, g.icg) if task == "backward_data" else (g.icg, g.ocg)
+        widest = g.groups * max(kernels.taps_per_gemm(taps, depth) * depth, taps * width) * acc.itemsize
+        result = math.prod(g.x_shape if task == "backward_data" else g.w_shape if task == "backward_weights"
+                           else g.y_shape) * (acc.itemsize if dtype != acc else 0)
+        estimates = []
+        for channels_first in (False, True):
+            frame = _frame(g, channels_first)
+            images = min(max(g.n, 1), self._images_per_chunk(g, frame, task, dtype))
+            rows = images * frame.image_rows + frame.max_shift(images)
+            blocks = 3 * min(rows * widest, max(kernels.BLOCK_BYTES, 256 * widest))
+            widened = images * (math.prod(g.x_shape[1:]) + math.prod(g.y_shape[1:])) * acc.itemsize \
+                if dtype == np.float16 else 0  # fp16.to_f32 of the chunk before its frame copy
+            estimates.append(images * self._frame_bytes(g, frame, task, dtype) + blocks + widened)
+        return max(estimates) + 3 * taps * g.icg * g.oc * acc.itemsize + result
+
+    # -- the three problems ---------------------------------------------------------------------
+    def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """y = conv(x, w): sum over offsets of shifted-row GEMMs into the frame rows of y."""
+        dtype = compute_dtype(x.dtype)
+        y = _empty_like_data(g.y_shape, dtype, x, fill=not _depthwise(g))
+        if g.n == 0:
+            return y
+        if _depthwise(g):
+            depthwise.forward(g, _in_dtype(x, dtype), w, y)
+            return y
+        frame = _frame(g, _channels_first(x))
+        weights = _tap_weights(g, w, transpose=False)
+        for batch in self._batches(g, frame, "forward", x.dtype):
+            n, taps = batch.stop - batch.start, frame.taps(batch.stop - batch.start)
+            srcs = frame.phase_input(x[batch], dtype)
+            rows = frame.output_target(y[batch])
+            kernels.accumulate(rows[:frame.span(n)], srcs, taps, weights, kernels.taps_per_gemm(len(taps), g.icg))
+            frame.crop_output(rows, y[batch])
+        return y
+
+    def backward_data(self, g: ConvGeometry, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """dx: per input phase, the sum over its offsets of GEMMs on dy shifted back by the offset."""
+        dtype = compute_dtype(dy.dtype)
+        frame = _frame(g, _channels_first(dy))
+        dx = _empty_like_data(g.x_shape, dtype, dy, fill=not (frame.input_is_frame or _depthwise(g)))
+        if g.n == 0:
+            return dx
+        if _depthwise(g):
+            depthwise.backward_data(g, _in_dtype(dy, dtype), w, dx)
+            return dx
+        weights = _tap_weights(g, w, transpose=True)
+        per_phase = [[k for k, p in enumerate(frame.tap_phase) if p == ph] for ph in range(len(frame.phases))]
+        for batch in self._batches(g, frame, "backward_data", dy.dtype):
+            n = batch.stop - batch.start
+            shifts = [shift for _, shift in frame.taps(n)]
+            lead = max(shifts)
+            src = frame.extended_output(dy[batch], dtype, lead)
+            target = frame.input_target(dx[batch])
+            for ph, offsets in enumerate(per_phase):
+                first, last = frame.phase_rows(ph, n)
+                out, taps = target[ph][first:last], [(0, lead + first - shifts[k]) for k in offsets]
+                own = weights if len(offsets) == len(weights) else weights[offsets]
+                kernels.accumulate(out, [src], taps, own, kernels.taps_per_gemm(len(taps), g.ocg))
+            frame.scatter_input(target, dx[batch])
+        return dx
+
+    def backward_weights(self, g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+        """dw[k] = sum over the frame rows of the shifted input rows times dy, per batch chunk."""
+        dtype = compute_dtype(x.dtype)
+        dw = np.zeros((math.prod(g.kernel), g.icg, g.groups, g.ocg), dtype)
+        if g.n and _depthwise(g):
+            depthwise.backward_weights(g, _in_dtype(x, dtype), _in_dtype(dy, dtype), dw)
+        elif g.n:
+            frame = _frame(g, _channels_first(x))
+            for batch in self._batches(g, frame, "backward_weights", x.dtype):
+                n, taps = batch.stop - batch.start, frame.taps(batch.stop - batch.start)
+                srcs = frame.phase_input(x[batch], dtype)
+                rows = frame.extended_output(dy[batch], dtype)[:frame.span(n)]
+                kernels.reduce(dw, srcs, taps, rows, kernels.taps_per_gemm(len(taps), g.icg))
+        return dw.reshape(g.w_shape)
+
+
+register(FastEngine(), default=True)

@@ -1,0 +1,227 @@
+"""The phase frame: every convolution as shifted row-slices of flat (rows, channels) buffers.
+
+Per spatial axis (sizes I, O, K, stride S, dilation D, pads PB/PE) the tap of kernel offset k for
+output o reads the padded input at ``p = o*S + k*D``. Writing ``p = S*q + r`` splits the padded
+input into S phases; offset k reads phase ``r_k = (k*D) mod S`` at ``q = o + s_k`` with
+``s_k = (k*D) div S``. Within one phase this is a stride-1 problem, and in a frame of
+``Q = O + max_k s_k`` positions per axis (every tap of every output lies inside it, since
+``S*(O-1) + EK <= I + PB + PE``) a multi-axis shift is one *flat row offset*: with the phase buffer
+``P_r`` of n images viewed as a (rows, C) matrix and the output placed at the frame row m of its
+position::
+
+    y[m]    = sum_k P_{r_k}[m + shift_k] @ w[k]           (forward)
+    dP_r[m] = sum_{k: r_k = r} dy_ext[m - shift_k] @ w[k]^T  (backward data)
+    dw[k]   = sum_m P_{r_k}[m + shift_k]^T dy_ext[m]        (backward weights)
+
+``dy_ext`` is dy in the frame with zeros at the rows that are no output (``o >= O`` on some axis),
+so those rows contribute nothing; frame rows of y past O are computed and dropped. For stride 1
+there is one phase and the buffer is just the padded input; for a 1x1 stride-S kernel it is one
+subsampled phase; with no padding and stride 1 it *is* the input (no copy).
+
+Row order. When ``Q = O`` on every axis (no junk rows) the rows run image by image, as the data
+does, so inputs and outputs can serve as frames without a copy. Otherwise the batch sits *inside*
+the first spatial axis, rows ordered ``(q_1, n, q_2, ..., q_r)``: the junk rows ``q_1 >= O_1`` of
+all images then form one tail that is never computed, which cuts the wasted work from
+``prod(Q/O)`` to ``prod_{a>1}(Q_a/O_a)`` (none at all in 1-D), e.g. from 1.65x to 1.29x for a
+7x7 image with a 3x3 kernel.
+
+The buffers are (rows, C) matrices stored row by row, or channel by channel (``input_major`` for
+the x side, ``output_major`` for the y side): BLAS takes either order as it is, so NCX data is
+copied into its frame along contiguous memory instead of being transposed, and narrow channel
+groups are gathered and summed along runs of rows rather than runs of a few channels.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ... import fp16
+from ...problem import ConvGeometry
+
+__all__ = ["Frame"]
+
+_ALL = slice(None)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """Phase decomposition of one convolution geometry (see the module docstring)."""
+
+    g: ConvGeometry
+    size: tuple[int, ...]                    #: Q per axis
+    phases: tuple[tuple[int, ...], ...]      #: the phase combinations some offset reads, in order
+    tap_phase: tuple[int, ...]               #: per kernel offset (C order): index into ``phases``
+    tap_steps: tuple[tuple[int, ...], ...]   #: per kernel offset: its shift in frame positions per axis
+    input_major: bool = False                #: input-side buffers (x, dx) stored channel by channel
+    output_major: bool = False               #: output-side buffers (y, dy) stored channel by channel
+
+    @classmethod
+    @functools.lru_cache(maxsize=256)
+    def of(cls, g: ConvGeometry, input_major: bool = False, output_major: bool = False) -> Frame:
+        axes = list(zip(g.kernel, g.dilations, g.strides))
+        size = tuple(o + (k - 1) * d // s for o, (k, d, s) in zip(g.out_size, axes))
+        used = [sorted({kk * d % s for kk in range(k)}) for k, d, s in axes]
+        phases = tuple(itertools.product(*used))
+        index = {p: i for i, p in enumerate(phases)}
+        tap_phase, tap_steps = [], []
+        for offset in itertools.product(*(range(k) for k in g.kernel)):
+            tap_phase.append(index[tuple(kk * d % s for kk, (_, d, s) in zip(offset, axes))])
+            tap_steps.append(tuple(kk * d // s for kk, (_, d, s) in zip(offset, axes)))
+        return cls(g, size, phases, tuple(tap_phase), tuple(tap_steps), input_major, output_major)
+
+    # -- rows -----------------------------------------------------------------------------------
+    @property
+    def image_rows(self) -> int:
+        return math.prod(self.size)
+
+    @property
+    def batch_inside(self) -> bool:
+        """Rows ordered (q_1, n, q_2, ...) rather than image by image (see the module docstring)."""
+        return self.size != self.g.out_size
+
+    def _strides(self, n: int) -> tuple[int, tuple[int, ...]]:
+        """(row stride of an image, row stride of each spatial axis) for ``n`` images."""
+        inner = [math.prod(self.size[a + 1:]) for a in range(len(self.size))]
+        if self.batch_inside:
+            return inner[0], (n * inner[0], *inner[1:])
+        return self.image_rows, tuple(inner)
+
+    def taps(self, n: int) -> list[tuple[int, int]]:
+        """(phase, flat row shift) of every kernel offset, for frames of ``n`` images."""
+        _, strides = self._strides(n)
+        return [(p, sum(s * rs for s, rs in zip(steps, strides))) for p, steps in zip(self.tap_phase, self.tap_steps)]
+
+    def max_shift(self, n: int) -> int:
+        return max(shift for _, shift in self.taps(n))
+
+    def span(self, n: int) -> int:
+        """Frame rows up to and including the last output of ``n`` images."""
+        image, strides = self._strides(n)
+        return (n - 1) * image + sum((o - 1) * rs for o, rs in zip(self.g.out_size, strides)) + 1
+
+    def phase_rows(self, phase: int, n: int) -> tuple[int, int]:
+        """The rows of ``phase`` that hold input positions (all rows unless the batch is inside)."""
+        slices = self._phase_slices(self.phases[phase])
+        if not self.batch_inside or slices is None:
+            return 0, n * self.image_rows
+        _, strides = self._strides(n)
+        return slices[0][1].start * strides[0], slices[0][1].stop * strides[0]
+
+    @property
+    def input_is_frame(self) -> bool:
+        """Stride 1 and no padding: the phase buffer would be a copy of the input."""
+        g = self.g
+        return all(s == 1 for s in g.strides) and not any(g.pads_begin) and not any(g.pads_end)
+
+    # -- buffers --------------------------------------------------------------------------------
+    @staticmethod
+    def _widened(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        """f16 data converted by :mod:`convgrad.fp16` (NumPy's cast is 10x slower); other dtypes
+        are converted by the copy into the frame."""
+        return fp16.to_f32(a) if a.dtype == np.float16 and dtype == np.float32 else a
+
+    @staticmethod
+    def _alloc(lead: tuple[int, ...], rows: int, c: int, dtype: np.dtype, fill: bool, major: bool) -> np.ndarray:
+        """A (*lead, rows, C) buffer, channel-major in memory if ``major``; zeroed if ``fill``."""
+        make = np.zeros if fill else np.empty
+        if not major:
+            return make((*lead, rows, c), dtype)
+        return np.swapaxes(make((*lead, c, rows), dtype), -1, -2)
+
+    def _images(self, rows: np.ndarray, n: int) -> np.ndarray:
+        """View (..., n*prod(Q), C) frame rows as (..., n, *Q, C) whatever the row order."""
+        lead, c = rows.shape[:-2], rows.shape[-1]
+        if not self.batch_inside:
+            return rows.reshape(*lead, n, *self.size, c)
+        return np.swapaxes(rows.reshape(*lead, self.size[0], n, *self.size[1:], c), len(lead), len(lead) + 1)
+
+    def _own_rows(self, a: np.ndarray, dtype: np.dtype, major: bool) -> np.ndarray | None:
+        """``a`` (n, *X, C) as frame rows without a copy (right dtype, order and row layout), or None."""
+        if a.dtype != dtype or (self.batch_inside and a.shape[0] > 1):
+            return None
+        if a.ndim > 2 and (a.strides[-1] > a.strides[-2]) != major:
+            return None
+        if not (a.flags.c_contiguous or (major and a.shape[0] == 1)):
+            return None
+        flat = a.reshape(-1, a.shape[-1])
+        return flat if np.shares_memory(flat, a) or not a.size else None
+
+    # -- the input side (x, dx) -------------------------------------------------------------------
+    def _phase_slices(self, phase: tuple[int, ...]) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
+        """(frame slices, input slices) of the input positions in ``phase``; None if there are none."""
+        frame, data = [_ALL], [_ALL]
+        for r, s, pb, i, q in zip(phase, self.g.strides, self.g.pads_begin, self.g.in_size, self.size):
+            lo, hi = max(0, -((r - pb) // s)), min(q, -((r - pb - i) // s))
+            if hi <= lo:
+                return None
+            start = s * lo + r - pb
+            frame.append(slice(lo, hi))
+            data.append(slice(start, start + s * (hi - lo - 1) + 1, s))
+        return (*frame, _ALL), (*data, _ALL)
+
+    def phase_input(self, x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        """The phase buffers of ``x`` (n, *I, C) as ``(phases, n*prod(Q), C)`` in ``dtype``."""
+        n, c = x.shape[0], x.shape[-1]
+        x = self._widened(x, dtype)
+        own = self._own_rows(x, dtype, self.input_major) if self.input_is_frame else None
+        if own is not None:
+            return own[None]
+        buf = self._alloc((len(self.phases),), n * self.image_rows, c, dtype, True, self.input_major)
+        images = self._images(buf, n)
+        for ph, phase in enumerate(self.phases):
+            slices = self._phase_slices(phase)
+            if slices is not None:
+                images[ph][slices[0]] = x[slices[1]]
+        return buf
+
+    def input_target(self, dx: np.ndarray) -> np.ndarray:
+        """Where backward data writes its phase buffers: ``dx`` itself if it is the frame."""
+        n, c = dx.shape[0], dx.shape[-1]
+        own = self._own_rows(dx, dx.dtype, self.input_major) if self.input_is_frame else None
+        if own is not None:
+            return own[None]
+        return self._alloc((len(self.phases),), n * self.image_rows, c, dx.dtype, False, self.input_major)
+
+    def scatter_input(self, phases: np.ndarray, dx: np.ndarray) -> None:
+        """Copy phase buffers back to ``dx`` (zero-filled; positions no tap reads stay 0)."""
+        if np.shares_memory(phases, dx):
+            return
+        images = self._images(phases, dx.shape[0])
+        for ph, phase in enumerate(self.phases):
+            slices = self._phase_slices(phase)
+            if slices is not None:
+                dx[slices[1]] = images[ph][slices[0]]
+
+    # -- the output side (y, dy) ------------------------------------------------------------------
+    def _output_slices(self) -> tuple[slice, ...]:
+        return (_ALL, *(slice(0, o) for o in self.g.out_size), _ALL)
+
+    def extended_output(self, dy: np.ndarray, dtype: np.dtype, lead: int = 0) -> np.ndarray:
+        """``dy`` (n, *O, C) in the frame, zeros elsewhere, after ``lead`` zero rows: (lead + rows, C)."""
+        n, c = dy.shape[0], dy.shape[-1]
+        dy = self._widened(dy, dtype)
+        own = self._own_rows(dy, dtype, self.output_major) if not lead and not self.batch_inside else None
+        if own is not None:
+            return own
+        buf = self._alloc((), lead + n * self.image_rows, c, dtype, True, self.output_major)
+        self._images(buf[lead:], n)[self._output_slices()] = dy
+        return buf
+
+    def output_target(self, y: np.ndarray) -> np.ndarray:
+        """Where forward writes its frame rows: ``y`` itself if it is the frame."""
+        n, c = y.shape[0], y.shape[-1]
+        own = self._own_rows(y, y.dtype, self.output_major) if not self.batch_inside else None
+        if own is not None:
+            return own
+        return self._alloc((), n * self.image_rows, c, y.dtype, False, self.output_major)
+
+    def crop_output(self, rows: np.ndarray, y: np.ndarray) -> None:
+        """Copy the output rows of a frame buffer into ``y`` (no-op if ``rows`` is ``y``)."""
+        if np.shares_memory(rows, y):
+            return
+        y[...] = self._images(rows, y.shape[0])[self._output_slices()]

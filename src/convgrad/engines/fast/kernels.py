@@ -1,0 +1,168 @@
+"""Row-blocked kernels over "taps": shifted row slices of flat (rows, channels) buffers.
+
+A tap ``t = (s, off)`` names the rows ``src[s][m + off]`` that feed row m. With grouped channels
+(``G`` groups of ``Ci`` input and ``Co`` output channels per row) and tap weights ``W[t]`` of
+shape ``(G, Ci, Co)``:
+
+- :func:`accumulate`:  ``out[m] = sum_t src[s_t][m + off_t] @ W[t]``        (forward, backward data)
+- :func:`reduce`:      ``dW[t]  = sum_m src[s_t][m + off_t]^T @ dy[m]``     (backward weights)
+
+Rows are processed in blocks of about ``BLOCK_BYTES`` so that every temporary stays in cache and
+the extra memory is independent of the problem size. Within a block the taps are taken
+``per_gemm`` at a time: with one tap per GEMM the operands are views (no copy); with several the
+taps' rows are gathered side by side into one ``(B, per_gemm*Ci)`` operand, so that narrow
+channel counts still give BLAS a deep reduction (a blocked im2col). When instead the *outputs*
+are the narrow side (``Co < min(Ci, GEMM_DEPTH)``, e.g. the data gradient of a 3-channel first layer),
+:func:`accumulate` spreads: one GEMM ``src @ [W_t1 | W_t2 | ...]`` per cluster of nearby taps,
+then the narrow per-tap results are summed at their shifts. Depthwise problems
+(``Ci = Co = 1``) are no GEMM at all: see :mod:`.depthwise`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["BLOCK_BYTES", "GEMM_DEPTH", "taps_per_gemm", "block_rows", "accumulate", "reduce"]
+
+#: Bytes of the per-block operand (the L2 cache of a core is 1 MiB on the reference machine).
+BLOCK_BYTES = 2 << 20
+#: Reduction depth (taps x channels) from which a GEMM runs near BLAS speed.
+GEMM_DEPTH = 64
+
+Taps = Sequence[tuple[int, int]]
+
+
+def taps_per_gemm(taps: int, channels: int) -> int:
+    """How many taps one GEMM takes: enough for a reduction of ``GEMM_DEPTH``, split evenly."""
+    want = min(taps, max(1, math.ceil(GEMM_DEPTH / channels)))
+    gemms = math.ceil(taps / want)
+    return math.ceil(taps / gemms)
+
+
+def block_rows(row_bytes: int, rows: int) -> int:
+    """Rows per block so that one block operand holds about ``BLOCK_BYTES``."""
+    return max(1, min(rows, max(256, BLOCK_BYTES // max(1, row_bytes))))
+
+
+def _grouped(rows: np.ndarray, groups: int) -> np.ndarray:
+    """View (B, G*C) rows as (G, B, C)."""
+    return rows.reshape(rows.shape[0], groups, -1).transpose(1, 0, 2)
+
+
+def channel_major(rows: np.ndarray) -> bool:
+    """Whether a (rows, C) matrix is stored channel by channel (as NCX data is)."""
+    return rows.ndim == 2 and rows.strides[0] < rows.strides[1]
+
+
+def _carve(flat: np.ndarray, groups: int, rows: int, inner: tuple[int, ...], by_channel: bool) -> np.ndarray:
+    """A (G, rows, *inner) array on the front of ``flat``, rows innermost if ``by_channel`` (so
+    that copies from and to channel-major buffers run along contiguous memory)."""
+    size = groups * rows * int(np.prod(inner))
+    if by_channel:
+        return flat[:size].reshape(groups, *inner, rows).transpose(0, len(inner) + 1, *range(1, len(inner) + 1))
+    return flat[:size].reshape(groups, rows, *inner)
+
+
+def _operand(srcs: Sequence[np.ndarray], taps: Taps, a: int, b: int, groups: int,
+             col: np.ndarray | None) -> np.ndarray:
+    """(G, B, len(taps)*Ci) operand of rows a..b: a view for one tap, else gathered into the flat
+    buffer ``col``."""
+    if len(taps) == 1:
+        s, off = taps[0]
+        return _grouped(srcs[s][a + off:b + off], groups)
+    first = srcs[taps[0][0]]
+    block = _carve(col, groups, b - a, (len(taps), first.shape[1] // groups), channel_major(first))
+    for j, (s, off) in enumerate(taps):
+        block[:, :, j] = _grouped(srcs[s][a + off:b + off], groups)
+    return block.reshape(groups, b - a, -1)
+
+
+def _chunks(taps: Taps, per_gemm: int) -> list[Taps]:
+    return [taps[i:i + per_gemm] for i in range(0, len(taps), per_gemm)]
+
+
+def _stack(weights: np.ndarray, per_gemm: int, dtype: np.dtype) -> list[np.ndarray]:
+    """Tap weights (T, G, Ci, Co) as one (G, per_gemm*Ci, Co) matrix in ``dtype`` per GEMM."""
+    t, g, ci, co = weights.shape
+    return [np.ascontiguousarray(weights[i:i + per_gemm].transpose(1, 0, 2, 3), dtype=dtype).reshape(g, -1, co)
+            for i in range(0, t, per_gemm)]
+
+
+def _clusters(taps: Taps, window: int) -> list[list[int]]:
+    """Tap indices grouped by source, each group spanning at most ``window`` rows of offsets."""
+    clusters: list[list[int]] = []
+    for t in sorted(range(len(taps)), key=lambda t: taps[t]):
+        first = taps[clusters[-1][0]] if clusters else None
+        if first is not None and first[0] == taps[t][0] and taps[t][1] - first[1] <= window:
+            clusters[-1].append(t)
+        else:
+            clusters.append([t])
+    return clusters
+
+
+def _spread(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights: np.ndarray) -> None:
+    """:func:`accumulate` for narrow outputs: per cluster of taps one wide GEMM, then shifted sums."""
+    rows, (_, groups, ci, co) = out.shape[0], weights.shape
+    step = block_rows(groups * max(ci, len(taps) * co) * out.itemsize, rows)
+    clusters = _clusters(taps, step // 4)
+    mats = [np.ascontiguousarray(weights[idx].transpose(1, 2, 0, 3), dtype=out.dtype).reshape(groups, ci, -1)
+            for idx in clusters]
+    span = max(taps[c[-1]][1] - taps[c[0]][1] for c in clusters)
+    buf = np.empty(groups * (step + span) * len(taps) * co, out.dtype)
+    first = True
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        target = _grouped(out[a:b], groups)
+        for i, (idx, mat) in enumerate(zip(clusters, mats)):
+            s, lo = taps[idx[0]]
+            hi = taps[idx[-1]][1]
+            z = _carve(buf, groups, b - a + hi - lo, (mat.shape[2],), channel_major(out))
+            np.matmul(_grouped(srcs[s][a + lo:b + hi], groups), mat, out=z)
+            for j, t in enumerate(idx):
+                piece = z[:, taps[t][1] - lo:taps[t][1] - lo + b - a, j * co:(j + 1) * co]
+                if i == 0 and j == 0:
+                    target[...] = piece
+                else:
+                    target += piece
+
+
+def accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights: np.ndarray,
+               per_gemm: int) -> None:
+    """``out[m] = sum_t srcs[s_t][m + off_t] @ weights[t]`` for every row m of ``out``.
+
+    ``out`` (R, G*Co); ``srcs[s]`` (rows, G*Ci); ``weights`` (T, G, Ci, Co)."""
+    rows, groups, ci = out.shape[0], weights.shape[1], weights.shape[2]
+    if len(taps) > 1 and weights.shape[3] < min(ci, GEMM_DEPTH):
+        _spread(out, srcs, taps, weights)
+        return
+    chunks, mats = _chunks(taps, per_gemm), _stack(weights, per_gemm, out.dtype)
+    step = block_rows(groups * max(per_gemm * ci, weights.shape[3]) * out.itemsize, rows)
+    col = np.empty(groups * step * per_gemm * ci, out.dtype) if per_gemm > 1 else None
+    tmp = np.empty(groups * step * weights.shape[3], out.dtype) if len(chunks) > 1 else None
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        target = _grouped(out[a:b], groups)
+        for i, (chunk, mat) in enumerate(zip(chunks, mats)):
+            lhs = _operand(srcs, chunk, a, b, groups, col)
+            if i == 0:
+                np.matmul(lhs, mat, out=target)
+            else:
+                scratch = _carve(tmp, groups, b - a, (weights.shape[3],), channel_major(out))
+                target += np.matmul(lhs, mat, out=scratch)
+
+
+def reduce(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarray, per_gemm: int) -> None:
+    """``out[t] += sum_m srcs[s_t][m + off_t]^T @ dy[m]`` over the rows of ``dy`` (R, G*Co), with
+    ``out`` (T, Ci, G, Co), the canonical weights layout (so no weight-sized temporaries)."""
+    rows, (_, ci, groups, co) = dy.shape[0], out.shape
+    step = block_rows(groups * max(per_gemm * ci, co) * dy.itemsize, rows)
+    col = np.empty(groups * step * per_gemm * ci, dy.dtype) if per_gemm > 1 else None
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        rhs = _grouped(dy[a:b], groups)
+        for chunk, t in zip(_chunks(taps, per_gemm), range(0, len(taps), per_gemm)):
+            product = np.matmul(_operand(srcs, chunk, a, b, groups, col).transpose(0, 2, 1), rhs)
+            out[t:t + len(chunk)].transpose(2, 0, 1, 3)[...] += product.reshape(groups, len(chunk), ci, co)

@@ -1,0 +1,196 @@
+"""The fast engine against the float64 reference engine: an attribute grid through the API, and
+hypothesis-generated geometries (awkward sizes included) on the engine directly."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import convgrad as cg
+from convgrad.dtypes import DATA_DTYPES
+from convgrad.engines import default_engine_name, get_engine
+from convgrad.problem import ConvGeometry
+
+FAST, REF = get_engine("fast"), get_engine("reference")
+TASKS = ("forward", "backward_data", "backward_weights")
+
+
+def _tolerance(dtype: np.dtype) -> float:
+    return {"f64": 1e-10, "f32": 2e-5, "bf16": 2e-2, "f16": 2e-3}[cg.dtypes.dtype_name(dtype)]
+
+
+def _close(got: np.ndarray, want: np.ndarray, tol: float, msg: str = "") -> None:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, msg
+    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * scale, err_msg=msg)
+
+
+def _geometry(n, groups, icg, ocg, in_size, kernel, strides, dilations, pb, pe) -> ConvGeometry | None:
+    out = tuple((i + b + e - (k - 1) * d - 1) // s + 1
+                for i, b, e, k, d, s in zip(in_size, pb, pe, kernel, dilations, strides))
+    if any(i + b + e < (k - 1) * d + 1 for i, b, e, k, d in zip(in_size, pb, pe, kernel, dilations)):
+        return None
+    return ConvGeometry(n, groups, groups * icg, groups * ocg, tuple(in_size), out, tuple(kernel),
+                        tuple(strides), tuple(dilations), tuple(pb), tuple(pe))
+
+
+def _engine_inputs(g: ConvGeometry, rng: np.random.Generator, dtype,
+                   channels_first: bool = False) -> dict[str, tuple[np.ndarray, ...]]:
+    """Random non-zero canonical inputs; ``channels_first``: views of NCX-ordered memory."""
+    x, w, dy = (rng.uniform(0.5, 1.5, s) * rng.choice([-1, 1], s) for s in (g.x_shape, g.w_shape, g.y_shape))
+    x, w, dy = (a.astype(dtype) for a in (x, w, dy))
+    if channels_first:
+        x, dy = (np.moveaxis(np.ascontiguousarray(np.moveaxis(a, -1, 1)), 1, -1) for a in (x, dy))
+    return {"forward": (x, w), "backward_data": (dy, w), "backward_weights": (x, dy)}
+
+
+def test_fast_is_the_default(monkeypatch):
+    monkeypatch.delenv("CONVGRAD_ENGINE", raising=False)
+    assert default_engine_name() == "fast" and get_engine().name == "fast"
+
+
+# -- every op, layout, rank, group count and dtype, through the API --------------------------------
+OPS = ("Convolution", "ConvolutionBackwardData", "ConvolutionBackwardWeights", "ConvolutionBackpropFilters",
+       "ConvTranspose", "ConvTransposeBackwardData", "ConvTransposeBackwardWeights")
+
+
+def _op_inputs(kind: str, g: ConvGeometry, fmt: str, rng: np.random.Generator, dtype: np.dtype):
+    """Inputs of ``kind`` in spec order (NCX/NXC data; the caller's weights format)."""
+    def data(shape):
+        a = rng.standard_normal(shape).astype(dtype)
+        return a if fmt == "NXC" else np.ascontiguousarray(np.moveaxis(a, -1, 1))
+    x, y = data(g.x_shape), data(g.y_shape)
+    w = rng.standard_normal(g.w_shape).astype(dtype)
+    xs = np.array(x.shape, np.int32)
+    return {"Convolution": (x, w), "ConvolutionBackwardData": (y, w, xs),
+            "ConvolutionBackwardWeights": (x, y), "ConvolutionBackpropFilters": (x, y),
+            "ConvTranspose": (y, w), "ConvTransposeBackwardData": (x, w),
+            "ConvTransposeBackwardWeights": (y, x)}[kind], w
+
+
+GRID = list(itertools.product(OPS, (1, 2, 3), ("NXC", "NCX"), (1, 3)))
+
+
+@pytest.mark.parametrize("kind,rank,fmt,groups", GRID)
+def test_ops_grid_against_reference(kind, rank, fmt, groups, rng):
+    g = _geometry(2, groups, 2, 3, (6, 5, 4)[:rank], (3, 2, 2)[:rank], (2, 1, 2)[:rank], (1, 2, 1)[:rank],
+                  (1, 0, 1)[:rank], (0, 1, 1)[:rank])
+    transposed = kind.startswith("ConvTranspose")
+    for dtype_name in ("f32", "bf16", "f16", "f64"):
+        dtype = DATA_DTYPES[dtype_name]
+        for wfmt in (("XOI", "IOX") if transposed else ("XIO", "OIX")):
+            inputs, w_xio = _op_inputs(kind, g, fmt, rng, dtype)
+            w = w_xio if wfmt[0] == "X" else np.ascontiguousarray(np.transpose(w_xio, (rank + 1, rank, *range(rank))))
+            wkey = "filter_format" if kind == "ConvolutionBackpropFilters" else "weights_format"
+            attrs = dict(strides=list(g.strides), dilations=list(g.dilations), pads_begin=list(g.pads_begin),
+                         pads_end=list(g.pads_end), groups=groups, data_format=fmt, **{wkey: wfmt})
+            if kind in ("ConvolutionBackwardWeights", "ConvTransposeBackwardWeights"):
+                attrs["weights_shape"] = list(w.shape)
+            if kind == "ConvolutionBackpropFilters":
+                attrs["filter_shape"] = list(w.shape)
+            if transposed:
+                attrs["output_padding"] = [(i + b + e - (k - 1) * d - 1) % s for i, b, e, k, d, s in
+                                           zip(g.in_size, g.pads_begin, g.pads_end, g.kernel, g.dilations, g.strides)]
+            inputs = tuple(w if a is w_xio else a for a in inputs)
+            op = cg.Op(kind, **attrs)
+            got, want = op(*inputs, engine="fast"), op(*inputs, engine="reference")
+            assert got.dtype == want.dtype == dtype
+            _close(got, want, _tolerance(dtype), f"{kind} {dtype_name} {fmt}/{wfmt}")
+
+
+# -- hypothesis: awkward geometries on the engine directly ---------------------------------------
+@st.composite
+def geometries(draw) -> ConvGeometry:
+    rank = draw(st.integers(1, 3))
+    axis = st.tuples(st.integers(1, 9 if rank < 3 else 5), st.integers(1, 4), st.integers(1, 4),
+                     st.integers(1, 3), st.integers(0, 3), st.integers(0, 3))
+    axes = [draw(axis) for _ in range(rank)]
+    kind = draw(st.sampled_from(["dense", "grouped", "depthwise", "multiplier"]))
+    groups = 1 if kind == "dense" else draw(st.integers(2, 9))
+    icg = 1 if kind in ("depthwise", "multiplier") else draw(st.integers(1, 7))
+    ocg = 1 if kind == "depthwise" else draw(st.integers(1 if kind != "multiplier" else 2, 7))
+    g = _geometry(draw(st.integers(0, 3)), groups, icg, ocg, *zip(*axes))
+    assume(g is not None)
+    return g
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(g=geometries(), dtype=st.sampled_from([np.float64, np.float32]), channels_first=st.booleans())
+def test_random_geometries_against_reference(g, dtype, channels_first):
+    inputs = _engine_inputs(g, np.random.default_rng(), dtype, channels_first)
+    for task in TASKS:
+        got, want = getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task])
+        assert got.dtype == np.dtype(dtype)
+        _close(got, want, _tolerance(np.dtype(dtype)), f"{task} {g}")
+
+
+@pytest.mark.parametrize("case", [
+    # kernel larger than the input, reached only through padding
+    dict(n=2, groups=1, icg=3, ocg=2, in_size=(2, 3), kernel=(5, 4), strides=(1, 1), dilations=(1, 1),
+         pb=(2, 1), pe=(2, 2)),
+    # stride larger than the kernel: input positions no window touches
+    dict(n=2, groups=2, icg=2, ocg=3, in_size=(11,), kernel=(2,), strides=(5,), dilations=(1,), pb=(0,), pe=(1,)),
+    # output size 1 on every axis, 3-D
+    dict(n=1, groups=1, icg=5, ocg=3, in_size=(3, 3, 3), kernel=(3, 3, 3), strides=(2, 2, 2),
+         dilations=(1, 1, 1), pb=(0, 0, 0), pe=(0, 0, 0)),
+    # many groups of odd width, stride and dilation at once
+    dict(n=3, groups=12, icg=3, ocg=5, in_size=(9, 7), kernel=(3, 2), strides=(2, 3), dilations=(2, 1),
+         pb=(1, 0), pe=(0, 2)),
+    # wide channels: one offset per GEMM on views
+    dict(n=2, groups=1, icg=80, ocg=70, in_size=(6, 5), kernel=(3, 3), strides=(1, 2), dilations=(1, 1),
+         pb=(1, 1), pe=(1, 1)),
+    # narrow outputs from wide inputs (the data gradient of a 3-channel first layer): spread GEMMs
+    dict(n=2, groups=1, icg=3, ocg=64, in_size=(9, 8), kernel=(3, 3), strides=(2, 1), dilations=(1, 2),
+         pb=(1, 2), pe=(1, 0)),
+    dict(n=2, groups=2, icg=2, ocg=65, in_size=(7,), kernel=(4,), strides=(3,), dilations=(1,), pb=(2,), pe=(0,)),
+    # 1x1 stride 1 without padding: the input is its own frame (no copies)
+    dict(n=2, groups=1, icg=65, ocg=9, in_size=(4, 5), kernel=(1, 1), strides=(1, 1), dilations=(1, 1),
+         pb=(0, 0), pe=(0, 0)),
+    # empty batch
+    dict(n=0, groups=2, icg=3, ocg=2, in_size=(5,), kernel=(3,), strides=(1,), dilations=(1,), pb=(1,), pe=(1,)),
+])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("channels_first", [False, True])
+def test_awkward_geometries(case, dtype, channels_first, rng):
+    g = _geometry(**case)
+    inputs = _engine_inputs(g, rng, dtype, channels_first)
+    for task in TASKS:
+        _close(getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task]),
+               _tolerance(np.dtype(dtype)), task)
+
+
+def test_batch_chunks_and_row_blocks(monkeypatch, rng):
+    """Several batch chunks and row blocks give the same result as one."""
+    from convgrad.engines import fast
+    monkeypatch.setattr(fast, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(fast, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(fast.kernels, "BLOCK_BYTES", 1)
+    for (groups, icg, ocg), channels_first in itertools.product(((1, 4, 6), (5, 1, 1), (1, 70, 3)), (False, True)):
+        g = _geometry(3, groups, icg, ocg, (20, 19), (3, 3), (2, 1), (1, 2), (1, 2), (2, 1))
+        inputs = _engine_inputs(g, rng, np.float64, channels_first)
+        for task in TASKS:
+            _close(getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task]), 1e-10, task)
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("case,dtype,channels_first", [
+    ((4, 1, 16, 24, (30, 30), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)), np.float32, False),
+    ((4, 1, 3, 70, (30, 30), (5, 5), (2, 2), (1, 1), (2, 2), (2, 2)), np.float32, True),
+    ((3, 4, 8, 8, (12, 12), (3, 3), (1, 1), (2, 2), (0, 0), (0, 0)), np.float16, False),
+    ((5, 1, 64, 64, (9, 9), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), np.float32, True),
+])
+def test_workspace_estimate_bounds_the_allocations(task, case, dtype, channels_first, rng):
+    import tracemalloc
+    g = _geometry(*case)
+    inputs = _engine_inputs(g, rng, dtype, channels_first)
+    getattr(FAST, task)(g, *inputs[task])  # compiles what numba compiles, outside the measurement
+    tracemalloc.start()
+    result = getattr(FAST, task)(g, *inputs[task])
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak - result.nbytes <= FAST.workspace_bytes(g, task, np.dtype(dtype))

@@ -1,0 +1,40 @@
+"""The fast half <-> single conversions are bit-exact with NumPy's casts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from convgrad import fp16
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    unsigned = np.uint16 if a.dtype == np.float16 else np.uint32
+    bits = a.view(unsigned) == b.view(unsigned)
+    return bool((bits | (np.isnan(a) & np.isnan(b))).all())
+
+
+def test_widen_every_half():
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    assert _same(fp16.to_f32(every), every.astype(np.float32))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_narrow_matches_numpy(rng):
+    bits = rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    scaled = (rng.standard_normal(1 << 18) * 10.0 ** rng.integers(-9, 6, 1 << 18)).astype(np.float32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65520.0, 2.0 ** -24, 2.0 ** -25,
+                        3 * 2.0 ** -26, 2.0 ** -14], np.float32)
+    for values in (bits, scaled, special):
+        assert _same(fp16.from_f32(values), values.astype(np.float16))
+
+
+def test_memory_order_is_kept(rng):
+    ncx = rng.standard_normal((2, 5, 4, 3)).astype(np.float16)
+    view = np.moveaxis(ncx, 1, -1)
+    wide = fp16.to_f32(view)
+    assert np.array_equal(wide, view.astype(np.float32)) and np.moveaxis(wide, -1, 1).flags.c_contiguous
+    back = fp16.from_f32(wide)
+    assert np.array_equal(back, view) and np.moveaxis(back, -1, 1).flags.c_contiguous
+    strided = wide[:, ::2]
+    assert np.array_equal(fp16.from_f32(strided), strided.astype(np.float16))
