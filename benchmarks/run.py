@@ -84,7 +84,7 @@ def load_suite(suite: str, mb: int, quick: bool) -> list[ConvDescriptor]:
 
 def shapes(d: ConvDescriptor) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """NCX x, NCX y and OIX w shapes."""
-    return ((d.mb, d.ic, *d.in_size), (d.mb, d.oc, *d.out_size), (d.oc, d.ic // d.groups, *d.kernel))
+    return ((d.n, d.ic, *d.in_size), (d.n, d.oc, *d.out_size), (d.oc, d.ic // d.groups, *d.kernel))
 
 
 def ours(d: ConvDescriptor, task: str, dtype: np.dtype, data_format: str, rng: np.random.Generator):

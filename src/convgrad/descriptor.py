@@ -10,9 +10,10 @@ with neither h nor w copies d to both. The right pad is what makes the output si
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, replace
+
+from .problem import ConvGeometry
 
 __all__ = ["ConvDescriptor", "DescriptorError", "parse_descriptor", "parse_descriptor_file"]
 
@@ -26,39 +27,20 @@ class DescriptorError(ValueError):
 
 
 @dataclass(frozen=True)
-class ConvDescriptor:
-    """A resolved convolution problem (spatial tuples ordered d, h, w; rank 1 = w only)."""
+class ConvDescriptor(ConvGeometry):
+    """A resolved problem: the convolution's geometry (spatial tuples ordered d, h, w; rank 1 = w
+    only), with the descriptor's name and text."""
 
-    groups: int
-    mb: int
-    ic: int
-    oc: int
-    in_size: tuple[int, ...]
-    out_size: tuple[int, ...]
-    kernel: tuple[int, ...]
-    strides: tuple[int, ...]
-    pads_begin: tuple[int, ...]
-    pads_end: tuple[int, ...]
-    dilations: tuple[int, ...]
     name: str = ""
     text: str = ""
 
-    @property
-    def rank(self) -> int:
-        return len(self.kernel)
-
-    @property
-    def flops(self) -> int:
-        """2 * N * OC * IC/G * prod(K) * prod(O)."""
-        return 2 * self.mb * self.oc * (self.ic // self.groups) * math.prod(self.kernel) * math.prod(self.out_size)
-
     def with_mb(self, mb: int) -> "ConvDescriptor":
-        return replace(self, mb=mb)
+        return replace(self, n=mb)
 
     def canonical(self) -> str:
         """The descriptor written out in full (benchdnn's canonical order, dilation minus one)."""
         axes = "dhw"[3 - self.rank:]
-        parts = [f"g{self.groups}", f"mb{self.mb}", f"ic{self.ic}"]
+        parts = [f"g{self.groups}", f"mb{self.n}", f"ic{self.ic}"]
         parts += [f"i{a}{v}" for a, v in zip(axes, self.in_size)]
         parts += [f"oc{self.oc}"] + [f"o{a}{v}" for a, v in zip(axes, self.out_size)]
         parts += [f"k{a}{v}" for a, v in zip(axes, self.kernel)]
@@ -144,8 +126,8 @@ def _resolve(v: dict[str, int], name: str, text: str) -> ConvDescriptor:
     groups = v.get("g", 1)
     if groups < 1 or v["ic"] % groups or v["oc"] % groups:
         raise DescriptorError(f"descriptor {text!r}: ic={v['ic']} and oc={v['oc']} must divide by g={groups}")
-    return ConvDescriptor(groups, v.get("mb", 2), v["ic"], v["oc"], i, o, k, s, p,
-                          tuple(max(0, pe) for pe in pads_end), dil, name, text)
+    return ConvDescriptor(v.get("mb", 2), groups, v["ic"], v["oc"], i, o, k, s, dil, p,
+                          tuple(max(0, pe) for pe in pads_end), name, text)
 
 
 def parse_descriptor_file(lines: list[str]) -> list[tuple[int, ConvDescriptor | DescriptorError]]:

@@ -29,9 +29,9 @@ def descriptor_graph(desc: ConvDescriptor, direction: str, dtype: str, tag: str)
     kind, input_ids, output_id = DIRECTIONS[direction]
     data_format, weights_format = ("NXC", "XIO") if tag == "nxc" else ("NCX", "OIX")
     shapes = {
-        0: data_shape(desc.mb, desc.ic, desc.in_size, data_format),
+        0: data_shape(desc.n, desc.ic, desc.in_size, data_format),
         1: weights_shape(desc.oc, desc.ic // desc.groups, desc.kernel, weights_format),
-        2: data_shape(desc.mb, desc.oc, desc.out_size, data_format),
+        2: data_shape(desc.n, desc.oc, desc.out_size, data_format),
         3: (desc.oc,),
     }
     attrs: dict[str, object] = {
