@@ -85,8 +85,13 @@ def _chunks(taps: Taps, per_gemm: int) -> list[Taps]:
 
 
 def _stack(weights: np.ndarray, per_gemm: int, dtype: np.dtype) -> list[np.ndarray]:
-    """Tap weights (T, G, Ci, Co) as one (G, per_gemm*Ci, Co) matrix in ``dtype`` per GEMM."""
+    """Tap weights (T, G, Ci, Co) as one (G, per_gemm*Ci, Co) matrix in ``dtype`` per GEMM: views
+    of ``weights`` where BLAS takes them as they are (one tap per GEMM, one group, row- or
+    column-major), else copies."""
     t, g, ci, co = weights.shape
+    if per_gemm == 1 and g == 1 and weights.dtype == dtype \
+            and (weights[0, 0].flags.c_contiguous or weights[0, 0].flags.f_contiguous):
+        return list(weights)
     return [np.ascontiguousarray(weights[i:i + per_gemm].transpose(1, 0, 2, 3), dtype=dtype).reshape(g, -1, co)
             for i in range(0, t, per_gemm)]
 
