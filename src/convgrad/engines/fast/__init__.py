@@ -102,13 +102,14 @@ class FastEngine:
     def _frame_bytes(g: ConvGeometry, frame: Frame, task: str, dtype: np.dtype) -> int:
         """Bytes per image of the frame buffers ``task`` allocates (none where the data itself
         serves as the frame: stride 1 without padding on the input side, no junk rows on the
-        output side, in the accumulation dtype and the frame's memory order)."""
+        output side and, for backward data, no lead rows, in the accumulation dtype and the
+        frame's memory order)."""
         acc, rows = compute_dtype(dtype), frame.image_rows
+        lead = frame.max_shift(1) if task == "backward_data" else 0  # lead rows grow at most with n
         own_input = frame.input_is_frame and not frame.batch_inside and not frame.input_major \
             and (task == "backward_data" or dtype == acc)
-        own_output = not frame.batch_inside and not frame.output_major and task != "backward_data" \
+        own_output = not frame.batch_inside and not frame.output_major and not lead \
             and (task == "forward" or dtype == acc)
-        lead = frame.max_shift(1) if task == "backward_data" else 0  # lead rows grow at most with n
         return ((0 if own_input else len(frame.phases) * rows * g.ic)
                 + (0 if own_output else (rows + lead) * g.oc)) * acc.itemsize
 
