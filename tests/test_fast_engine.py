@@ -151,6 +151,9 @@ def test_random_geometries_against_reference(g, dtype, channels_first):
     # 1x1 stride 1 without padding: the input is its own frame (no copies)
     dict(n=2, groups=1, icg=65, ocg=9, in_size=(4, 5), kernel=(1, 1), strides=(1, 1), dilations=(1, 1),
          pb=(0, 0), pe=(0, 0)),
+    # the same with enough positions per image: NCX data runs as one GEMM per image
+    dict(n=3, groups=1, icg=7, ocg=66, in_size=(12, 11), kernel=(1, 1), strides=(1, 1), dilations=(1, 1),
+         pb=(0, 0), pe=(0, 0)),
     # empty batch
     dict(n=0, groups=2, icg=3, ocg=2, in_size=(5,), kernel=(3,), strides=(1,), dilations=(1,), pb=(1,), pe=(1,)),
 ])
@@ -183,6 +186,7 @@ def test_batch_chunks_and_row_blocks(monkeypatch, rng):
     ((4, 1, 3, 70, (30, 30), (5, 5), (2, 2), (1, 1), (2, 2), (2, 2)), np.float32, True),
     ((3, 4, 8, 8, (12, 12), (3, 3), (1, 1), (2, 2), (0, 0), (0, 0)), np.float16, False),
     ((5, 1, 64, 64, (9, 9), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), np.float32, True),
+    ((5, 1, 64, 64, (12, 12), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), np.float32, True),
 ])
 def test_workspace_estimate_bounds_the_allocations(task, case, dtype, channels_first, rng):
     import tracemalloc

@@ -18,6 +18,10 @@ Selection rule, one algorithm per problem class (Ci/Co: channels per group on th
 and output side; ``GEMM_DEPTH`` = 64):
 
 - depthwise (Ci = Co = 1): compiled multiply-adds over channels (:mod:`.depthwise`, numba);
+- forward and backward data of a pointwise layer (1x1, stride 1, no padding, one group) on NCX
+  data in the accumulation dtype with at least ``IMAGE_GEMM_ROWS`` positions per image: one
+  batched GEMM over the images, on the channel-major (C, positions) matrices as they are (no
+  frame copies; below that size the per-image GEMMs are too small and the frame path wins);
 - Ci >= GEMM_DEPTH: one GEMM per kernel offset on views of the frame (no copy);
 - Ci < GEMM_DEPTH: ``taps_per_gemm`` offsets gathered side by side per row block, so that each
   GEMM reduces over >= GEMM_DEPTH values (a blocked im2col, cache-sized);
@@ -50,10 +54,24 @@ __all__ = ["FastEngine", "CHUNK_BYTES"]
 CHUNK_BYTES = 16 << 20
 #: Chunks of at most half the op's own size are never cut below this (tiny problems: one chunk).
 MIN_CHUNK_BYTES = 1 << 20
+#: Positions per image from which an NCX pointwise layer runs as per-image GEMMs (see above).
+IMAGE_GEMM_ROWS = 128
 
 
 def _depthwise(g: ConvGeometry) -> bool:
     return g.icg == 1 and g.ocg == 1
+
+
+def _image_gemms(g: ConvGeometry, data: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether forward or backward data runs as one GEMM per image (see the selection rule)."""
+    return (g.groups == 1 and math.prod(g.kernel) == 1 and all(s == 1 for s in g.strides)
+            and not any(g.pads_begin) and not any(g.pads_end) and math.prod(g.out_size) >= IMAGE_GEMM_ROWS
+            and data.dtype == dtype and _channels_first(data))
+
+
+def _image_rows(data: np.ndarray) -> np.ndarray:
+    """Canonical (N, *X, C) data as (N, prod(X), C) matrices (a view for NCX memory)."""
+    return data.reshape(data.shape[0], -1, data.shape[-1])
 
 
 def _channels_first(data: np.ndarray) -> bool:
@@ -152,11 +170,15 @@ class FastEngine:
     def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         """y = conv(x, w): sum over offsets of shifted-row GEMMs into the frame rows of y."""
         dtype = compute_dtype(x.dtype)
-        y = _empty_like_data(g.y_shape, dtype, x, fill=not _depthwise(g))
+        y = _empty_like_data(g.y_shape, dtype, x, fill=not (_depthwise(g) or _image_gemms(g, x, dtype)))
         if g.n == 0:
             return y
         if _depthwise(g):
             depthwise.forward(g, _in_dtype(x, dtype), w, y)
+            return y
+        if _image_gemms(g, x, dtype):
+            np.matmul(_image_rows(x), _tap_weights(g, w, transpose=False)[0, 0].astype(dtype, copy=False),
+                      out=_image_rows(y))
             return y
         frame = _frame(g, _channels_first(x))
         weights = _tap_weights(g, w, transpose=False)
@@ -177,6 +199,10 @@ class FastEngine:
             return dx
         if _depthwise(g):
             depthwise.backward_data(g, _in_dtype(dy, dtype), w, dx)
+            return dx
+        if _image_gemms(g, dy, dtype):
+            np.matmul(_image_rows(dy), _tap_weights(g, w, transpose=True)[0, 0].astype(dtype, copy=False),
+                      out=_image_rows(dx))
             return dx
         weights = _tap_weights(g, w, transpose=True)
         per_phase = [[k for k, p in enumerate(frame.tap_phase) if p == ph] for ph in range(len(frame.phases))]
