@@ -24,7 +24,8 @@ and output side; ``GEMM_DEPTH`` = 64):
   frame copies; below that size the per-image GEMMs are too small and the frame path wins);
 - Ci >= GEMM_DEPTH: one GEMM per kernel offset on views of the frame (no copy);
 - Ci < GEMM_DEPTH: ``taps_per_gemm`` offsets gathered side by side per row block, so that each
-  GEMM reduces over >= GEMM_DEPTH values (a blocked im2col, cache-sized);
+  GEMM reduces over >= GEMM_DEPTH values (a blocked im2col, cache-sized); for backward weights,
+  where those values are the GEMM's output rows, over ``REDUCE_DEPTH`` = 256;
 - sums over offsets (forward, backward data) with Co < min(Ci, GEMM_DEPTH): one wide GEMM for a
   cluster of offsets, then the narrow results summed at their shifts (:func:`kernels.accumulate`).
 
@@ -152,7 +153,9 @@ class FastEngine:
         dtype, taps = np.dtype(dtype), math.prod(g.kernel)
         acc = compute_dtype(dtype)
         depth, width = (g.ocg, g.icg) if task == "backward_data" else (g.icg, g.ocg)
-        widest = g.groups * max(kernels.taps_per_gemm(taps, depth) * depth, taps * width) * acc.itemsize
+        per_gemm = kernels.taps_per_gemm(taps, depth, kernels.REDUCE_DEPTH if task == "backward_weights"
+                                         else kernels.GEMM_DEPTH)
+        widest = g.groups * max(per_gemm * depth, taps * width) * acc.itemsize
         result = math.prod(g.x_shape if task == "backward_data" else g.w_shape if task == "backward_weights"
                            else g.y_shape) * (acc.itemsize if dtype != acc else 0)
         estimates = []
@@ -232,7 +235,7 @@ class FastEngine:
                 n, taps = batch.stop - batch.start, frame.taps(batch.stop - batch.start)
                 srcs = frame.phase_input(x[batch], dtype)
                 rows = frame.extended_output(dy[batch], dtype)[:frame.span(n)]
-                kernels.reduce(dw, srcs, taps, rows, kernels.taps_per_gemm(len(taps), g.icg))
+                kernels.reduce(dw, srcs, taps, rows, kernels.taps_per_gemm(len(taps), g.icg, kernels.REDUCE_DEPTH))
         return dw.reshape(g.w_shape)
 
 
