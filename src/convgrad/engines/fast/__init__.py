@@ -18,10 +18,11 @@ Selection rule, one algorithm per problem class (Ci/Co: channels per group on th
 and output side; ``GEMM_DEPTH`` = 64):
 
 - depthwise (Ci = Co = 1): compiled multiply-adds over channels (:mod:`.depthwise`, numba);
-- forward and backward data of a pointwise layer (1x1, stride 1, no padding, one group) on NCX
-  data in the accumulation dtype with at least ``IMAGE_GEMM_ROWS`` positions per image: one
-  batched GEMM over the images, on the channel-major (C, positions) matrices as they are (no
-  frame copies; below that size the per-image GEMMs are too small and the frame path wins);
+- a pointwise layer (1x1, stride 1, no padding, one group) on NCX data in the accumulation dtype
+  with at least ``IMAGE_GEMM_ROWS`` positions per image: one GEMM per image on the channel-major
+  (C, positions) matrices as they are (no frame copies; below that size the per-image GEMMs are
+  too small and the frame path wins), batched for forward and backward data, summed into dw for
+  backward weights;
 - Ci >= GEMM_DEPTH: one GEMM per kernel offset on views of the frame (no copy);
 - Ci < GEMM_DEPTH: ``taps_per_gemm`` offsets gathered side by side per row block, so that each
   GEMM reduces over >= GEMM_DEPTH values (a blocked im2col, cache-sized); for backward weights,
@@ -63,11 +64,11 @@ def _depthwise(g: ConvGeometry) -> bool:
     return g.icg == 1 and g.ocg == 1
 
 
-def _image_gemms(g: ConvGeometry, data: np.ndarray, dtype: np.dtype) -> bool:
-    """Whether forward or backward data runs as one GEMM per image (see the selection rule)."""
+def _image_gemms(g: ConvGeometry, dtype: np.dtype, *data: np.ndarray) -> bool:
+    """Whether the problem on ``data`` runs as one GEMM per image (see the selection rule)."""
     return (g.groups == 1 and math.prod(g.kernel) == 1 and all(s == 1 for s in g.strides)
             and not any(g.pads_begin) and not any(g.pads_end) and math.prod(g.out_size) >= IMAGE_GEMM_ROWS
-            and data.dtype == dtype and _channels_first(data))
+            and all(a.dtype == dtype and _channels_first(a) for a in data))
 
 
 def _image_rows(data: np.ndarray) -> np.ndarray:
@@ -173,13 +174,13 @@ class FastEngine:
     def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         """y = conv(x, w): sum over offsets of shifted-row GEMMs into the frame rows of y."""
         dtype = compute_dtype(x.dtype)
-        y = _empty_like_data(g.y_shape, dtype, x, fill=not (_depthwise(g) or _image_gemms(g, x, dtype)))
+        y = _empty_like_data(g.y_shape, dtype, x, fill=not (_depthwise(g) or _image_gemms(g, dtype, x)))
         if g.n == 0:
             return y
         if _depthwise(g):
             depthwise.forward(g, _in_dtype(x, dtype), w, y)
             return y
-        if _image_gemms(g, x, dtype):
+        if _image_gemms(g, dtype, x):
             np.matmul(_image_rows(x), _tap_weights(g, w, transpose=False)[0, 0].astype(dtype, copy=False),
                       out=_image_rows(y))
             return y
@@ -203,7 +204,7 @@ class FastEngine:
         if _depthwise(g):
             depthwise.backward_data(g, _in_dtype(dy, dtype), w, dx)
             return dx
-        if _image_gemms(g, dy, dtype):
+        if _image_gemms(g, dtype, dy):
             np.matmul(_image_rows(dy), _tap_weights(g, w, transpose=True)[0, 0].astype(dtype, copy=False),
                       out=_image_rows(dx))
             return dx
@@ -229,6 +230,10 @@ class FastEngine:
         dw = np.zeros((math.prod(g.kernel), g.icg, g.groups, g.ocg), dtype)
         if g.n and _depthwise(g):
             depthwise.backward_weights(g, _in_dtype(x, dtype), _in_dtype(dy, dtype), dw)
+        elif g.n and _image_gemms(g, dtype, x, dy):
+            total, product = dw.reshape(g.icg, g.oc), np.empty((g.icg, g.oc), dtype)
+            for xn, dyn in zip(_image_rows(x), _image_rows(dy)):
+                total += np.matmul(xn.T, dyn, out=product)
         elif g.n:
             frame = _frame(g, _channels_first(x))
             for batch in self._batches(g, frame, "backward_weights", x.dtype):
