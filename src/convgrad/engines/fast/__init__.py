@@ -157,6 +157,7 @@ class FastEngine:
         per_gemm = kernels.taps_per_gemm(taps, depth, kernels.REDUCE_DEPTH if task == "backward_weights"
                                          else kernels.GEMM_DEPTH)
         widest = g.groups * max(per_gemm * depth, taps * width) * acc.itemsize
+        spreads = task != "backward_weights" and kernels.spreads(taps, depth, width)
         result = math.prod(g.x_shape if task == "backward_data" else g.w_shape if task == "backward_weights"
                            else g.y_shape) * (acc.itemsize if dtype != acc else 0)
         estimates = []
@@ -164,7 +165,8 @@ class FastEngine:
             frame = _frame(g, channels_first)
             images = min(max(g.n, 1), self._images_per_chunk(g, frame, task, dtype))
             rows = images * frame.image_rows + frame.max_shift(images)
-            blocks = 3 * min(rows * widest, max(kernels.BLOCK_BYTES, 256 * widest))
+            block_bytes = kernels.BLOCK_BYTES * (kernels.SPREAD_BLOCKS if spreads else 1)
+            blocks = 3 * min(rows * widest, max(block_bytes, 256 * widest))
             widened = images * (math.prod(g.x_shape[1:]) + math.prod(g.y_shape[1:])) * acc.itemsize \
                 if dtype == np.float16 else 0  # fp16.to_f32 of the chunk before its frame copy
             estimates.append(images * self._frame_bytes(g, frame, task, dtype) + blocks + widened)

@@ -25,10 +25,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["BLOCK_BYTES", "GEMM_DEPTH", "REDUCE_DEPTH", "taps_per_gemm", "block_rows", "accumulate", "reduce"]
+__all__ = ["BLOCK_BYTES", "SPREAD_BLOCKS", "GEMM_DEPTH", "REDUCE_DEPTH", "taps_per_gemm", "block_rows", "accumulate", "reduce"]
 
 #: Bytes of the per-block operand (the L2 cache of a core is 1 MiB on the reference machine).
 BLOCK_BYTES = 2 << 20
+#: :func:`accumulate`'s narrow-output path (``_spread``) takes blocks of this many ``BLOCK_BYTES``:
+#: its GEMMs are short and its clusters of taps wider in bigger blocks (1.1x for a 3-channel first
+#: layer, 2x for 32 channels of a 3-D U-Net).
+SPREAD_BLOCKS = 8
 #: Reduction depth (taps x channels) from which a GEMM runs near BLAS speed.
 GEMM_DEPTH = 64
 #: Gathered taps x channels of a :func:`reduce` GEMM (its output rows): 1.1-1.2x faster than
@@ -48,10 +52,15 @@ def taps_per_gemm(taps: int, channels: int, depth: int = GEMM_DEPTH) -> int:
     return math.ceil(taps / gemms)
 
 
-def block_rows(row_bytes: int, rows: int, taps: int = 2) -> int:
-    """Rows per block so that one block operand holds about ``BLOCK_BYTES``; all rows for a
-    single tap (its GEMM runs on views, with no temporaries to keep in cache: 1.03-1.1x)."""
-    return max(1, rows if taps == 1 else min(rows, max(256, BLOCK_BYTES // max(1, row_bytes))))
+def block_rows(row_bytes: int, rows: int, taps: int = 2, blocks: int = 1) -> int:
+    """Rows per block so that one block operand holds about ``blocks * BLOCK_BYTES``; all rows
+    for a single tap (its GEMM runs on views, with no temporaries to keep in cache: 1.03-1.1x)."""
+    return max(1, rows if taps == 1 else min(rows, max(256, blocks * BLOCK_BYTES // max(1, row_bytes))))
+
+
+def spreads(taps: int, ci: int, co: int) -> bool:
+    """Whether :func:`accumulate` takes its narrow-output path (``_spread``)."""
+    return taps > 1 and co < min(ci, GEMM_DEPTH)
 
 
 def _grouped(rows: np.ndarray, groups: int) -> np.ndarray:
@@ -118,7 +127,7 @@ def _clusters(taps: Taps, window: int) -> list[list[int]]:
 def _spread(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights: np.ndarray) -> None:
     """:func:`accumulate` for narrow outputs: per cluster of taps one wide GEMM, then shifted sums."""
     rows, (_, groups, ci, co) = out.shape[0], weights.shape
-    step = block_rows(groups * max(ci, len(taps) * co) * out.itemsize, rows)
+    step = block_rows(groups * max(ci, len(taps) * co) * out.itemsize, rows, blocks=SPREAD_BLOCKS)
     clusters = _clusters(taps, step // 4)
     mats = [np.ascontiguousarray(weights[idx].transpose(1, 2, 0, 3), dtype=out.dtype).reshape(groups, ci, -1)
             for idx in clusters]
@@ -147,7 +156,7 @@ def accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights:
 
     ``out`` (R, G*Co); ``srcs[s]`` (rows, G*Ci); ``weights`` (T, G, Ci, Co)."""
     rows, groups, ci = out.shape[0], weights.shape[1], weights.shape[2]
-    if len(taps) > 1 and weights.shape[3] < min(ci, GEMM_DEPTH):
+    if spreads(len(taps), ci, weights.shape[3]):
         _spread(out, srcs, taps, weights)
         return
     chunks, mats = _chunks(taps, per_gemm), _stack(weights, per_gemm, out.dtype)
