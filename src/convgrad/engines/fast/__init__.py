@@ -112,6 +112,23 @@ def _tap_weights(g: ConvGeometry, w: np.ndarray, transpose: bool) -> np.ndarray:
     return taps.transpose(0, 2, 3, 1) if transpose else taps.transpose(0, 2, 1, 3)
 
 
+def _without_frame(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarray, dtype: np.dtype,
+                   transpose: bool) -> bool:
+    """Forward (``transpose=False``) or backward data into ``out`` by a path that needs no frame:
+    an empty batch, depthwise loops, or NCX pointwise layers as one GEMM per image. False if none
+    applies."""
+    if g.n == 0:
+        return True
+    if _depthwise(g):
+        (depthwise.backward_data if transpose else depthwise.forward)(g, _in_dtype(src, dtype), w, out)
+        return True
+    if _image_gemms(g, dtype, src):
+        np.matmul(_image_rows(src), _tap_weights(g, w, transpose=transpose)[0, 0].astype(dtype, copy=False),
+                  out=_image_rows(out))
+        return True
+    return False
+
+
 class FastEngine:
     """Phase-frame GEMM engine (``engine="fast"``, the default)."""
 
@@ -177,14 +194,7 @@ class FastEngine:
         """y = conv(x, w): sum over offsets of shifted-row GEMMs into the frame rows of y."""
         dtype = compute_dtype(x.dtype)
         y = _empty_like_data(g.y_shape, dtype, x, fill=not (_depthwise(g) or _image_gemms(g, dtype, x)))
-        if g.n == 0:
-            return y
-        if _depthwise(g):
-            depthwise.forward(g, _in_dtype(x, dtype), w, y)
-            return y
-        if _image_gemms(g, dtype, x):
-            np.matmul(_image_rows(x), _tap_weights(g, w, transpose=False)[0, 0].astype(dtype, copy=False),
-                      out=_image_rows(y))
+        if _without_frame(g, x, w, y, dtype, transpose=False):
             return y
         frame = _frame(g, _channels_first(x))
         weights = _tap_weights(g, w, transpose=False)
@@ -201,14 +211,7 @@ class FastEngine:
         dtype = compute_dtype(dy.dtype)
         frame = _frame(g, _channels_first(dy))
         dx = _empty_like_data(g.x_shape, dtype, dy, fill=not (frame.input_is_frame or _depthwise(g)))
-        if g.n == 0:
-            return dx
-        if _depthwise(g):
-            depthwise.backward_data(g, _in_dtype(dy, dtype), w, dx)
-            return dx
-        if _image_gemms(g, dtype, dy):
-            np.matmul(_image_rows(dy), _tap_weights(g, w, transpose=True)[0, 0].astype(dtype, copy=False),
-                      out=_image_rows(dx))
+        if _without_frame(g, dy, w, dx, dtype, transpose=True):
             return dx
         weights = _tap_weights(g, w, transpose=True)
         per_phase = [[k for k, p in enumerate(frame.tap_phase) if p == ph] for ph in range(len(frame.phases))]
