@@ -48,6 +48,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 import convgrad as cg  # noqa: E402
 from convgrad.descriptor import ConvDescriptor, parse_descriptor_file  # noqa: E402
 from convgrad.dtypes import DATA_DTYPES  # noqa: E402
+from convgrad.report import gemm_ceiling  # noqa: E402
 
 SUITES = {"resnet_50": "shapes_resnet_50", "mobilenet_dw": "shapes_mobilenet_dw",
           "dilated": "shapes_dilated", "3d_unet": "shapes_3d_unet"}
@@ -66,13 +67,6 @@ def best_time(fn, budget: float, max_reps: int) -> float:
         elapsed = time.perf_counter() - start
         best, spent, reps = min(best, elapsed), spent + elapsed, reps + 1
     return best
-
-
-def gemm_ceiling() -> float:
-    """GFLOP/s of numpy sgemm 4096^2 (best of 3)."""
-    a = np.random.default_rng().standard_normal((4096, 4096), dtype=np.float32)
-    a @ a
-    return 2 * 4096 ** 3 / best_time(lambda: a @ a, 0, 3) / 1e9
 
 
 # -- problems ---------------------------------------------------------------------------------------
@@ -261,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()[0]
     budget, reps = (0.0, 1) if args.quick else (1.0, 4)
     rng = np.random.default_rng(0)
-    ceiling = gemm_ceiling()
+    ceiling = gemm_ceiling(4096)
     print(f"GEMM ceiling {ceiling:.0f} GFLOP/s", flush=True)
     rows: list[Row] = []
     for suite in args.suite:
