@@ -174,7 +174,7 @@ run in dependency order; graph inputs get random non-zero data laid out with the
 Rewritten shapes and attributes flow to the outputs by shape inference. A shape given as input 2
 (dst_shape, weights_shape, filter_shape) takes its spatial/kernel sizes from the op's attribute,
 else from the op's output shape in the file (a diff_src size that no longer fits diff_dst becomes
-the smallest that does), and its batch and channels from the op's data inputs.
+the smallest that does; S*O per axis with a same_* auto_pad), and its batch and channels from the op's data inputs.
 
 \b
 Output: one line per case, "N:PASSED __REPRO: <command>" or "N:FAILED (why) __REPRO: <command>"

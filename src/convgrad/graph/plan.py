@@ -71,8 +71,8 @@ def _order(graph: Graph) -> list[GraphOp]:
 
 def _data_spatial(d: OpDef, attrs: dict[str, Any], y_spatial: tuple[int, ...],
                   kernel: tuple[int, ...]) -> tuple[int, ...]:
-    """The smallest forward input size whose output size is ``y_spatial``: S*(O-1) + EK - PB - PE
-    (S*O with a same_* auto_pad, PB = PE = 0 with valid)."""
+    """A forward input size whose output size is ``y_spatial``: the smallest, S*(O-1) + EK - PB - PE,
+    with explicit pads (PB = PE = 0 with valid); S*O with a same_* auto_pad (O = ceil(I / S))."""
     parsed = parse_attributes(d, attrs)
     rank = len(y_spatial)
     strides, dilations = (per_axis(d, parsed, name, rank) for name in ("strides", "dilations"))
