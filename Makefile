@@ -12,7 +12,7 @@ PIP    := $(BIN)/python -m pip install -qq --disable-pip-version-check
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# The package and its runtime dependencies (NumPy, ml_dtypes, click, rich).
+# The package and its runtime dependencies (NumPy, numba, ml_dtypes, click, rich).
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(PIP) -e .
 	touch $@
