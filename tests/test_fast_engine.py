@@ -17,6 +17,17 @@ from convgrad.problem import ConvGeometry
 
 FAST, REF = get_engine("fast"), get_engine("reference")
 TASKS = ("forward", "backward_data", "backward_weights")
+#: The fast engine's two paths for small problems: ``SMALL_FLOPS`` that sends every problem to the
+#: compiled direct loops, or none (the frame path, which larger problems take).
+PATHS = {"direct": 10**18, "frame": -1}
+
+
+@pytest.fixture(params=sorted(PATHS))
+def path(request, monkeypatch) -> str:
+    """Run the test once on each path of the fast engine."""
+    from convgrad.engines.fast import direct
+    monkeypatch.setattr(direct, "SMALL_FLOPS", PATHS[request.param])
+    return request.param
 
 
 def _tolerance(dtype: np.dtype) -> float:
@@ -77,7 +88,7 @@ GRID = list(itertools.product(OPS, (1, 2, 3), ("NXC", "NCX"), (1, 3)))
 
 
 @pytest.mark.parametrize("kind,rank,fmt,groups", GRID)
-def test_ops_grid_against_reference(kind, rank, fmt, groups, rng):
+def test_ops_grid_against_reference(kind, rank, fmt, groups, rng, path):
     g = _geometry(2, groups, 2, 3, (6, 5, 4)[:rank], (3, 2, 2)[:rank], (2, 1, 2)[:rank], (1, 2, 1)[:rank],
                   (1, 0, 1)[:rank], (0, 1, 1)[:rank])
     transposed = kind.startswith("ConvTranspose")
@@ -100,7 +111,7 @@ def test_ops_grid_against_reference(kind, rank, fmt, groups, rng):
             op = cg.Op(kind, **attrs)
             got, want = op(*inputs, engine="fast"), op(*inputs, engine="reference")
             assert got.dtype == want.dtype == dtype
-            _close(got, want, _tolerance(dtype), f"{kind} {dtype_name} {fmt}/{wfmt}")
+            _close(got, want, _tolerance(dtype), f"{kind} {dtype_name} {fmt}/{wfmt} ({path})")
 
 
 # -- hypothesis: awkward geometries on the engine directly ---------------------------------------
@@ -120,13 +131,19 @@ def geometries(draw) -> ConvGeometry:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(g=geometries(), dtype=st.sampled_from([np.float64, np.float32]), channels_first=st.booleans())
-def test_random_geometries_against_reference(g, dtype, channels_first):
+@given(g=geometries(), dtype=st.sampled_from([np.float64, np.float32]), channels_first=st.booleans(),
+       path=st.sampled_from(sorted(PATHS)))
+def test_random_geometries_against_reference(g, dtype, channels_first, path):
+    from convgrad.engines.fast import direct
     inputs = _engine_inputs(g, np.random.default_rng(), dtype, channels_first)
-    for task in TASKS:
-        got, want = getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task])
-        assert got.dtype == np.dtype(dtype)
-        _close(got, want, _tolerance(np.dtype(dtype)), f"{task} {g}")
+    default, direct.SMALL_FLOPS = direct.SMALL_FLOPS, PATHS[path]
+    try:
+        for task in TASKS:
+            got, want = getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task])
+            assert got.dtype == np.dtype(dtype)
+            _close(got, want, _tolerance(np.dtype(dtype)), f"{task} {g} ({path})")
+    finally:
+        direct.SMALL_FLOPS = default
 
 
 @pytest.mark.parametrize("case", [
@@ -159,7 +176,7 @@ def test_random_geometries_against_reference(g, dtype, channels_first):
 ])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("channels_first", [False, True])
-def test_awkward_geometries(case, dtype, channels_first, rng):
+def test_awkward_geometries(case, dtype, channels_first, rng, path):
     g = _geometry(**case)
     inputs = _engine_inputs(g, rng, dtype, channels_first)
     for task in TASKS:
@@ -170,6 +187,7 @@ def test_awkward_geometries(case, dtype, channels_first, rng):
 def test_batch_chunks_and_row_blocks(monkeypatch, rng):
     """Several batch chunks and row blocks give the same result as one."""
     from convgrad.engines import fast
+    monkeypatch.setattr(fast.direct, "SMALL_FLOPS", -1)
     monkeypatch.setattr(fast, "CHUNK_BYTES", 1)
     monkeypatch.setattr(fast, "MIN_CHUNK_BYTES", 1)
     monkeypatch.setattr(fast.kernels, "BLOCK_BYTES", 1)
@@ -188,7 +206,7 @@ def test_batch_chunks_and_row_blocks(monkeypatch, rng):
     ((5, 1, 64, 64, (9, 9), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), np.float32, True),
     ((5, 1, 64, 64, (12, 12), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), np.float32, True),
 ])
-def test_workspace_estimate_bounds_the_allocations(task, case, dtype, channels_first, rng):
+def test_workspace_estimate_bounds_the_allocations(task, case, dtype, channels_first, rng, path):
     import tracemalloc
     g = _geometry(*case)
     inputs = _engine_inputs(g, rng, dtype, channels_first)

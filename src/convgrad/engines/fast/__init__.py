@@ -17,6 +17,8 @@ Algorithm (see :mod:`.frame` for the index math and :mod:`.kernels` for the row 
 Selection rule, one algorithm per problem class (Ci/Co: channels per group on the GEMM's input
 and output side; ``GEMM_DEPTH`` = 64):
 
+- small problems (at most ``direct.SMALL_FLOPS``): compiled direct loops (:mod:`.direct`), where
+  the frame path's fixed costs would dominate;
 - depthwise (Ci = Co = 1): compiled multiply-adds over channels (:mod:`.depthwise`, numba);
 - a pointwise layer (1x1, stride 1, no padding, one group) on NCX data in the accumulation dtype
   with at least ``IMAGE_GEMM_ROWS`` positions per image: one GEMM per image on the channel-major
@@ -47,7 +49,7 @@ from ... import fp16
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
 from .. import register
-from . import depthwise, kernels
+from . import depthwise, direct, kernels
 from .frame import Frame
 
 __all__ = ["FastEngine", "CHUNK_BYTES"]
@@ -170,6 +172,8 @@ class FastEngine:
         before the API rounds it."""
         dtype, taps = np.dtype(dtype), math.prod(g.kernel)
         acc = compute_dtype(dtype)
+        if direct.small(g):
+            return direct.workspace_bytes(g, task, dtype, acc)
         depth, width = (g.ocg, g.icg) if task == "backward_data" else (g.icg, g.ocg)
         per_gemm = kernels.taps_per_gemm(taps, depth, kernels.REDUCE_DEPTH if task == "backward_weights"
                                          else kernels.GEMM_DEPTH)
@@ -193,6 +197,8 @@ class FastEngine:
     def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         """y = conv(x, w): sum over offsets of shifted-row GEMMs into the frame rows of y."""
         dtype = compute_dtype(x.dtype)
+        if direct.small(g):
+            return direct.forward(g, x, w, dtype)
         y = _empty_like_data(g.y_shape, dtype, x, fill=not (_depthwise(g) or _image_gemms(g, dtype, x)))
         if _without_frame(g, x, w, y, dtype, transpose=False):
             return y
@@ -209,6 +215,8 @@ class FastEngine:
     def backward_data(self, g: ConvGeometry, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
         """dx: per input phase, the sum over its offsets of GEMMs on dy shifted back by the offset."""
         dtype = compute_dtype(dy.dtype)
+        if direct.small(g):
+            return direct.backward_data(g, dy, w, dtype)
         frame = _frame(g, _channels_first(dy))
         dx = _empty_like_data(g.x_shape, dtype, dy, fill=not (frame.input_is_frame or _depthwise(g)))
         if _without_frame(g, dy, w, dx, dtype, transpose=True):
@@ -232,6 +240,8 @@ class FastEngine:
     def backward_weights(self, g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
         """dw[k] = sum over the frame rows of the shifted input rows times dy, per batch chunk."""
         dtype = compute_dtype(x.dtype)
+        if direct.small(g):
+            return direct.backward_weights(g, x, dy, dtype)
         dw = np.zeros((math.prod(g.kernel), g.icg, g.groups, g.ocg), dtype)
         if g.n and _depthwise(g):
             depthwise.backward_weights(g, _in_dtype(x, dtype), _in_dtype(dy, dtype), dw)

@@ -9,7 +9,8 @@ channels-last row and in parallel over rows, and are compiled by numba::
     dx[n, i, c] = sum_{k, o: o*S + k*D - PB = i} dy[n, o, c] * w[k, c]      (backward data)
     dw[k, c]    = sum_{n, o} x[n, o*S + k*D - PB, c] * dy[n, o, c]          (backward weights)
 
-Every array is seen as 3-D spatial (missing axes of size 1). NumPy needs a temporary and two
+Every array is seen as 3-D spatial (missing axes of size 1); the tap helpers are shared with the
+small-problem loops of :mod:`.direct`. NumPy needs a temporary and two
 passes per tap for the same sums, and a frame copy of the data besides (2-5 GFLOP/s here).
 """
 
@@ -19,24 +20,11 @@ import numba
 import numpy as np
 
 from ...problem import ConvGeometry
+from .direct import FASTMATH, params, spatial3, tap
 
 __all__ = ["forward", "backward_data", "backward_weights"]
 
-_FASTMATH = {"reassoc", "contract"}  # vectorised sums and fused multiply-adds; IEEE NaN/inf kept
-
-
-@numba.njit(inline="always")
-def _tap(a, k, stride, dilation, pad, size, transposed):  # pragma: no cover - compiled
-    """Where tap k of position a reads, or -1 if nowhere: the input under output a
-    (``a*S + k*D - PB``), or with ``transposed`` the output whose tap k covers input a."""
-    if transposed:
-        t = a + pad - k * dilation
-        return t // stride if t >= 0 and t % stride == 0 and t // stride < size else -1
-    i = a * stride + k * dilation - pad
-    return i if 0 <= i < size else -1
-
-
-@numba.njit(parallel=True, fastmath=_FASTMATH, cache=True)
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
 def _gather(src, w, out, stride, dilation, pad, transposed):  # pragma: no cover - compiled
     """out[n, a, c] = sum_k src[n, tap(a, k), c] * w[k, c] (forward, or backward data if transposed)."""
     n_, a0_, a1_, a2_, c_ = out.shape
@@ -48,22 +36,22 @@ def _gather(src, w, out, stride, dilation, pad, transposed):  # pragma: no cover
             for c in range(c_):
                 out[n, a0, a1, a2, c] = 0
             for k0 in range(k0_):
-                b0 = _tap(a0, k0, stride[0], dilation[0], pad[0], s0_, transposed)
+                b0 = tap(a0, k0, stride[0], dilation[0], pad[0], s0_, transposed)
                 if b0 < 0:
                     continue
                 for k1 in range(k1_):
-                    b1 = _tap(a1, k1, stride[1], dilation[1], pad[1], s1_, transposed)
+                    b1 = tap(a1, k1, stride[1], dilation[1], pad[1], s1_, transposed)
                     if b1 < 0:
                         continue
                     for k2 in range(k2_):
-                        b2 = _tap(a2, k2, stride[2], dilation[2], pad[2], s2_, transposed)
+                        b2 = tap(a2, k2, stride[2], dilation[2], pad[2], s2_, transposed)
                         if b2 < 0:
                             continue
                         for c in range(c_):
                             out[n, a0, a1, a2, c] += src[n, b0, b1, b2, c] * w[k0, k1, k2, c]
 
 
-@numba.njit(parallel=True, fastmath=_FASTMATH, cache=True)
+@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
 def _backward_weights(x, dy, dw, stride, dilation, pad, parts):  # pragma: no cover - compiled
     """dw[k, c] += sum_{n, o} x[n, tap(o, k), c] * dy[n, o, c], in ``parts`` parallel partial sums."""
     n_, o0_, o1_, o2_, c_ = dy.shape
@@ -75,33 +63,22 @@ def _backward_weights(x, dy, dw, stride, dilation, pad, parts):  # pragma: no co
         for row in range(part * rows // parts, (part + 1) * rows // parts):
             n, o0, o1 = row // (o0_ * o1_), row // o1_ % o0_, row % o1_
             for k0 in range(k0_):
-                i0 = _tap(o0, k0, stride[0], dilation[0], pad[0], i0_, False)
+                i0 = tap(o0, k0, stride[0], dilation[0], pad[0], i0_, False)
                 if i0 < 0:
                     continue
                 for k1 in range(k1_):
-                    i1 = _tap(o1, k1, stride[1], dilation[1], pad[1], i1_, False)
+                    i1 = tap(o1, k1, stride[1], dilation[1], pad[1], i1_, False)
                     if i1 < 0:
                         continue
                     for o2 in range(o2_):  # the row of outputs innermost but one: dy stays in cache
                         for k2 in range(k2_):
-                            i2 = _tap(o2, k2, stride[2], dilation[2], pad[2], i2_, False)
+                            i2 = tap(o2, k2, stride[2], dilation[2], pad[2], i2_, False)
                             if i2 < 0:
                                 continue
                             for c in range(c_):
                                 acc[part, k0, k1, k2, c] += x[n, i0, i1, i2, c] * dy[n, o0, o1, o2, c]
     for part in range(parts):
         dw += acc[part]
-
-
-def _spatial3(a: np.ndarray) -> np.ndarray:
-    """(N, *X, C) as (N, X0, X1, X2, C), missing leading spatial axes of size 1 (a view)."""
-    return a.reshape(a.shape[0], *(1,) * (5 - a.ndim), *a.shape[1:])
-
-
-def _params(g: ConvGeometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    fill = (1,) * (3 - g.rank)
-    return (np.array(fill + g.strides, np.int64), np.array(fill + g.dilations, np.int64),
-            np.array((0,) * (3 - g.rank) + g.pads_begin, np.int64))
 
 
 def _weights(g: ConvGeometry, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -111,17 +88,17 @@ def _weights(g: ConvGeometry, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
     """Fill ``y`` (N, *O, C) with the depthwise convolution of ``x`` (in ``y``'s dtype)."""
-    _gather(_spatial3(x), _weights(g, w, y.dtype), _spatial3(y), *_params(g), False)
+    _gather(spatial3(x), _weights(g, w, y.dtype), spatial3(y), *params(g), False)
 
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
     """Fill ``dx`` (N, *I, C) with the data gradient."""
-    _gather(_spatial3(dy), _weights(g, w, dx.dtype), _spatial3(dx), *_params(g), True)
+    _gather(spatial3(dy), _weights(g, w, dx.dtype), spatial3(dx), *params(g), True)
 
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
     """Add the weights gradient to ``dw`` (*K, 1, C)."""
     parts = max(1, min(4 * numba.get_num_threads(), g.n * (g.out_size[0] if g.rank == 3 else 1)
                        * (g.out_size[-2] if g.rank >= 2 else 1)))
-    _backward_weights(_spatial3(x), _spatial3(dy), dw.reshape(*(1,) * (3 - g.rank), *g.kernel, g.ic),
-                      *_params(g), parts)
+    _backward_weights(spatial3(x), spatial3(dy), dw.reshape(*(1,) * (3 - g.rank), *g.kernel, g.ic),
+                      *params(g), parts)

@@ -91,10 +91,11 @@ class Frame:
             return inner[0], (n * inner[0], *inner[1:])
         return self.image_rows, tuple(inner)
 
-    def taps(self, n: int) -> list[tuple[int, int]]:
-        """(phase, flat row shift) of every kernel offset, for frames of ``n`` images."""
+    @functools.lru_cache(maxsize=64)
+    def taps(self, n: int) -> tuple[tuple[int, int], ...]:
+        """(phase, flat row shift) of every kernel offset, for frames of ``n`` images (cached)."""
         _, strides = self._strides(n)
-        return [(p, sum(s * rs for s, rs in zip(steps, strides))) for p, steps in zip(self.tap_phase, self.tap_steps)]
+        return tuple((p, sum(s * rs for s, rs in zip(steps, strides))) for p, steps in zip(self.tap_phase, self.tap_steps))
 
     def max_shift(self, n: int) -> int:
         return max(shift for _, shift in self.taps(n))

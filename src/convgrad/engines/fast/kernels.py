@@ -25,6 +25,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import blas
+
 __all__ = ["BLOCK_BYTES", "SPREAD_BLOCKS", "GEMM_DEPTH", "REDUCE_DEPTH", "taps_per_gemm", "block_rows", "accumulate", "reduce"]
 
 #: Bytes of the per-block operand (the L2 cache of a core is 1 MiB on the reference machine).
@@ -33,6 +35,9 @@ BLOCK_BYTES = 2 << 20
 #: its GEMMs are short and its clusters of taps wider in bigger blocks (1.1x for a 3-channel first
 #: layer, 2x for 32 channels of a 3-D U-Net).
 SPREAD_BLOCKS = 8
+#: Up to this many groups, the GEMMs run group by group through :func:`blas.addmm` (accumulating
+#: in BLAS); more groups go to ``np.matmul`` as one batch.
+BLAS_GROUPS = 8
 #: Reduction depth (taps x channels) from which a GEMM runs near BLAS speed.
 GEMM_DEPTH = 64
 #: Gathered taps x channels of a :func:`reduce` GEMM (its output rows): 1.1-1.2x faster than
@@ -94,6 +99,24 @@ def _operand(srcs: Sequence[np.ndarray], taps: Taps, a: int, b: int, groups: int
     for j, (s, off) in enumerate(taps):
         block[:, :, j] = _grouped(srcs[s][a + off:b + off], groups)
     return block.reshape(groups, b - a, -1)
+
+
+def _product(target: np.ndarray, lhs: np.ndarray, mat: np.ndarray, scratch: np.ndarray | None) -> None:
+    """``target = lhs @ mat`` (``scratch`` None) or ``target += lhs @ mat`` for (G, B, K) @ (G, K, N),
+    accumulating in BLAS where it takes the operands as they are, else through ``scratch``."""
+    if len(target) <= BLAS_GROUPS:
+        for t, a, m, g in zip(target, lhs, mat, range(len(target))):
+            if not blas.addmm(t, a, m, beta=0.0 if scratch is None else 1.0):
+                _numpy_product(t, a, m, None if scratch is None else scratch[g])
+    else:
+        _numpy_product(target, lhs, mat, scratch)
+
+
+def _numpy_product(target: np.ndarray, lhs: np.ndarray, mat: np.ndarray, scratch: np.ndarray | None) -> None:
+    if scratch is None:
+        np.matmul(lhs, mat, out=target)
+    else:
+        target += np.matmul(lhs, mat, out=scratch)
 
 
 def _chunks(taps: Taps, per_gemm: int) -> list[Taps]:
@@ -167,12 +190,8 @@ def accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights:
         b = min(rows, a + step)
         target = _grouped(out[a:b], groups)
         for i, (chunk, mat) in enumerate(zip(chunks, mats)):
-            lhs = _operand(srcs, chunk, a, b, groups, col)
-            if i == 0:
-                np.matmul(lhs, mat, out=target)
-            else:
-                scratch = _carve(tmp, groups, b - a, (weights.shape[3],), channel_major(out))
-                target += np.matmul(lhs, mat, out=scratch)
+            scratch = None if i == 0 else _carve(tmp, groups, b - a, (weights.shape[3],), channel_major(out))
+            _product(target, _operand(srcs, chunk, a, b, groups, col), mat, scratch)
 
 
 def reduce(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarray, per_gemm: int) -> None:
@@ -185,5 +204,7 @@ def reduce(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarr
         b = min(rows, a + step)
         rhs = _grouped(dy[a:b], groups)
         for chunk, t in zip(_chunks(taps, per_gemm), range(0, len(taps), per_gemm)):
-            product = np.matmul(_operand(srcs, chunk, a, b, groups, col).transpose(0, 2, 1), rhs)
-            out[t:t + len(chunk)].transpose(2, 0, 1, 3)[...] += product.reshape(groups, len(chunk), ci, co)
+            lhs = _operand(srcs, chunk, a, b, groups, col).transpose(0, 2, 1)
+            # a view: the taps' rows of dW are (tap, Ci) rows Co apart within a group
+            target = out[t:t + len(chunk)].transpose(2, 0, 1, 3).reshape(groups, len(chunk) * ci, co)
+            _product(target, lhs, rhs, scratch=np.empty(target.shape, target.dtype))

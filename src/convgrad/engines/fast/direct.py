@@ -1,0 +1,171 @@
+"""Small problems: direct compiled loops over the data as it lies (no frame, no GEMM calls).
+
+The frame path costs ~100-600 us of planning, copies and Python-level GEMM calls per op whatever
+the size; a problem of a few MFLOP is done in less by plain loops (numba, serial: waking threads
+would cost more than the work). With ``G`` groups of ``I`` input and ``J`` output channels per tap
+and every array seen as 3-D spatial (missing axes of size 1)::
+
+    out[n, a, g, j] = sum_{k, i} src[n, tap(a, k), g, i] * w[k, g, i, j]   (forward; backward
+                                                                            data with the taps
+                                                                            transposed)
+    dw[k, g, i, j]  = sum_{n, o} x[n, tap(o, k), g, i] * dy[n, o, g, j]    (backward weights)
+
+where ``tap(o, k) = o*S + k*D - PB`` reads the input under output o (a tap in the padding is
+skipped) and its transpose finds the output whose tap k covers input a. The same helpers serve
+the depthwise loops (:mod:`.depthwise`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from ...problem import ConvGeometry
+
+__all__ = ["SMALL_FLOPS", "small", "workspace_bytes", "forward", "backward_data", "backward_weights"]
+
+#: Problems of at most this many FLOPs (2*N*OC*ICg*prod(K)*prod(O)) run here: the loops reach
+#: 2-6 GFLOP/s, so up to ~1 ms, where the frame path's fixed costs still dominate.
+SMALL_FLOPS = 2_000_000
+
+FASTMATH = {"reassoc", "contract"}  # vectorised sums and fused multiply-adds; IEEE NaN/inf kept
+
+
+def small(g: ConvGeometry) -> bool:
+    """Whether ``g`` is a small problem (see ``SMALL_FLOPS``)."""
+    return 2 * g.n * g.oc * g.icg * math.prod(g.kernel) * math.prod(g.out_size) <= SMALL_FLOPS
+
+
+def workspace_bytes(g: ConvGeometry, task: str, dtype: np.dtype, acc: np.dtype) -> int:
+    """Extra bytes ``task`` allocates here beyond its result: contiguous ``acc`` copies of the
+    inputs (the weights regrouped), for backward weights the (K, G, ICg, OCg) sums, and for
+    bf16/f16 the ``acc`` result the API rounds; plus 4 KiB for the loop parameters and views."""
+    x, y, w = (math.prod(s) for s in (g.x_shape, g.y_shape, g.w_shape))
+    copies, result = {"forward": (x + w, y), "backward_data": (y + w, x), "backward_weights": (x + y + w, w)}[task]
+    return (copies + (result if dtype != acc else 0)) * acc.itemsize + 4096
+
+
+@numba.njit(inline="always")
+def tap(a, k, stride, dilation, pad, size, transposed):  # pragma: no cover - compiled
+    """Where tap k of position a reads, or -1 if nowhere: the input under output a
+    (``a*S + k*D - PB``), or with ``transposed`` the output whose tap k covers input a."""
+    if transposed:
+        t = a + pad - k * dilation
+        return t // stride if t >= 0 and t % stride == 0 and t // stride < size else -1
+    i = a * stride + k * dilation - pad
+    return i if 0 <= i < size else -1
+
+
+@numba.njit(fastmath=FASTMATH, cache=True)
+def _gather(src, w, out, stride, dilation, pad, transposed):  # pragma: no cover - compiled
+    """out[n, a, g, j] = sum_{k, i} src[n, tap(a, k), g, i] * w[k, g, i, j]."""
+    n_, a0_, a1_, a2_, g_, j_ = out.shape
+    _, s0_, s1_, s2_, _, i_ = src.shape
+    k0_, k1_, k2_ = w.shape[:3]
+    out[...] = 0
+    for n in range(n_):
+        for a0 in range(a0_):
+            for a1 in range(a1_):
+                for a2 in range(a2_):
+                    for k0 in range(k0_):
+                        b0 = tap(a0, k0, stride[0], dilation[0], pad[0], s0_, transposed)
+                        if b0 < 0:
+                            continue
+                        for k1 in range(k1_):
+                            b1 = tap(a1, k1, stride[1], dilation[1], pad[1], s1_, transposed)
+                            if b1 < 0:
+                                continue
+                            for k2 in range(k2_):
+                                b2 = tap(a2, k2, stride[2], dilation[2], pad[2], s2_, transposed)
+                                if b2 < 0:
+                                    continue
+                                for g in range(g_):
+                                    for i in range(i_):
+                                        v = src[n, b0, b1, b2, g, i]
+                                        for j in range(j_):
+                                            out[n, a0, a1, a2, g, j] += v * w[k0, k1, k2, g, i, j]
+
+
+@numba.njit(fastmath=FASTMATH, cache=True)
+def _reduce(x, dy, dw, stride, dilation, pad):  # pragma: no cover - compiled
+    """dw[k, g, i, j] = sum_{n, o} x[n, tap(o, k), g, i] * dy[n, o, g, j]."""
+    n_, o0_, o1_, o2_, g_, j_ = dy.shape
+    _, i0_, i1_, i2_, _, i_ = x.shape
+    k0_, k1_, k2_ = dw.shape[:3]
+    dw[...] = 0
+    for n in range(n_):
+        for o0 in range(o0_):
+            for o1 in range(o1_):
+                for o2 in range(o2_):
+                    for k0 in range(k0_):
+                        b0 = tap(o0, k0, stride[0], dilation[0], pad[0], i0_, False)
+                        if b0 < 0:
+                            continue
+                        for k1 in range(k1_):
+                            b1 = tap(o1, k1, stride[1], dilation[1], pad[1], i1_, False)
+                            if b1 < 0:
+                                continue
+                            for k2 in range(k2_):
+                                b2 = tap(o2, k2, stride[2], dilation[2], pad[2], i2_, False)
+                                if b2 < 0:
+                                    continue
+                                for g in range(g_):
+                                    for i in range(i_):
+                                        v = x[n, b0, b1, b2, g, i]
+                                        for j in range(j_):
+                                            dw[k0, k1, k2, g, i, j] += v * dy[n, o0, o1, o2, g, j]
+
+
+def spatial3(a: np.ndarray) -> np.ndarray:
+    """(N, *X, C) as (N, X0, X1, X2, C), missing leading spatial axes of size 1 (a view)."""
+    return a.reshape(a.shape[0], *(1,) * (5 - a.ndim), *a.shape[1:])
+
+
+def params(g: ConvGeometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Strides, dilations and begin pads of the 3-D spatial view."""
+    fill = (1,) * (3 - g.rank)
+    return (np.array(fill + g.strides, np.int64), np.array(fill + g.dilations, np.int64),
+            np.array((0,) * (3 - g.rank) + g.pads_begin, np.int64))
+
+
+def _grouped(a: np.ndarray, groups: int, dtype: np.dtype) -> np.ndarray:
+    """Canonical (N, *X, C) data as a contiguous (N, X0, X1, X2, G, C/G) array in ``dtype``."""
+    a = spatial3(np.ascontiguousarray(a, dtype=dtype))
+    return a.reshape(*a.shape[:-1], groups, a.shape[-1] // groups)
+
+
+def _tap_weights(g: ConvGeometry, w: np.ndarray, dtype: np.dtype, transpose: bool) -> np.ndarray:
+    """Canonical (*K, ICg, G*OCg) weights as (K0, K1, K2, G, ICg, OCg), or (..., G, OCg, ICg) with
+    ``transpose``, contiguous in ``dtype``."""
+    w = w.reshape(*(1,) * (3 - g.rank), *g.kernel, g.icg, g.groups, g.ocg)
+    return np.ascontiguousarray(w.transpose(0, 1, 2, 4, 5, 3) if transpose else w.transpose(0, 1, 2, 4, 3, 5),
+                                dtype=dtype)
+
+
+def _result(shape: tuple[int, ...], groups: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """A canonical (N, *X, C) result and its (N, X0, X1, X2, G, C/G) view for the loops."""
+    out = np.empty(shape, dtype)
+    return out, spatial3(out).reshape(*spatial3(out).shape[:-1], groups, shape[-1] // groups)
+
+
+def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """y = conv(x, w) in ``dtype``, canonical (N, *O, OC)."""
+    y, loops = _result(g.y_shape, g.groups, dtype)
+    _gather(_grouped(x, g.groups, dtype), _tap_weights(g, w, dtype, False), loops, *params(g), False)
+    return y
+
+
+def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """dx in ``dtype``, canonical (N, *I, IC)."""
+    dx, loops = _result(g.x_shape, g.groups, dtype)
+    _gather(_grouped(dy, g.groups, dtype), _tap_weights(g, w, dtype, True), loops, *params(g), True)
+    return dx
+
+
+def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """dw in ``dtype``, canonical (*K, ICg, OC)."""
+    dw = np.empty((*(1,) * (3 - g.rank), *g.kernel, g.groups, g.icg, g.ocg), dtype)
+    _reduce(_grouped(x, g.groups, dtype), _grouped(dy, g.groups, dtype), dw, *params(g))
+    return np.ascontiguousarray(dw.transpose(0, 1, 2, 4, 3, 5)).reshape(g.w_shape)
