@@ -17,7 +17,7 @@ Algorithm (see :mod:`.frame` for the index math and :mod:`.kernels` for the row 
 Selection rule, one algorithm per problem class (Ci/Co: channels per group on the GEMM's input
 and output side; ``GEMM_DEPTH`` = 64):
 
-- small problems (at most ``direct.SMALL_FLOPS``): compiled direct loops (:mod:`.direct`), where
+- small problems (``direct.small``: at most ``direct.SMALL_FLOPS`` of work): compiled direct loops (:mod:`.direct`), where
   the frame path's fixed costs would dominate;
 - depthwise (Ci = Co = 1): compiled multiply-adds over channels (:mod:`.depthwise`, numba);
 - a pointwise layer (1x1, stride 1, no padding, one group) on NCX data in the accumulation dtype
@@ -172,7 +172,7 @@ class FastEngine:
         before the API rounds it."""
         dtype, taps = np.dtype(dtype), math.prod(g.kernel)
         acc = compute_dtype(dtype)
-        if direct.small(g):
+        if direct.small(g, task):
             return direct.workspace_bytes(g, task, dtype, acc)
         depth, width = (g.ocg, g.icg) if task == "backward_data" else (g.icg, g.ocg)
         per_gemm = kernels.taps_per_gemm(taps, depth, kernels.REDUCE_DEPTH if task == "backward_weights"
@@ -197,7 +197,7 @@ class FastEngine:
     def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         """y = conv(x, w): sum over offsets of shifted-row GEMMs into the frame rows of y."""
         dtype = compute_dtype(x.dtype)
-        if direct.small(g):
+        if direct.small(g, "forward"):
             return direct.forward(g, x, w, dtype)
         y = _empty_like_data(g.y_shape, dtype, x, fill=not (_depthwise(g) or _image_gemms(g, dtype, x)))
         if _without_frame(g, x, w, y, dtype, transpose=False):
@@ -215,7 +215,7 @@ class FastEngine:
     def backward_data(self, g: ConvGeometry, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
         """dx: per input phase, the sum over its offsets of GEMMs on dy shifted back by the offset."""
         dtype = compute_dtype(dy.dtype)
-        if direct.small(g):
+        if direct.small(g, "backward_data"):
             return direct.backward_data(g, dy, w, dtype)
         frame = _frame(g, _channels_first(dy))
         dx = _empty_like_data(g.x_shape, dtype, dy, fill=not (frame.input_is_frame or _depthwise(g)))
@@ -240,7 +240,7 @@ class FastEngine:
     def backward_weights(self, g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
         """dw[k] = sum over the frame rows of the shifted input rows times dy, per batch chunk."""
         dtype = compute_dtype(x.dtype)
-        if direct.small(g):
+        if direct.small(g, "backward_weights"):
             return direct.backward_weights(g, x, dy, dtype)
         dw = np.zeros((math.prod(g.kernel), g.icg, g.groups, g.ocg), dtype)
         if g.n and _depthwise(g):

@@ -1,7 +1,7 @@
 """Small problems: direct compiled loops over the data as it lies (no frame, no GEMM calls).
 
 The frame path costs ~100-600 us of planning, copies and Python-level GEMM calls per op whatever
-the size; a problem of a few MFLOP is done in less by plain loops (numba, serial: waking threads
+the size; a problem of a fraction of a MFLOP is done in less by plain loops (numba, serial: waking threads
 would cost more than the work). With ``G`` groups of ``I`` input and ``J`` output channels per tap
 and every array seen as 3-D spatial (missing axes of size 1)::
 
@@ -26,16 +26,20 @@ from ...problem import ConvGeometry
 
 __all__ = ["SMALL_FLOPS", "small", "workspace_bytes", "forward", "backward_data", "backward_weights"]
 
-#: Problems of at most this many FLOPs (2*N*OC*ICg*prod(K)*prod(O)) run here: the loops reach
-#: 2-6 GFLOP/s, so up to ~1 ms, where the frame path's fixed costs still dominate.
-SMALL_FLOPS = 2_000_000
+#: Problems of at most this much work run here: the loops reach only 1-3 GFLOP/s (channel
+#: counts of a few do not vectorise), but the frame path's fixed costs (100-200 us) dominate below
+#: it (measured: 5x faster at 0.1 MFLOP, even at 0.5, 2x slower from ~1).
+SMALL_FLOPS = 500_000
 
 FASTMATH = {"reassoc", "contract"}  # vectorised sums and fused multiply-adds; IEEE NaN/inf kept
 
 
-def small(g: ConvGeometry) -> bool:
-    """Whether ``g`` is a small problem (see ``SMALL_FLOPS``)."""
-    return 2 * g.n * g.oc * g.icg * math.prod(g.kernel) * math.prod(g.out_size) <= SMALL_FLOPS
+def small(g: ConvGeometry, task: str) -> bool:
+    """Whether ``task`` on ``g`` is a small problem: FLOPs (2*N*OC*ICg*prod(K)*prod(O)) within
+    ``SMALL_FLOPS``, times prod(S) for backward data (its loops visit every input position and
+    tap, of which one in prod(S) is an output's)."""
+    work = 2 * g.n * g.oc * g.icg * math.prod(g.kernel) * math.prod(g.out_size)
+    return work * (math.prod(g.strides) if task == "backward_data" else 1) <= SMALL_FLOPS
 
 
 def workspace_bytes(g: ConvGeometry, task: str, dtype: np.dtype, acc: np.dtype) -> int:
@@ -45,7 +49,6 @@ def workspace_bytes(g: ConvGeometry, task: str, dtype: np.dtype, acc: np.dtype) 
     x, y, w = (math.prod(s) for s in (g.x_shape, g.y_shape, g.w_shape))
     copies, result = {"forward": (x + w, y), "backward_data": (y + w, x), "backward_weights": (x + y + w, w)}[task]
     return (copies + (result if dtype != acc else 0)) * acc.itemsize + 4096
-
 
 @numba.njit(inline="always")
 def tap(a, k, stride, dilation, pad, size, transposed):  # pragma: no cover - compiled
