@@ -216,3 +216,55 @@ def test_workspace_estimate_bounds_the_allocations(task, case, dtype, channels_f
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak - result.nbytes <= FAST.workspace_bytes(g, task, np.dtype(dtype))
+
+
+# -- BLAS accumulation (C += A @ B on NumPy's own BLAS) ------------------------------------------------
+def _matrix(rng: np.random.Generator, rows: int, cols: int, dtype, row_major: bool) -> np.ndarray:
+    """A random (rows, cols) view with a leading dimension larger than needed, either order."""
+    if row_major:
+        return rng.standard_normal((rows, cols + 3)).astype(dtype)[:, :cols]
+    return rng.standard_normal((cols, rows + 2)).astype(dtype)[:, :rows].T
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_addmm_accumulates_like_matmul_in_every_order(dtype, rng):
+    from convgrad.engines.fast import blas
+    if not blas.available(dtype):
+        pytest.skip("NumPy's BLAS exposes no ILP64 cblas GEMM here (the engine falls back to matmul)")
+    for c_row, a_row, b_row in itertools.product((True, False), repeat=3):
+        c, a, b = _matrix(rng, 7, 5, dtype, c_row), _matrix(rng, 7, 4, dtype, a_row), _matrix(rng, 4, 5, dtype, b_row)
+        before, a_copy, b_copy = c.copy(), a.copy(), b.copy()
+        assert blas.addmm(c, a, b)
+        _close(c, before + a_copy @ b_copy, _tolerance(np.dtype(dtype)), f"{c_row} {a_row} {b_row}")
+        assert blas.addmm(c, a, b, beta=0.0)
+        _close(c, a_copy @ b_copy, _tolerance(np.dtype(dtype)))
+        assert np.array_equal(a, a_copy) and np.array_equal(b, b_copy)
+
+
+def test_addmm_refuses_what_blas_cannot_take(rng):
+    from convgrad.engines.fast import blas
+    c, a, b = (rng.standard_normal(s).astype(np.float32) for s in ((6, 5), (6, 4), (4, 5)))
+    before = c.copy()
+    refused = [
+        (c.astype(np.float16), a.astype(np.float16), b.astype(np.float16)),  # no half GEMM
+        (c, a.astype(np.float64), b),                                        # mixed dtypes
+        (c, np.repeat(a, 2, axis=1)[:, ::2], b),                             # columns 2 apart
+        (c, c[:, :4], b[:, :5]),                                             # c overlaps a
+        (c, a[:, :1], b[:1]),                                                # K = 1: ambiguous strides
+    ]
+    for args in refused:
+        assert not blas.addmm(*args)
+    assert np.array_equal(c, before)
+
+
+@pytest.mark.parametrize("channels_first", [False, True])
+def test_frame_path_without_blas_accumulation(monkeypatch, channels_first, rng):
+    """The NumPy fallback (matmul into scratch, then +=) gives the reference results too."""
+    from convgrad.engines.fast import blas, direct
+    monkeypatch.setattr(direct, "SMALL_FLOPS", -1)
+    monkeypatch.setattr(blas, "addmm", lambda *a, **k: False)
+    for groups, icg, ocg in ((1, 70, 66), (2, 5, 3), (1, 3, 64)):
+        g = _geometry(2, groups, icg, ocg, (7, 6), (3, 3), (2, 1), (1, 1), (1, 1), (1, 0))
+        inputs = _engine_inputs(g, rng, np.float64, channels_first)
+        for task in TASKS:
+            _close(getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task]), 1e-10, task)
