@@ -9,8 +9,8 @@ For each layer of a benchdnn shape list (``benchmarks/shapes``) and each gradien
 backward weights) it times convgrad through its public API (NXC/XIO, and NCX/OIX on the ResNet
 suite) and PyTorch's ``aten.convolution_backward`` asking for that one gradient, in NCHW and in
 channels_last; the better of the two is the "best peer". GFLOP/s = 2*N*OC*IC/G*prod(K)*prod(O) /
-time (best of a few runs). "extra mem" is the peak of convgrad's allocations (tracemalloc) less
-its result, as a multiple of inputs + output. The GEMM ceiling (numpy sgemm 4096^2) is measured in
+time (the best of as many runs as fit in ~0.4 s, 2 to 50). "extra mem" is the peak of convgrad's
+allocations (tracemalloc, after a warm-up call) less its result, as a multiple of inputs + output. The GEMM ceiling (numpy sgemm 4096^2) is measured in
 the same run. PyTorch pads symmetrically: a benchdnn layer whose right pad differs from its left is
 given to it with the smaller pad on both sides and the input longer by the difference (same
 output, same FLOPs).
@@ -144,6 +144,7 @@ def measure(d: ConvDescriptor, suite: str, task: str, dtype: str, with_ncx: bool
             reps: int, rng: np.random.Generator) -> Row:
     gflop = d.flops / 1e9
     fn, io_bytes = ours(d, task, DATA_DTYPES[dtype], "NXC", rng)
+    fn()  # loads (or compiles) numba's code outside the memory measurement
     tracemalloc.start()
     result = fn()
     peak = tracemalloc.get_traced_memory()[1] - result.nbytes
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()[0]
-    budget, reps = (0.0, 1) if args.quick else (1.0, 4)
+    budget, reps = (0.0, 1) if args.quick else (0.4, 50)  # fast layers: many runs, slow ones a few
     rng = np.random.default_rng(0)
     ceiling = gemm_ceiling(4096)
     print(f"GEMM ceiling {ceiling:.0f} GFLOP/s", flush=True)
