@@ -17,16 +17,23 @@ from convgrad.problem import ConvGeometry
 
 FAST, REF = get_engine("fast"), get_engine("reference")
 TASKS = ("forward", "backward_data", "backward_weights")
-#: The fast engine's two paths for small problems: ``SMALL_FLOPS`` that sends every problem to the
-#: compiled direct loops, or none (the frame path, which larger problems take).
-PATHS = {"direct": 10**18, "frame": -1}
+#: The fast engine's paths, each forced on every problem it can take: the compiled direct loops
+#: (small problems), the frame, and GEMMs over output rows (junk-heavy gradients).
+PATHS = {"direct": {"SMALL_FLOPS": 10**18},
+         "frame": {"SMALL_FLOPS": -1, "JUNK_RATIO": float("inf")},
+         "output_rows": {"SMALL_FLOPS": -1, "JUNK_RATIO": 0.0}}
+
+
+def _force(path: str, setattr_) -> None:
+    from convgrad.engines.fast import direct, output_rows
+    for name, value in PATHS[path].items():
+        setattr_(direct if name == "SMALL_FLOPS" else output_rows, name, value)
 
 
 @pytest.fixture(params=sorted(PATHS))
 def path(request, monkeypatch) -> str:
     """Run the test once on each path of the fast engine."""
-    from convgrad.engines.fast import direct
-    monkeypatch.setattr(direct, "SMALL_FLOPS", PATHS[request.param])
+    _force(request.param, monkeypatch.setattr)
     return request.param
 
 
@@ -134,16 +141,17 @@ def geometries(draw) -> ConvGeometry:
 @given(g=geometries(), dtype=st.sampled_from([np.float64, np.float32]), channels_first=st.booleans(),
        path=st.sampled_from(sorted(PATHS)))
 def test_random_geometries_against_reference(g, dtype, channels_first, path):
-    from convgrad.engines.fast import direct
+    from convgrad.engines.fast import direct, output_rows
     inputs = _engine_inputs(g, np.random.default_rng(), dtype, channels_first)
-    default, direct.SMALL_FLOPS = direct.SMALL_FLOPS, PATHS[path]
+    defaults = direct.SMALL_FLOPS, output_rows.JUNK_RATIO
     try:
+        _force(path, setattr)
         for task in TASKS:
             got, want = getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task])
             assert got.dtype == np.dtype(dtype)
             _close(got, want, _tolerance(np.dtype(dtype)), f"{task} {g} ({path})")
     finally:
-        direct.SMALL_FLOPS = default
+        direct.SMALL_FLOPS, output_rows.JUNK_RATIO = defaults
 
 
 @pytest.mark.parametrize("case", [
@@ -184,10 +192,12 @@ def test_awkward_geometries(case, dtype, channels_first, rng, path):
                _tolerance(np.dtype(dtype)), task)
 
 
-def test_batch_chunks_and_row_blocks(monkeypatch, rng):
+@pytest.mark.parametrize("path", ["frame", "output_rows"])
+def test_batch_chunks_and_row_blocks(monkeypatch, rng, path):
     """Several batch chunks and row blocks give the same result as one."""
     from convgrad.engines import fast
-    monkeypatch.setattr(fast.direct, "SMALL_FLOPS", -1)
+    _force(path, monkeypatch.setattr)
+    monkeypatch.setattr(fast.output_rows, "CHUNK_BYTES", 1)
     monkeypatch.setattr(fast, "CHUNK_BYTES", 1)
     monkeypatch.setattr(fast, "MIN_CHUNK_BYTES", 1)
     monkeypatch.setattr(fast.kernels, "BLOCK_BYTES", 1)

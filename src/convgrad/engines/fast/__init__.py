@@ -19,6 +19,9 @@ and output side; ``GEMM_DEPTH`` = 64):
 
 - small problems (``direct.small``: at most ``direct.SMALL_FLOPS`` of work): compiled direct loops (:mod:`.direct`), where
   the frame path's fixed costs would dominate;
+- backward data and weights where the frame has ``output_rows.JUNK_RATIO`` times more rows than
+  there are outputs (a large dilation on a small output): GEMMs over the output rows only, taps
+  as strided views of the padded input (:mod:`.output_rows`);
 - depthwise (Ci = Co = 1): compiled multiply-adds over channels (:mod:`.depthwise`, numba);
 - a pointwise layer (1x1, stride 1, no padding, one group) on NCX data in the accumulation dtype
   with at least ``IMAGE_GEMM_ROWS`` positions per image: one GEMM per image on the channel-major
@@ -49,7 +52,7 @@ from ... import fp16
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
 from .. import register
-from . import depthwise, direct, kernels
+from . import depthwise, direct, kernels, output_rows
 from .frame import Frame
 
 __all__ = ["FastEngine", "CHUNK_BYTES"]
@@ -64,6 +67,12 @@ IMAGE_GEMM_ROWS = 128
 
 def _depthwise(g: ConvGeometry) -> bool:
     return g.icg == 1 and g.ocg == 1
+
+
+def _output_rows(g: ConvGeometry) -> bool:
+    """Whether the gradients run on output rows only (:mod:`.output_rows`): not depthwise, with a
+    frame of ``JUNK_RATIO`` times more rows than outputs."""
+    return g.n > 0 and not _depthwise(g) and output_rows.junk_heavy(g, Frame.of(g).size)
 
 
 def _image_gemms(g: ConvGeometry, dtype: np.dtype, *data: np.ndarray) -> bool:
@@ -174,6 +183,9 @@ class FastEngine:
         acc = compute_dtype(dtype)
         if direct.small(g, task):
             return direct.workspace_bytes(g, task, dtype, acc)
+        if task != "forward" and _output_rows(g):
+            return output_rows.workspace_bytes(g, task, acc) + math.prod(
+                g.x_shape if task == "backward_data" else g.w_shape) * (acc.itemsize if dtype != acc else 0)
         depth, width = (g.ocg, g.icg) if task == "backward_data" else (g.icg, g.ocg)
         per_gemm = kernels.taps_per_gemm(taps, depth, kernels.REDUCE_DEPTH if task == "backward_weights"
                                          else kernels.GEMM_DEPTH)
@@ -217,6 +229,8 @@ class FastEngine:
         dtype = compute_dtype(dy.dtype)
         if direct.small(g, "backward_data"):
             return direct.backward_data(g, dy, w, dtype)
+        if _output_rows(g):
+            return output_rows.backward_data(g, dy, w, dtype)
         frame = _frame(g, _channels_first(dy))
         dx = _empty_like_data(g.x_shape, dtype, dy, fill=not (frame.input_is_frame or _depthwise(g)))
         if _without_frame(g, dy, w, dx, dtype, transpose=True):
@@ -242,6 +256,8 @@ class FastEngine:
         dtype = compute_dtype(x.dtype)
         if direct.small(g, "backward_weights"):
             return direct.backward_weights(g, x, dy, dtype)
+        if _output_rows(g):
+            return output_rows.backward_weights(g, x, dy, dtype)
         dw = np.zeros((math.prod(g.kernel), g.icg, g.groups, g.ocg), dtype)
         if g.n and _depthwise(g):
             depthwise.backward_weights(g, _in_dtype(x, dtype), _in_dtype(dy, dtype), dw)

@@ -1,0 +1,107 @@
+"""Gradients of geometries whose frame is mostly junk: GEMMs over the output positions only.
+
+The frame (:mod:`.frame`) has ``Q = O + (K-1)*D // S`` positions per axis; a large dilation on a
+small output (``O = 7, K = 3, D = 3``: Q = 13) makes most of its rows junk that backward data and
+backward weights compute anyway (3.4x the FLOPs there). Here every GEMM has exactly the
+``N * prod(O)`` output rows, and the taps are strided views of the zero-padded input
+``P`` (padded size ``I + PB + PE``), tap ``k`` covering ``P[o*S + k*D]``:
+
+- backward data (col2im): ``Z = dy @ [W_0^T | W_1^T | ...]`` per group, then
+  ``dP[o*S + k*D] += Z_k[o]`` for each tap, and dx is the interior of dP;
+- backward weights (im2col by tap): ``dW_k = P[o*S + k*D]^T @ dy``, the tap's rows gathered once.
+
+Batch chunks bound the temporaries (``CHUNK_BYTES`` of Z or of the padded input).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+
+import numpy as np
+
+from ... import fp16
+from ...problem import ConvGeometry
+
+__all__ = ["JUNK_RATIO", "junk_heavy", "workspace_bytes", "backward_data", "backward_weights"]
+
+#: Frame rows per output row from which the gradients run here (2.5-3x faster at 3.4x junk).
+JUNK_RATIO = 2.0
+#: Bytes of the per-chunk temporaries (Z, or the padded input and one gathered tap).
+CHUNK_BYTES = 16 << 20
+
+
+def junk_heavy(g: ConvGeometry, frame_size: tuple[int, ...]) -> bool:
+    """Whether the frame of ``g`` (``frame_size`` positions per axis) has ``JUNK_RATIO`` times
+    more rows than there are outputs."""
+    return math.prod(frame_size) >= JUNK_RATIO * max(1, math.prod(g.out_size))
+
+
+def workspace_bytes(g: ConvGeometry, task: str, acc: np.dtype) -> int:
+    """Upper estimate of the extra bytes of :func:`backward_data` (padded gradient, regrouped
+    weights, one chunk of Z and of converted dy) or :func:`backward_weights` (one chunk of padded
+    input, gathered tap and converted dy, the sums)."""
+    padded, rows, taps = math.prod(_padded_size(g)), math.prod(g.out_size), math.prod(g.kernel)
+    if task == "backward_data":
+        image = rows * taps * g.ic
+        n = min(max(g.n, 1), max(1, CHUNK_BYTES // max(1, image * acc.itemsize)))
+        return (g.n * padded * g.ic + math.prod(g.w_shape) + n * (image + 2 * rows * g.oc)) * acc.itemsize
+    n = min(max(g.n, 1), max(1, CHUNK_BYTES // max(1, (padded + rows) * g.ic * acc.itemsize)))
+    return (n * ((padded + 2 * rows) * g.ic + 2 * rows * g.oc) + 3 * math.prod(g.w_shape)) * acc.itemsize
+
+
+def _padded_size(g: ConvGeometry) -> tuple[int, ...]:
+    return tuple(i + b + e for i, b, e in zip(g.in_size, g.pads_begin, g.pads_end))
+
+
+def _interior(g: ConvGeometry) -> tuple[slice, ...]:
+    return (slice(None), *(slice(b, b + i) for b, i in zip(g.pads_begin, g.in_size)), slice(None))
+
+
+def _taps(g: ConvGeometry) -> Iterator[tuple[slice, ...]]:
+    """Per kernel offset (C order), the slices of the padded input its outputs read."""
+    for offset in itertools.product(*(range(k) for k in g.kernel)):
+        yield (slice(None), *(slice(k * d, k * d + s * (o - 1) + 1, s)
+                              for k, d, s, o in zip(offset, g.dilations, g.strides, g.out_size)), slice(None))
+
+
+def _chunks(n: int, image_bytes: int) -> Iterator[slice]:
+    step = max(1, CHUNK_BYTES // max(1, image_bytes))
+    for start in range(0, n, step):
+        yield slice(start, min(n, start + step))
+
+
+def _rows(a: np.ndarray, groups: int, dtype: np.dtype) -> np.ndarray:
+    """(n, *O, G*C) data as (G, n*prod(O), C) matrices in ``dtype``."""
+    a = fp16.to_f32(a) if a.dtype == np.float16 else a.astype(dtype, copy=False)
+    return a.reshape(-1, groups, a.shape[-1] // groups).transpose(1, 0, 2)
+
+
+def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """dx (canonical, a view of the padded gradient) from ``dy`` in ``dtype``; col2im."""
+    taps, rows = math.prod(g.kernel), math.prod(g.out_size)
+    wt = np.ascontiguousarray(w.reshape(taps, g.icg, g.groups, g.ocg).transpose(2, 3, 0, 1), dtype=dtype)
+    wt = wt.reshape(g.groups, g.ocg, taps * g.icg)
+    dxp = np.zeros((g.n, *_padded_size(g), g.ic), dtype)
+    for batch in _chunks(g.n, rows * taps * g.ic * dtype.itemsize):
+        n = batch.stop - batch.start
+        z = np.matmul(_rows(dy[batch], g.groups, dtype), wt).reshape(g.groups, n, *g.out_size, taps, g.icg)
+        for t, where in enumerate(_taps(g)):
+            target = dxp[batch][where]
+            target.reshape(*target.shape[:-1], g.groups, g.icg)[...] += np.moveaxis(z[..., t, :], 0, -2)
+    return dxp[_interior(g)]
+
+
+def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """dw (canonical) from ``x`` and ``dy`` in ``dtype``; one GEMM per tap and batch chunk."""
+    taps, padded = math.prod(g.kernel), _padded_size(g)
+    dw = np.zeros((taps, g.icg, g.groups, g.ocg), dtype)
+    for batch in _chunks(g.n, (math.prod(padded) + math.prod(g.out_size)) * g.ic * dtype.itemsize):
+        xp = np.zeros((batch.stop - batch.start, *padded, g.ic), dtype)
+        xp[_interior(g)] = x[batch]
+        d = _rows(dy[batch], g.groups, dtype)
+        for t, where in enumerate(_taps(g)):
+            gathered = np.ascontiguousarray(xp[where]).reshape(-1, g.groups, g.icg).transpose(1, 2, 0)
+            dw[t] += np.matmul(gathered, d).transpose(1, 0, 2)
+    return dw.reshape(g.w_shape)
