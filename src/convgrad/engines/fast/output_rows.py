@@ -8,9 +8,9 @@ backward weights compute anyway (3.4x the FLOPs there). Here every GEMM has exac
 
 - backward data (col2im): ``Z = dy @ [W_0^T | W_1^T | ...]`` per group, then
   ``dP[o*S + k*D] += Z_k[o]`` for each tap, and dx is the interior of dP;
-- backward weights (im2col by tap): ``dW_k = P[o*S + k*D]^T @ dy``, the tap's rows gathered once.
+- backward weights (im2col of a batch chunk): ``[dW_0; dW_1; ...] = [P[o*S + 0*D] | P[o*S + 1*D] | ...]^T @ dy``.
 
-Batch chunks bound the temporaries (``CHUNK_BYTES`` of Z or of the padded input).
+Batch chunks bound the temporaries (``CHUNK_BYTES`` of Z, or of the padded input and its taps).
 """
 
 from __future__ import annotations
@@ -41,14 +41,14 @@ def junk_heavy(g: ConvGeometry, frame_size: tuple[int, ...]) -> bool:
 def workspace_bytes(g: ConvGeometry, task: str, acc: np.dtype) -> int:
     """Upper estimate of the extra bytes of :func:`backward_data` (padded gradient, regrouped
     weights, one chunk of Z and of converted dy) or :func:`backward_weights` (one chunk of padded
-    input, gathered tap and converted dy, the sums)."""
+    input, gathered taps and converted dy, the sums)."""
     padded, rows, taps = math.prod(_padded_size(g)), math.prod(g.out_size), math.prod(g.kernel)
     if task == "backward_data":
         image = rows * taps * g.ic
         n = min(max(g.n, 1), max(1, CHUNK_BYTES // max(1, image * acc.itemsize)))
         return (g.n * padded * g.ic + math.prod(g.w_shape) + n * (image + 2 * rows * g.oc)) * acc.itemsize
-    n = min(max(g.n, 1), max(1, CHUNK_BYTES // max(1, (padded + rows) * g.ic * acc.itemsize)))
-    return (n * ((padded + 2 * rows) * g.ic + 2 * rows * g.oc) + 3 * math.prod(g.w_shape)) * acc.itemsize
+    n = min(max(g.n, 1), max(1, CHUNK_BYTES // max(1, (padded + rows * taps) * g.ic * acc.itemsize)))
+    return (n * ((padded + rows * taps) * g.ic + 2 * rows * g.oc) + 3 * math.prod(g.w_shape)) * acc.itemsize
 
 
 def _padded_size(g: ConvGeometry) -> tuple[int, ...]:
@@ -94,14 +94,18 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
 
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """dw (canonical) from ``x`` and ``dy`` in ``dtype``; one GEMM per tap and batch chunk."""
-    taps, padded = math.prod(g.kernel), _padded_size(g)
+    """dw (canonical) from ``x`` and ``dy`` in ``dtype``: per batch chunk the taps gathered side by
+    side (im2col of the chunk), then one GEMM per group."""
+    taps, padded, rows = math.prod(g.kernel), _padded_size(g), math.prod(g.out_size)
     dw = np.zeros((taps, g.icg, g.groups, g.ocg), dtype)
-    for batch in _chunks(g.n, (math.prod(padded) + math.prod(g.out_size)) * g.ic * dtype.itemsize):
-        xp = np.zeros((batch.stop - batch.start, *padded, g.ic), dtype)
+    for batch in _chunks(g.n, (math.prod(padded) + rows * taps) * g.ic * dtype.itemsize):
+        n = batch.stop - batch.start
+        xp = np.zeros((n, *padded, g.ic), dtype)
         xp[_interior(g)] = x[batch]
-        d = _rows(dy[batch], g.groups, dtype)
+        col = np.empty((n, *g.out_size, g.groups, taps, g.icg), dtype)
         for t, where in enumerate(_taps(g)):
-            gathered = np.ascontiguousarray(xp[where]).reshape(-1, g.groups, g.icg).transpose(1, 2, 0)
-            dw[t] += np.matmul(gathered, d).transpose(1, 0, 2)
+            view = xp[where]
+            col[..., t, :] = view.reshape(*view.shape[:-1], g.groups, g.icg)
+        lhs = col.reshape(n * rows, g.groups, taps * g.icg).transpose(1, 2, 0)
+        dw += np.matmul(lhs, _rows(dy[batch], g.groups, dtype)).reshape(g.groups, taps, g.icg, g.ocg).transpose(1, 2, 0, 3)
     return dw.reshape(g.w_shape)
