@@ -198,6 +198,7 @@ def test_batch_chunks_and_row_blocks(monkeypatch, rng, path):
     from convgrad.engines import fast
     _force(path, monkeypatch.setattr)
     monkeypatch.setattr(fast.output_rows, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(fast.output_rows, "MIN_CHUNK_BYTES", 1)
     monkeypatch.setattr(fast, "CHUNK_BYTES", 1)
     monkeypatch.setattr(fast, "MIN_CHUNK_BYTES", 1)
     monkeypatch.setattr(fast.kernels, "BLOCK_BYTES", 1)

@@ -30,8 +30,11 @@ __all__ = ["JUNK_RATIO", "junk_heavy", "workspace_bytes", "backward_data", "back
 #: faster on dilated layers at 3.5-6x, 1.1-1.3x on 3-D U-Net layers at 1.7-1.9x; 0.7-0.9x on
 #: ResNet-50's 3x3 layers at 1.3-1.65x, where the frame's deeper per-tap GEMMs win.
 JUNK_RATIO = 1.75
-#: Bytes of the per-chunk temporaries (Z, or the padded input and one gathered tap).
+#: Bytes of the per-chunk temporaries (Z, or the padded input and its taps), at most; also at most
+#: half the op's inputs + output (or ``MIN_CHUNK_BYTES``), so that the prod(K)-fold expansion never
+#: costs more memory than the op's own arrays; at least one image.
 CHUNK_BYTES = 16 << 20
+MIN_CHUNK_BYTES = 1 << 20
 
 
 def junk_heavy(g: ConvGeometry, frame_size: tuple[int, ...]) -> bool:
@@ -47,10 +50,11 @@ def workspace_bytes(g: ConvGeometry, task: str, acc: np.dtype) -> int:
     padded, rows, taps = math.prod(_padded_size(g)), math.prod(g.out_size), math.prod(g.kernel)
     if task == "backward_data":
         image = rows * taps * g.ic
-        n = min(max(g.n, 1), max(1, CHUNK_BYTES // max(1, image * acc.itemsize)))
+        n = min(max(g.n, 1), _images_per_chunk(g, image * acc.itemsize, acc))
         return (g.n * padded * g.ic + math.prod(g.w_shape) + n * (image + 2 * rows * g.oc)) * acc.itemsize
-    n = min(max(g.n, 1), max(1, CHUNK_BYTES // max(1, (padded + rows * taps) * g.ic * acc.itemsize)))
-    return (n * ((padded + rows * taps) * g.ic + 2 * rows * g.oc) + 3 * math.prod(g.w_shape)) * acc.itemsize
+    image = (padded + rows * taps) * g.ic
+    n = min(max(g.n, 1), _images_per_chunk(g, image * acc.itemsize, acc))
+    return (n * (image + 2 * rows * g.oc) + 3 * math.prod(g.w_shape)) * acc.itemsize
 
 
 def _padded_size(g: ConvGeometry) -> tuple[int, ...]:
@@ -68,10 +72,15 @@ def _taps(g: ConvGeometry) -> Iterator[tuple[slice, ...]]:
                               for k, d, s, o in zip(offset, g.dilations, g.strides, g.out_size)), slice(None))
 
 
-def _chunks(n: int, image_bytes: int) -> Iterator[slice]:
-    step = max(1, CHUNK_BYTES // max(1, image_bytes))
-    for start in range(0, n, step):
-        yield slice(start, min(n, start + step))
+def _images_per_chunk(g: ConvGeometry, image_bytes: int, acc: np.dtype) -> int:
+    io_bytes = (math.prod(g.x_shape) + math.prod(g.y_shape) + math.prod(g.w_shape)) * acc.itemsize
+    return max(1, min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, io_bytes // 2)) // max(1, image_bytes))
+
+
+def _chunks(g: ConvGeometry, image_bytes: int, acc: np.dtype) -> Iterator[slice]:
+    step = _images_per_chunk(g, image_bytes, acc)
+    for start in range(0, g.n, step):
+        yield slice(start, min(g.n, start + step))
 
 
 def _rows(a: np.ndarray, groups: int, dtype: np.dtype) -> np.ndarray:
@@ -86,7 +95,7 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
     wt = np.ascontiguousarray(w.reshape(taps, g.icg, g.groups, g.ocg).transpose(2, 3, 0, 1), dtype=dtype)
     wt = wt.reshape(g.groups, g.ocg, taps * g.icg)
     dxp = np.zeros((g.n, *_padded_size(g), g.ic), dtype)
-    for batch in _chunks(g.n, rows * taps * g.ic * dtype.itemsize):
+    for batch in _chunks(g, rows * taps * g.ic * dtype.itemsize, dtype):
         n = batch.stop - batch.start
         z = np.matmul(_rows(dy[batch], g.groups, dtype), wt).reshape(g.groups, n, *g.out_size, taps, g.icg)
         for t, where in enumerate(_taps(g)):
@@ -100,7 +109,7 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.d
     side (im2col of the chunk), then one GEMM per group."""
     taps, padded, rows = math.prod(g.kernel), _padded_size(g), math.prod(g.out_size)
     dw = np.zeros((taps, g.icg, g.groups, g.ocg), dtype)
-    for batch in _chunks(g.n, (math.prod(padded) + rows * taps) * g.ic * dtype.itemsize):
+    for batch in _chunks(g, (math.prod(padded) + rows * taps) * g.ic * dtype.itemsize, dtype):
         n = batch.stop - batch.start
         xp = np.zeros((n, *padded, g.ic), dtype)
         xp[_interior(g)] = x[batch]
