@@ -169,3 +169,22 @@ def test_zero_batch(kind):
     case = Case(kind, Geometry(0, 2, 2, 3, (7, 5), (3, 2), (2, 1), (1, 2), (1, 0), (0, 1)), "NCX", bias=True)
     got = check(case, torch_results(case.geom, random_tensors(case.geom, rng)), seed)
     assert got.shape[0] == 0 or not got.any()  # weight gradients of an empty batch are zeros
+
+
+def test_op_reuses_its_last_resolution_only_for_the_same_inputs(rng):
+    """A repeated call reuses the resolved problem; new shapes, dtypes or attributes resolve anew."""
+    op = cg.Op("Convolution", strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], dilations=[1, 1],
+               data_format="NXC", weights_format="XIO")
+    x1, x2 = rng.standard_normal((2, 6, 6, 3)), rng.standard_normal((1, 8, 7, 3))
+    w = rng.standard_normal((3, 3, 3, 4))
+    first = op.prepare(x1, w)[0]
+    assert op.prepare(x1.copy(), w)[0] is first
+    assert op.prepare(x2, w)[0].output_shape == (1, 6, 5, 4)
+    assert op.prepare(x1.astype(np.float32), w.astype(np.float32))[0].dtype == np.float32
+    assert op.prepare(x1, w)[0].output_shape == (2, 4, 4, 4)
+    op.attrs["strides"] = (2, 2)
+    assert op.prepare(x1, w)[0].output_shape == (2, 2, 2, 4)
+    for x in (x1, x2, x1):
+        fresh = cg.Op("Convolution", strides=[2, 2], pads_begin=[0, 0], pads_end=[0, 0], dilations=[1, 1],
+                      data_format="NXC", weights_format="XIO")
+        np.testing.assert_array_equal(op(x, w), fresh(x, w))

@@ -42,6 +42,7 @@ class Op:
         if not isinstance(lenient, (bool, np.bool_)):
             raise InputTypeError(self.kind, None, f"Op(..., lenient={describe(lenient)}): expected True or False")
         self.lenient = bool(lenient)
+        self._last: tuple[tuple[Any, ...], Problem] | None = None  # the last resolution (see _resolve)
 
     @property
     def kind(self) -> str:
@@ -80,7 +81,14 @@ class Op:
                 infos.append(TensorInfo(shape=array.shape, dtype=check_data_dtype(array, self.kind, spec.name)))
                 arrays[spec.role] = array
         infos.extend([TensorInfo()] * max(0, len(inputs) - len(infos)))
-        return build_problem(self.definition, self.attrs, infos, self.lenient), arrays
+        # Shape inference is a pure function of these: an op called again on inputs of the same
+        # shapes, dtypes and shape values (a training loop) reuses its last resolution.
+        key = (tuple(infos), tuple(self.attrs.items()), self.lenient)
+        last = self._last  # one read: another thread may replace it meanwhile
+        if last is None or last[0] != key:
+            last = (key, build_problem(self.definition, self.attrs, infos, self.lenient))
+            self._last = last
+        return last[1], arrays
 
     def __call__(self, *inputs: Any, engine: str | Engine | None = None) -> np.ndarray:
         problem, arrays = self.prepare(*inputs)
