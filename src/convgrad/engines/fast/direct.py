@@ -62,11 +62,14 @@ def tap(a, k, stride, dilation, pad, size, transposed):  # pragma: no cover - co
 
 
 @numba.njit(fastmath=FASTMATH, cache=True)
-def _gather(src, w, out, stride, dilation, pad, transposed):  # pragma: no cover - compiled
-    """out[n, a, g, j] = sum_{k, i} src[n, tap(a, k), g, i] * w[k, g, i, j]."""
-    n_, a0_, a1_, a2_, g_, j_ = out.shape
-    _, s0_, s1_, s2_, _, i_ = src.shape
-    k0_, k1_, k2_ = w.shape[:3]
+def _loops(src, grid, other, out, stride, dilation, pad, transposed, weights_grad):  # pragma: no cover
+    """Over every position a of ``grid`` (its shape) and tap k, with ``v = src[n, tap(a, k), g, i]``:
+    ``out[n, a, g, j] += v * other[k, g, i, j]`` (forward, backward data), or with
+    ``weights_grad`` ``out[k, g, i, j] += v * other[n, a, g, j]`` (backward weights)."""
+    n_, a0_, a1_, a2_ = grid.shape[:4]
+    _, s0_, s1_, s2_, g_, i_ = src.shape
+    k0_, k1_, k2_ = (out if weights_grad else other).shape[:3]
+    j_ = out.shape[5]
     out[...] = 0
     for n in range(n_):
         for a0 in range(a0_):
@@ -87,38 +90,12 @@ def _gather(src, w, out, stride, dilation, pad, transposed):  # pragma: no cover
                                 for g in range(g_):
                                     for i in range(i_):
                                         v = src[n, b0, b1, b2, g, i]
-                                        for j in range(j_):
-                                            out[n, a0, a1, a2, g, j] += v * w[k0, k1, k2, g, i, j]
-
-
-@numba.njit(fastmath=FASTMATH, cache=True)
-def _reduce(x, dy, dw, stride, dilation, pad):  # pragma: no cover - compiled
-    """dw[k, g, i, j] = sum_{n, o} x[n, tap(o, k), g, i] * dy[n, o, g, j]."""
-    n_, o0_, o1_, o2_, g_, j_ = dy.shape
-    _, i0_, i1_, i2_, _, i_ = x.shape
-    k0_, k1_, k2_ = dw.shape[:3]
-    dw[...] = 0
-    for n in range(n_):
-        for o0 in range(o0_):
-            for o1 in range(o1_):
-                for o2 in range(o2_):
-                    for k0 in range(k0_):
-                        b0 = tap(o0, k0, stride[0], dilation[0], pad[0], i0_, False)
-                        if b0 < 0:
-                            continue
-                        for k1 in range(k1_):
-                            b1 = tap(o1, k1, stride[1], dilation[1], pad[1], i1_, False)
-                            if b1 < 0:
-                                continue
-                            for k2 in range(k2_):
-                                b2 = tap(o2, k2, stride[2], dilation[2], pad[2], i2_, False)
-                                if b2 < 0:
-                                    continue
-                                for g in range(g_):
-                                    for i in range(i_):
-                                        v = x[n, b0, b1, b2, g, i]
-                                        for j in range(j_):
-                                            dw[k0, k1, k2, g, i, j] += v * dy[n, o0, o1, o2, g, j]
+                                        if weights_grad:
+                                            for j in range(j_):
+                                                out[k0, k1, k2, g, i, j] += v * other[n, a0, a1, a2, g, j]
+                                        else:
+                                            for j in range(j_):
+                                                out[n, a0, a1, a2, g, j] += v * other[k0, k1, k2, g, i, j]
 
 
 def spatial3(a: np.ndarray) -> np.ndarray:
@@ -156,19 +133,20 @@ def _result(shape: tuple[int, ...], groups: int, dtype: np.dtype) -> tuple[np.nd
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """y = conv(x, w) in ``dtype``, canonical (N, *O, OC)."""
     y, loops = _result(g.y_shape, g.groups, dtype)
-    _gather(_grouped(x, g.groups, dtype), _tap_weights(g, w, dtype, False), loops, *params(g), False)
+    _loops(_grouped(x, g.groups, dtype), loops, _tap_weights(g, w, dtype, False), loops, *params(g), False, False)
     return y
 
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """dx in ``dtype``, canonical (N, *I, IC)."""
     dx, loops = _result(g.x_shape, g.groups, dtype)
-    _gather(_grouped(dy, g.groups, dtype), _tap_weights(g, w, dtype, True), loops, *params(g), True)
+    _loops(_grouped(dy, g.groups, dtype), loops, _tap_weights(g, w, dtype, True), loops, *params(g), True, False)
     return dx
 
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """dw in ``dtype``, canonical (*K, ICg, OC)."""
     dw = np.empty((*(1,) * (3 - g.rank), *g.kernel, g.groups, g.icg, g.ocg), dtype)
-    _reduce(_grouped(x, g.groups, dtype), _grouped(dy, g.groups, dtype), dw, *params(g))
+    grid = _grouped(dy, g.groups, dtype)
+    _loops(_grouped(x, g.groups, dtype), grid, grid, dw, *params(g), False, True)
     return np.ascontiguousarray(dw.transpose(0, 1, 2, 4, 3, 5)).reshape(g.w_shape)
