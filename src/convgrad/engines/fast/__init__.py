@@ -49,7 +49,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ... import fp16
-from ...dtypes import compute_dtype
+from ...dtypes import bfloat16, compute_dtype
 from ...problem import ConvGeometry
 from .. import register
 from . import depthwise, direct, kernels, output_rows
@@ -232,7 +232,10 @@ class FastEngine:
         if _output_rows(g):
             return output_rows.backward_data(g, dy, w, dtype)
         frame = _frame(g, _channels_first(dy))
-        dx = _empty_like_data(g.x_shape, dtype, dy, fill=not (frame.input_is_frame or _depthwise(g)))
+        # bf16 data: the phase buffers' copy into dx rounds (once, to nearest even), so no f32 dx
+        rounds = dy.dtype == bfloat16 and not frame.input_is_frame and not _depthwise(g)
+        dx = _empty_like_data(g.x_shape, dy.dtype if rounds else dtype, dy,
+                              fill=not (frame.input_is_frame or _depthwise(g)))
         if _without_frame(g, dy, w, dx, dtype, transpose=True):
             return dx
         weights = _tap_weights(g, w, transpose=True)
@@ -242,7 +245,7 @@ class FastEngine:
             shifts = [shift for _, shift in frame.taps(n)]
             lead = max(shifts)
             src = frame.extended_output(dy[batch], dtype, lead)
-            target = frame.input_target(dx[batch])
+            target = frame.input_target(dx[batch], dtype)
             for ph, offsets in enumerate(per_phase):
                 first, last = frame.phase_rows(ph, n)
                 out, taps = target[ph][first:last], [(0, lead + first - shifts[k]) for k in offsets]

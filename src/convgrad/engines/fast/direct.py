@@ -35,11 +35,12 @@ FASTMATH = {"reassoc", "contract"}  # vectorised sums and fused multiply-adds; I
 
 
 def small(g: ConvGeometry, task: str) -> bool:
-    """Whether ``task`` on ``g`` is a small problem: FLOPs (2*N*OC*ICg*prod(K)*prod(O)) within
-    ``SMALL_FLOPS``, times prod(S) for backward data (its loops visit every input position and
-    tap, of which one in prod(S) is an output's)."""
-    work = 2 * g.n * g.oc * g.icg * math.prod(g.kernel) * math.prod(g.out_size)
-    return work * (math.prod(g.strides) if task == "backward_data" else 1) <= SMALL_FLOPS
+    """Whether ``task`` on ``g`` is a small problem: the work of its loops within ``SMALL_FLOPS``.
+    That is the FLOPs, 2*N*OC*ICg*prod(K)*prod(O), except for backward data, whose loops visit
+    every input position and tap (2*N*OC*ICg*prod(K)*prod(I); about prod(S) times the FLOPs, far
+    more for a large input under a small output)."""
+    positions = math.prod(g.in_size if task == "backward_data" else g.out_size)
+    return 2 * g.n * g.oc * g.icg * math.prod(g.kernel) * positions <= SMALL_FLOPS
 
 
 def workspace_bytes(g: ConvGeometry, task: str, dtype: np.dtype, acc: np.dtype) -> int:

@@ -180,13 +180,15 @@ class Frame:
                 images[ph][slices[0]] = x[slices[1]]
         return buf
 
-    def input_target(self, dx: np.ndarray) -> np.ndarray:
-        """Where backward data writes its phase buffers: ``dx`` itself if it is the frame."""
+    def input_target(self, dx: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        """Where backward data writes its phase buffers (in ``dtype``): ``dx`` itself if it is the
+        frame, else new buffers (copied into ``dx`` by :meth:`scatter_input`, rounding if ``dx``
+        is bf16)."""
         n, c = dx.shape[0], dx.shape[-1]
-        own = self._own_rows(dx, dx.dtype, self.input_major) if self.input_is_frame else None
+        own = self._own_rows(dx, dtype, self.input_major) if self.input_is_frame else None
         if own is not None:
             return own[None]
-        return self._alloc((len(self.phases),), n * self.image_rows, c, dx.dtype, False, self.input_major)
+        return self._alloc((len(self.phases),), n * self.image_rows, c, dtype, False, self.input_major)
 
     def scatter_input(self, phases: np.ndarray, dx: np.ndarray) -> None:
         """Copy phase buffers back to ``dx`` (zero-filled; positions no tap reads stay 0)."""
