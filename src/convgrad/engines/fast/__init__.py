@@ -8,17 +8,19 @@ Algorithm (see :mod:`.frame` for the index math and :mod:`.kernels` for the row 
    the data's own order (row-major for NXC, channel-major for NCX, see :func:`_frame`). bf16/f16
    data is converted to the accumulation dtype (f32; f64 for f64 data) in that same copy.
 3. Every kernel offset is then a row shift of a flat ``(rows, C)`` matrix, and each problem is a
-   sum over offsets of GEMMs on views of those buffers, run over cache-sized row blocks:
+   sum over offsets of GEMMs on views of those buffers, run over cache-sized row blocks, each
+   offset's product accumulated inside BLAS (:mod:`.blas`):
 
    - forward:          ``y[m]    = sum_k P[m + shift_k] @ w[k]``
    - backward data:    ``dP[m]   = sum_k dy_ext[m - shift_k] @ w[k]^T``, then one copy into dx
+                       (for bf16 data that copy rounds: no f32 dx)
    - backward weights: ``dw[k]   = sum_m P[m + shift_k]^T @ dy_ext[m]``
 
 Selection rule, one algorithm per problem class (Ci/Co: channels per group on the GEMM's input
 and output side; ``GEMM_DEPTH`` = 64):
 
-- small problems (``direct.small``: at most ``direct.SMALL_FLOPS`` of work): compiled direct loops (:mod:`.direct`), where
-  the frame path's fixed costs would dominate;
+- small problems (``direct.small``: at most ``direct.SMALL_FLOPS`` of work): compiled direct
+  loops (:mod:`.direct`), where the frame path's fixed costs would dominate;
 - backward data and weights where the frame has ``output_rows.JUNK_RATIO`` times more rows than
   there are outputs (a large dilation on a small output): GEMMs over the output rows only, taps
   as strided views of the padded input (:mod:`.output_rows`);
@@ -38,7 +40,9 @@ and output side; ``GEMM_DEPTH`` = 64):
 Extra memory (see :meth:`FastEngine.workspace_bytes`): the chunk's frame buffers (at most
 ``CHUNK_BYTES`` and half the op's inputs + output or 1 MiB, unless one image needs more) plus a
 few row blocks of ``BLOCK_BYTES``, converted weights, and for bf16/f16 the f32 result the API
-rounds; never an im2col buffer.
+rounds; never an im2col buffer. The direct loops take contiguous copies of their inputs; the
+output-row GEMMs a padded gradient or input and batch chunks of at most half the op's inputs +
+output (or 1 MiB).
 """
 
 from __future__ import annotations

@@ -8,11 +8,13 @@ shape ``(G, Ci, Co)``:
 - :func:`reduce`:      ``dW[t]  = sum_m src[s_t][m + off_t]^T @ dy[m]``     (backward weights)
 
 Rows are processed in blocks of about ``BLOCK_BYTES`` so that every temporary stays in cache and
-the extra memory is independent of the problem size (a single tap has no temporaries: one block). Within a block the taps are taken
-``per_gemm`` at a time: with one tap per GEMM the operands are views (no copy); with several the
-taps' rows are gathered side by side into one ``(B, per_gemm*Ci)`` operand, so that narrow
-channel counts still give BLAS a deep reduction (a blocked im2col). When instead the *outputs*
-are the narrow side (``Co < min(Ci, GEMM_DEPTH)``, e.g. the data gradient of a 3-channel first layer),
+the extra memory is independent of the problem size (a single tap has no temporaries: one
+block). Within a block the taps are taken ``per_gemm`` at a time: with one tap per GEMM the
+operands are views (no copy); with several the taps' rows are gathered side by side into one
+``(B, per_gemm*Ci)`` operand, so that narrow channel counts still give BLAS a deep reduction (a
+blocked im2col). The GEMMs of a block sum into one output tile inside BLAS (``beta = 1``,
+:mod:`.blas`), with no scratch product to add. When instead the *outputs* are the narrow side
+(``Co < min(Ci, GEMM_DEPTH)``, e.g. the data gradient of a 3-channel first layer),
 :func:`accumulate` spreads: one GEMM ``src @ [W_t1 | W_t2 | ...]`` per cluster of nearby taps,
 then the narrow per-tap results are summed at their shifts. Depthwise problems
 (``Ci = Co = 1``) are no GEMM at all: see :mod:`.depthwise`.
