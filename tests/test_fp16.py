@@ -38,3 +38,15 @@ def test_memory_order_is_kept(rng):
     assert np.array_equal(back, view) and np.moveaxis(back, -1, 1).flags.c_contiguous
     strided = wide[:, ::2]
     assert np.array_equal(fp16.from_f32(strided), strided.astype(np.float16))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_copy_into_converts_like_numpy(rng):
+    from convgrad.dtypes import bfloat16
+    bits = rng.integers(0, 1 << 32, 1 << 16, dtype=np.uint64).astype(np.uint32).view(np.float32).reshape(256, 256)
+    halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).reshape(256, 256)
+    for src, dtype in ((bits, np.float16), (halves, np.float32), (bits, bfloat16), (bits[:, ::2], np.float16)):
+        out = np.empty(src.shape, dtype)
+        fp16.copy_into(out, src)
+        want = src.astype(dtype)
+        assert _same(out, want) if dtype != bfloat16 else np.array_equal(out.view(np.uint16), want.view(np.uint16))

@@ -18,7 +18,7 @@ import functools
 import numba
 import numpy as np
 
-__all__ = ["to_f32", "from_f32"]
+__all__ = ["to_f32", "from_f32", "copy_into"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -76,3 +76,15 @@ def from_f32(a: np.ndarray) -> np.ndarray:
     _narrow(flat[0], flat[0].view(np.uint32), out)
     base = out.view(np.float16).reshape(a.shape if flat[1] == tuple(range(a.ndim)) else np.moveaxis(a, -1, 1).shape)
     return base.transpose(flat[1]) if flat[1] != tuple(range(a.ndim)) else base
+
+
+def copy_into(out: np.ndarray, a: np.ndarray) -> None:
+    """``out[...] = a`` between C-contiguous arrays of one shape, converting float16 <-> float32
+    here (bit-exact with NumPy) and any other pair by NumPy's assignment (e.g. ml_dtypes bf16)."""
+    if a.dtype == np.float16 and out.dtype == np.float32 and a.flags.c_contiguous and out.flags.c_contiguous:
+        _widen(a.reshape(-1).view(np.uint16), _table(), out.reshape(-1))
+    elif a.dtype == np.float32 and out.dtype == np.float16 and a.flags.c_contiguous and out.flags.c_contiguous:
+        flat = a.reshape(-1)
+        _narrow(flat, flat.view(np.uint32), out.reshape(-1).view(np.uint16))
+    else:
+        out[...] = a
