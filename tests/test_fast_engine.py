@@ -281,10 +281,12 @@ def test_frame_path_without_blas_accumulation(monkeypatch, channels_first, rng):
             _close(getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task]), 1e-10, task)
 
 
+@pytest.mark.parametrize("strides", [(1, 1), (2, 3)])
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("kind", ["Convolution", "ConvolutionBackwardData", "ConvolutionBackwardWeights"])
-def test_pointwise_low_precision_blocks(kind, dtype, monkeypatch, rng):
-    """bf16/f16 1x1 layers, converted block by block (here 256-row blocks, the last one short)."""
+def test_pointwise_low_precision_blocks(kind, dtype, strides, monkeypatch, rng):
+    """bf16/f16 1x1 layers, converted block by block (256-row blocks, the last one short; with
+    strides, runs of whole images, and dx zero where no output reads)."""
     from convgrad.engines.fast import direct, pointwise
     monkeypatch.setattr(direct, "SMALL_FLOPS", -1)
     monkeypatch.setattr(pointwise, "BLOCK_BYTES", 1)
@@ -292,10 +294,10 @@ def test_pointwise_low_precision_blocks(kind, dtype, monkeypatch, rng):
     for name in ("product", "weights_gradient"):
         original = getattr(pointwise, name)
         monkeypatch.setattr(pointwise, name, lambda *a, _f=original: calls.append(_f) or _f(*a))
-    g = _geometry(3, 1, 5, 7, (13, 11), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))  # 429 rows
+    g = _geometry(3, 1, 5, 7, (40, 37), (1, 1), strides, (1, 1), (0, 0), (0, 0))  # 240+ rows per image
     inputs, w = _op_inputs(kind, g, "NXC", rng, DATA_DTYPES[dtype])
     extra = {"weights_shape": list(w.shape)} if kind == "ConvolutionBackwardWeights" else {}
-    op = cg.Op(kind, strides=[1, 1], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], data_format="NXC",
+    op = cg.Op(kind, strides=list(strides), dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], data_format="NXC",
                weights_format="XIO", **extra)
     got, want = op(*inputs, engine="fast"), op(*inputs, engine="reference")
     assert len(calls) == 1 and got.dtype == want.dtype == DATA_DTYPES[dtype]

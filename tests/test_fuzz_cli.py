@@ -219,7 +219,7 @@ def _mutate_tensor(draw: st.DrawFn, doc: dict[str, Any]) -> None:
     elif field == "layout_type":
         tensor[field] = draw(st.sampled_from(["strided", "any", "undef", "opaque"]))
     else:
-        tensor[field] = draw(st.sampled_from([t["id"] for t in _tensors(doc)] + [99, -1]))
+        tensor[field] = draw(st.sampled_from([t.get("id") for t in _tensors(doc)] + [99, -1]))
 
 
 def _mutate_inputs(draw: st.DrawFn, doc: dict[str, Any]) -> None:
@@ -251,9 +251,9 @@ def _mutate_topology(draw: st.DrawFn, doc: dict[str, Any]) -> None:
     elif action == "same id":
         ops[-1]["id"] = ops[0]["id"]
     elif action == "same output":
-        ops[-1]["outputs"][0]["id"] = ops[0]["outputs"][0]["id"]
+        ops[-1]["outputs"][0]["id"] = ops[0]["outputs"][0].get("id")
     elif ops[0]["inputs"]:
-        ops[0]["inputs"][0]["id"] = ops[-1]["outputs"][0]["id"]
+        ops[0]["inputs"][0]["id"] = ops[-1]["outputs"][0].get("id")
 
 
 MUTATIONS: list[Callable[[st.DrawFn, dict[str, Any]], None]] = [

@@ -79,12 +79,16 @@ def from_f32(a: np.ndarray) -> np.ndarray:
 
 
 def copy_into(out: np.ndarray, a: np.ndarray) -> None:
-    """``out[...] = a`` between C-contiguous arrays of one shape, converting float16 <-> float32
-    here (bit-exact with NumPy) and any other pair by NumPy's assignment (e.g. ml_dtypes bf16)."""
-    if a.dtype == np.float16 and out.dtype == np.float32 and a.flags.c_contiguous and out.flags.c_contiguous:
-        _widen(a.reshape(-1).view(np.uint16), _table(), out.reshape(-1))
-    elif a.dtype == np.float32 and out.dtype == np.float16 and a.flags.c_contiguous and out.flags.c_contiguous:
+    """``out[...] = a`` for arrays of one shape, converting float16 <-> float32 here (bit-exact
+    with NumPy; a strided side goes through a contiguous float16 copy) and any other pair by
+    NumPy's assignment (e.g. ml_dtypes bf16)."""
+    if a.dtype == np.float16 and out.dtype == np.float32 and out.flags.c_contiguous:
+        _widen(np.ascontiguousarray(a).reshape(-1).view(np.uint16), _table(), out.reshape(-1))
+    elif a.dtype == np.float32 and out.dtype == np.float16 and a.flags.c_contiguous:
         flat = a.reshape(-1)
-        _narrow(flat, flat.view(np.uint32), out.reshape(-1).view(np.uint16))
+        if out.flags.c_contiguous:
+            _narrow(flat, flat.view(np.uint32), out.reshape(-1).view(np.uint16))
+        else:
+            out[...] = from_f32(a)
     else:
         out[...] = a

@@ -24,7 +24,7 @@ and output side; ``GEMM_DEPTH`` = 64):
 - backward data and weights where the frame has ``output_rows.JUNK_RATIO`` times more rows than
   there are outputs (a large dilation on a small output): GEMMs over the output rows only, taps
   as strided views of the padded input (:mod:`.output_rows`);
-- pointwise layers (1x1, stride 1, no padding, one group) on bf16/f16 channels-last data: one
+- pointwise layers (1x1, no padding, one group, any stride) on bf16/f16 channels-last data: one
   GEMM over row blocks that are widened to f32 and rounded back while in cache (:mod:`.pointwise`);
 - depthwise (Ci = Co = 1): compiled multiply-adds over channels (:mod:`.depthwise`, numba);
 - a pointwise layer (1x1, stride 1, no padding, one group) on NCX data in the accumulation dtype
@@ -218,7 +218,9 @@ class FastEngine:
         if direct.small(g, "forward"):
             return direct.forward(g, x, w, dtype)
         if pointwise.applies(g, x):
-            return pointwise.product(x, _in_dtype(w, dtype).reshape(g.ic, g.oc), g.y_shape)
+            y = np.empty(g.y_shape, x.dtype)
+            pointwise.product(pointwise.sampled(g, x), _in_dtype(w, dtype).reshape(g.ic, g.oc), y)
+            return y
         y = _empty_like_data(g.y_shape, dtype, x, fill=not (_depthwise(g) or _image_gemms(g, dtype, x)))
         if _without_frame(g, x, w, y, dtype, transpose=False):
             return y
@@ -238,7 +240,10 @@ class FastEngine:
         if direct.small(g, "backward_data"):
             return direct.backward_data(g, dy, w, dtype)
         if pointwise.applies(g, dy):
-            return pointwise.product(dy, _in_dtype(w, dtype).reshape(g.ic, g.oc).T, g.x_shape)
+            every = g.out_size == g.in_size  # else zero where no output reads
+            dx = (np.empty if every else np.zeros)(g.x_shape, dy.dtype)
+            pointwise.product(dy, _in_dtype(w, dtype).reshape(g.ic, g.oc).T, pointwise.sampled(g, dx))
+            return dx
         if _output_rows(g):
             return output_rows.backward_data(g, dy, w, dtype)
         frame = _frame(g, _channels_first(dy))
@@ -270,7 +275,7 @@ class FastEngine:
         if direct.small(g, "backward_weights"):
             return direct.backward_weights(g, x, dy, dtype)
         if pointwise.applies(g, x, dy):
-            return pointwise.weights_gradient(x, dy).reshape(g.w_shape)
+            return pointwise.weights_gradient(pointwise.sampled(g, x), dy).reshape(g.w_shape)
         if _output_rows(g):
             return output_rows.backward_weights(g, x, dy, dtype)
         dw = np.zeros((math.prod(g.kernel), g.icg, g.groups, g.ocg), dtype)

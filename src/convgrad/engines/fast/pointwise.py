@@ -1,17 +1,20 @@
-"""Pointwise layers (1x1, stride 1, no padding, one group) on bf16/f16 channels-last data.
+"""Pointwise layers (1x1, no padding, one group, any stride) on bf16/f16 channels-last data.
 
-Such a layer is one GEMM over the rows of the data, ``y = x @ W``, ``dx = dy @ W^T``,
-``dW = x^T @ dy``, and costs little next to the conversions around it: widening the whole input
-to f32 and rounding a whole f32 result back would each add a pass over memory (1.5-2.3x our f32
-time). Here the rows are taken in cache-sized blocks: a block is widened into an f32 buffer, goes
-through the GEMM, and its result is rounded (to nearest even) into the output while still in
-cache; the weights gradient sums the blocks' products in f32. Extra memory: two blocks and the
-f32 weights (within the frame path's estimate, which ``workspace_bytes`` reports).
+Such a layer is one GEMM over the sampled positions ``x_s = x[:, ::S]`` (all of x for stride 1):
+``y = x_s @ W``, ``dx_s = dy @ W^T`` (dx zero elsewhere), ``dW = x_s^T @ dy``. It costs little
+next to the conversions around it: widening whole inputs to f32 and rounding a whole f32 result
+back would each add a pass over memory (1.5-2.3x our f32 time). Here the rows are taken in
+cache-sized blocks (row ranges of contiguous data, else runs of whole images): a block is widened
+into an f32 buffer, goes through the GEMM, and its result is rounded (to nearest even) into the
+output while still in cache; the weights gradient sums the blocks' products in f32. Extra
+memory: two blocks and the f32 weights (within the frame path's estimate, which
+``workspace_bytes`` reports).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -20,49 +23,70 @@ from ...dtypes import bfloat16
 from ...problem import ConvGeometry
 from . import blas
 
-__all__ = ["BLOCK_BYTES", "applies", "product", "weights_gradient"]
+__all__ = ["BLOCK_BYTES", "applies", "sampled", "product", "weights_gradient"]
 
 #: Bytes of the f32 block buffers (input and output rows together).
 BLOCK_BYTES = 4 << 20
 
 
 def applies(g: ConvGeometry, *data: np.ndarray) -> bool:
-    """Whether ``g`` is pointwise with one group and every array of ``data`` bf16/f16 rows as they
-    lie (C-contiguous canonical (N, *X, C), i.e. channels-last)."""
-    return (g.groups == 1 and math.prod(g.kernel) == 1 and all(s == 1 for s in g.strides)
-            and not any(g.pads_begin) and not any(g.pads_end)
+    """Whether ``g`` is pointwise without padding, with one group, and every array of ``data``
+    bf16/f16 stored channels-last (C-contiguous canonical (N, *X, C))."""
+    return (g.groups == 1 and math.prod(g.kernel) == 1 and not any(g.pads_begin) and not any(g.pads_end)
             and all(a.dtype in (bfloat16, np.float16) and a.flags.c_contiguous for a in data))
 
 
-def _block_rows(width: int) -> int:
-    return max(256, BLOCK_BYTES // (4 * max(1, width)))
+def sampled(g: ConvGeometry, x: np.ndarray) -> np.ndarray:
+    """The input positions the layer reads, ``x[:, ::S]`` cut to the output size: (N, *O, C)."""
+    return x[(slice(None), *(slice(0, s * (o - 1) + 1, s) for s, o in zip(g.strides, g.out_size)), slice(None))]
 
 
-def product(src: np.ndarray, mat: np.ndarray, out_shape: tuple[int, ...]) -> np.ndarray:
-    """``src`` rows (..., K) @ ``mat`` (K, M, f32) into a new array of ``out_shape`` (..., M) in
-    ``src``'s dtype, block by block."""
-    rows, out = src.reshape(-1, src.shape[-1]), np.empty(out_shape, src.dtype)
-    out_rows = out.reshape(-1, out_shape[-1])
-    step = _block_rows(mat.shape[0] + mat.shape[1])
-    wide, result = np.empty((step, mat.shape[0]), np.float32), np.empty((step, mat.shape[1]), np.float32)
-    for a in range(0, rows.shape[0], step):
-        b = min(rows.shape[0], a + step)
-        fp16.copy_into(wide[:b - a], rows[a:b])
-        np.matmul(wide[:b - a], mat, out=result[:b - a])
-        fp16.copy_into(out_rows[a:b], result[:b - a])
-    return out
+def _blocks(arrays: tuple[np.ndarray, ...], width: int) -> Iterator[tuple[np.ndarray, ...]]:
+    """The same blocks of rows of every (N, *X, C_i) array (one X): flat row ranges if all are
+    C-contiguous, else runs of whole images; about ``BLOCK_BYTES`` of f32 rows ``width`` wide."""
+    step = max(256, BLOCK_BYTES // (4 * max(1, width)))
+    if all(a.flags.c_contiguous for a in arrays):
+        flat = [a.reshape(-1, a.shape[-1]) for a in arrays]
+        for start in range(0, flat[0].shape[0], step):
+            yield tuple(f[start:start + step] for f in flat)
+    else:
+        images = max(1, step // max(1, math.prod(arrays[0].shape[1:-1])))
+        for start in range(0, arrays[0].shape[0], images):
+            yield tuple(a[start:start + images] for a in arrays)
+
+
+def _fit(buffer: np.ndarray | None, size: int) -> np.ndarray:
+    """``buffer`` if it holds ``size`` f32 values, else a new one (allocated once per size)."""
+    return buffer if buffer is not None and buffer.size >= size else np.empty(size, np.float32)
+
+
+def _wide(buffer: np.ndarray | None, block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``block`` widened into the front of a flat f32 buffer, as (rows, C), and that buffer."""
+    rows = math.prod(block.shape[:-1])
+    buffer = _fit(buffer, rows * block.shape[-1])
+    wide = buffer[:rows * block.shape[-1]].reshape(*block.shape)
+    fp16.copy_into(wide, block)
+    return wide.reshape(rows, block.shape[-1]), buffer
+
+
+def product(src: np.ndarray, mat: np.ndarray, out: np.ndarray) -> None:
+    """``out = src @ mat`` for (N, *O, K) ``src`` rows and (N, *O, M) ``out`` (views allowed) in
+    bf16/f16, ``mat`` (K, M) f32, block by block."""
+    m = mat.shape[1]
+    src_buf = out_buf = None
+    for src_block, out_block in _blocks((src, out), mat.shape[0] + m):
+        wide, src_buf = _wide(src_buf, src_block)
+        out_buf = _fit(out_buf, wide.shape[0] * m)
+        result = np.matmul(wide, mat, out=out_buf[:wide.shape[0] * m].reshape(wide.shape[0], m))
+        fp16.copy_into(out_block, result.reshape(out_block.shape))
 
 
 def weights_gradient(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """``x`` rows^T @ ``dy`` rows, (IC, OC) in f32, block by block."""
-    xr, dyr = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
-    step = _block_rows(xr.shape[1] + dyr.shape[1])
-    xw, dyw = np.empty((step, xr.shape[1]), np.float32), np.empty((step, dyr.shape[1]), np.float32)
-    dw = np.zeros((xr.shape[1], dyr.shape[1]), np.float32)
-    for a in range(0, xr.shape[0], step):
-        b = min(xr.shape[0], a + step)
-        fp16.copy_into(xw[:b - a], xr[a:b])
-        fp16.copy_into(dyw[:b - a], dyr[a:b])
-        if not blas.addmm(dw, xw[:b - a].T, dyw[:b - a]):
-            dw += xw[:b - a].T @ dyw[:b - a]
+    """``x`` rows^T @ ``dy`` rows, (IC, OC) in f32, block by block (``x`` may be a sampled view)."""
+    x_buf = dy_buf = None
+    dw = np.zeros((x.shape[-1], dy.shape[-1]), np.float32)
+    for x_block, dy_block in _blocks((x, dy), x.shape[-1] + dy.shape[-1]):
+        (xw, x_buf), (dyw, dy_buf) = _wide(x_buf, x_block), _wide(dy_buf, dy_block)
+        if not blas.addmm(dw, xw.T, dyw):
+            dw += xw.T @ dyw
     return dw
