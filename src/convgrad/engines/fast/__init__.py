@@ -16,23 +16,25 @@ Algorithm (see :mod:`.frame` for the index math and :mod:`.kernels` for the row 
                        (for bf16 data that copy rounds: no f32 dx)
    - backward weights: ``dw[k]   = sum_m P[m + shift_k]^T @ dy_ext[m]``
 
-Selection rule, one algorithm per problem class (Ci/Co: channels per group on the GEMM's input
-and output side; ``GEMM_DEPTH`` = 64):
+Selection rule, one algorithm per problem class, the first that applies (:func:`_algorithm`;
+Ci/Co: channels per group on the GEMM's input and output side; ``GEMM_DEPTH`` = 64):
 
 - small problems (``direct.small``: at most ``direct.SMALL_FLOPS`` of work): compiled direct
   loops (:mod:`.direct`), where the frame path's fixed costs would dominate;
+- an empty batch: zeros;
+- pointwise layers (1x1, no padding, one group, any stride) on bf16/f16 channels-last data: one
+  GEMM over row blocks that are widened to f32 and rounded back while in cache (:mod:`.pointwise`);
 - backward data and weights where the frame has ``output_rows.JUNK_RATIO`` times more rows than
   there are outputs (a large dilation on a small output): GEMMs over the output rows only, taps
   as strided views of the padded input (:mod:`.output_rows`);
-- pointwise layers (1x1, no padding, one group, any stride) on bf16/f16 channels-last data: one
-  GEMM over row blocks that are widened to f32 and rounded back while in cache (:mod:`.pointwise`);
 - depthwise (Ci = Co = 1): compiled multiply-adds over channels (:mod:`.depthwise`, numba);
 - a pointwise layer (1x1, stride 1, no padding, one group) on NCX data in the accumulation dtype
   with at least ``IMAGE_GEMM_ROWS`` positions per image: one GEMM per image on the channel-major
   (C, positions) matrices as they are (no frame copies; below that size the per-image GEMMs are
   too small and the frame path wins), batched for forward and backward data, summed into dw for
   backward weights;
-- Ci >= GEMM_DEPTH: one GEMM per kernel offset on views of the frame (no copy);
+- otherwise the frame; there Ci >= GEMM_DEPTH: one GEMM per kernel offset on views of the frame
+  (no copy);
 - Ci < GEMM_DEPTH: ``taps_per_gemm`` offsets gathered side by side per row block, so that each
   GEMM reduces over >= GEMM_DEPTH values (a blocked im2col, cache-sized); for backward weights,
   where those values are the GEMM's output rows, over ``REDUCE_DEPTH`` = 256;
@@ -75,10 +77,23 @@ def _depthwise(g: ConvGeometry) -> bool:
     return g.icg == 1 and g.ocg == 1
 
 
-def _output_rows(g: ConvGeometry) -> bool:
-    """Whether the gradients run on output rows only (:mod:`.output_rows`): not depthwise, with a
-    frame of ``JUNK_RATIO`` times more rows than outputs."""
-    return g.n > 0 and not _depthwise(g) and output_rows.junk_heavy(g, Frame.of(g).size)
+def _algorithm(g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[np.ndarray, ...] | None) -> str:
+    """The selection rule of the module docstring, in its order: the algorithm that runs ``task``
+    on ``g`` with the op's canonical ``data`` inputs in accumulation dtype ``dtype``. Without
+    ``data`` (planning for any layout and dtype) the rules that depend on it are skipped."""
+    if direct.small(g, task):
+        return "direct"
+    if g.n == 0:
+        return "empty"
+    if data is not None and pointwise.applies(g, *data):
+        return "pointwise"
+    if task != "forward" and not _depthwise(g) and output_rows.junk_heavy(g, Frame.of(g).size):
+        return "output_rows"
+    if _depthwise(g):
+        return "depthwise"
+    if data is not None and _image_gemms(g, dtype, *data):
+        return "image_gemms"
+    return "frame"
 
 
 def _image_gemms(g: ConvGeometry, dtype: np.dtype, *data: np.ndarray) -> bool:
@@ -129,21 +144,18 @@ def _tap_weights(g: ConvGeometry, w: np.ndarray, transpose: bool) -> np.ndarray:
     return taps.transpose(0, 2, 3, 1) if transpose else taps.transpose(0, 2, 1, 3)
 
 
-def _without_frame(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarray, dtype: np.dtype,
-                   transpose: bool) -> bool:
-    """Forward (``transpose=False``) or backward data into ``out`` by a path that needs no frame:
-    an empty batch, depthwise loops, or NCX pointwise layers as one GEMM per image. False if none
-    applies."""
-    if g.n == 0:
-        return True
-    if _depthwise(g):
+def _without_frame(algorithm: str, g: ConvGeometry, src: np.ndarray, w: np.ndarray, shape: tuple[int, ...],
+                   dtype: np.dtype, transpose: bool) -> np.ndarray:
+    """Forward (``transpose=False``) or backward data of shape ``shape`` by an ``algorithm`` that
+    needs no frame: an empty batch, depthwise loops, or NCX pointwise layers as one GEMM per
+    image."""
+    out = _empty_like_data(shape, dtype, src, fill=algorithm == "empty")
+    if algorithm == "depthwise":
         (depthwise.backward_data if transpose else depthwise.forward)(g, _in_dtype(src, dtype), w, out)
-        return True
-    if _image_gemms(g, dtype, src):
+    elif algorithm == "image_gemms":
         np.matmul(_image_rows(src), _tap_weights(g, w, transpose=transpose)[0, 0].astype(dtype, copy=False),
                   out=_image_rows(out))
-        return True
-    return False
+    return out
 
 
 class FastEngine:
@@ -187,9 +199,10 @@ class FastEngine:
         before the API rounds it."""
         dtype, taps = np.dtype(dtype), math.prod(g.kernel)
         acc = compute_dtype(dtype)
-        if direct.small(g, task):
+        algorithm = _algorithm(g, task, acc, None)
+        if algorithm == "direct":
             return direct.workspace_bytes(g, task, dtype, acc)
-        if task != "forward" and _output_rows(g):
+        if algorithm == "output_rows":
             return output_rows.workspace_bytes(g, task, acc) + math.prod(
                 g.x_shape if task == "backward_data" else g.w_shape) * (acc.itemsize if dtype != acc else 0)
         depth, width = (g.ocg, g.icg) if task == "backward_data" else (g.icg, g.ocg)
@@ -215,15 +228,16 @@ class FastEngine:
     def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         """y = conv(x, w): sum over offsets of shifted-row GEMMs into the frame rows of y."""
         dtype = compute_dtype(x.dtype)
-        if direct.small(g, "forward"):
+        algorithm = _algorithm(g, "forward", dtype, (x,))
+        if algorithm == "direct":
             return direct.forward(g, x, w, dtype)
-        if pointwise.applies(g, x):
+        if algorithm == "pointwise":
             y = np.empty(g.y_shape, x.dtype)
             pointwise.product(pointwise.sampled(g, x), _in_dtype(w, dtype).reshape(g.ic, g.oc), y)
             return y
-        y = _empty_like_data(g.y_shape, dtype, x, fill=not (_depthwise(g) or _image_gemms(g, dtype, x)))
-        if _without_frame(g, x, w, y, dtype, transpose=False):
-            return y
+        if algorithm != "frame":
+            return _without_frame(algorithm, g, x, w, g.y_shape, dtype, transpose=False)
+        y = _empty_like_data(g.y_shape, dtype, x, fill=True)
         frame = _frame(g, _channels_first(x))
         weights = _tap_weights(g, w, transpose=False)
         for batch in self._batches(g, frame, "forward", x.dtype):
@@ -237,22 +251,22 @@ class FastEngine:
     def backward_data(self, g: ConvGeometry, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
         """dx: per input phase, the sum over its offsets of GEMMs on dy shifted back by the offset."""
         dtype = compute_dtype(dy.dtype)
-        if direct.small(g, "backward_data"):
+        algorithm = _algorithm(g, "backward_data", dtype, (dy,))
+        if algorithm == "direct":
             return direct.backward_data(g, dy, w, dtype)
-        if pointwise.applies(g, dy):
+        if algorithm == "pointwise":
             every = g.out_size == g.in_size  # else zero where no output reads
             dx = (np.empty if every else np.zeros)(g.x_shape, dy.dtype)
             pointwise.product(dy, _in_dtype(w, dtype).reshape(g.ic, g.oc).T, pointwise.sampled(g, dx))
             return dx
-        if _output_rows(g):
+        if algorithm == "output_rows":
             return output_rows.backward_data(g, dy, w, dtype)
+        if algorithm != "frame":
+            return _without_frame(algorithm, g, dy, w, g.x_shape, dtype, transpose=True)
         frame = _frame(g, _channels_first(dy))
         # bf16 data: the phase buffers' copy into dx rounds (once, to nearest even), so no f32 dx
-        rounds = dy.dtype == bfloat16 and not frame.input_is_frame and not _depthwise(g)
-        dx = _empty_like_data(g.x_shape, dy.dtype if rounds else dtype, dy,
-                              fill=not (frame.input_is_frame or _depthwise(g)))
-        if _without_frame(g, dy, w, dx, dtype, transpose=True):
-            return dx
+        rounds = dy.dtype == bfloat16 and not frame.input_is_frame
+        dx = _empty_like_data(g.x_shape, dy.dtype if rounds else dtype, dy, fill=not frame.input_is_frame)
         weights = _tap_weights(g, w, transpose=True)
         per_phase = [[k for k, p in enumerate(frame.tap_phase) if p == ph] for ph in range(len(frame.phases))]
         for batch in self._batches(g, frame, "backward_data", dy.dtype):
@@ -272,20 +286,21 @@ class FastEngine:
     def backward_weights(self, g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
         """dw[k] = sum over the frame rows of the shifted input rows times dy, per batch chunk."""
         dtype = compute_dtype(x.dtype)
-        if direct.small(g, "backward_weights"):
+        algorithm = _algorithm(g, "backward_weights", dtype, (x, dy))
+        if algorithm == "direct":
             return direct.backward_weights(g, x, dy, dtype)
-        if pointwise.applies(g, x, dy):
+        if algorithm == "pointwise":
             return pointwise.weights_gradient(pointwise.sampled(g, x), dy).reshape(g.w_shape)
-        if _output_rows(g):
+        if algorithm == "output_rows":
             return output_rows.backward_weights(g, x, dy, dtype)
         dw = np.zeros((math.prod(g.kernel), g.icg, g.groups, g.ocg), dtype)
-        if g.n and _depthwise(g):
+        if algorithm == "depthwise":
             depthwise.backward_weights(g, _in_dtype(x, dtype), _in_dtype(dy, dtype), dw)
-        elif g.n and _image_gemms(g, dtype, x, dy):
+        elif algorithm == "image_gemms":
             total, product = dw.reshape(g.icg, g.oc), np.empty((g.icg, g.oc), dtype)
             for xn, dyn in zip(_image_rows(x), _image_rows(dy)):
                 total += np.matmul(xn.T, dyn, out=product)
-        elif g.n:
+        elif algorithm == "frame":
             frame = _frame(g, _channels_first(x))
             for batch in self._batches(g, frame, "backward_weights", x.dtype):
                 n, taps = batch.stop - batch.start, frame.taps(batch.stop - batch.start)

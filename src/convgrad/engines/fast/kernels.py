@@ -202,6 +202,7 @@ def reduce(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarr
     rows, (_, ci, groups, co) = dy.shape[0], out.shape
     step = block_rows(groups * max(per_gemm * ci, co) * dy.itemsize, rows, len(taps))
     col = np.empty(groups * step * per_gemm * ci, dy.dtype) if per_gemm > 1 else None
+    scratch = np.empty((groups, per_gemm * ci, co), out.dtype)  # for products BLAS cannot sum in place
     for a in range(0, rows, step):
         b = min(rows, a + step)
         rhs = _grouped(dy[a:b], groups)
@@ -209,4 +210,4 @@ def reduce(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarr
             lhs = _operand(srcs, chunk, a, b, groups, col).transpose(0, 2, 1)
             # a view: the taps' rows of dW are (tap, Ci) rows Co apart within a group
             target = out[t:t + len(chunk)].transpose(2, 0, 1, 3).reshape(groups, len(chunk) * ci, co)
-            _product(target, lhs, rhs, scratch=np.empty(target.shape, target.dtype))
+            _product(target, lhs, rhs, scratch[:, :len(chunk) * ci])
