@@ -81,7 +81,7 @@ def _algorithm(g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[np.ndarr
     """The selection rule of the module docstring, in its order: the algorithm that runs ``task``
     on ``g`` with the op's canonical ``data`` inputs in accumulation dtype ``dtype``. Without
     ``data`` (planning for any layout and dtype) the rules that depend on it are skipped."""
-    if direct.small(g, task):
+    if direct.small(g):
         return "direct"
     if g.n == 0:
         return "empty"

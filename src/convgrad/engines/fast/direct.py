@@ -3,16 +3,16 @@
 The frame path costs ~100-600 us of planning, copies and Python-level GEMM calls per op whatever
 the size; a problem of a fraction of a MFLOP is done in less by plain loops (numba, serial: waking threads
 would cost more than the work). With ``G`` groups of ``I`` input and ``J`` output channels per tap
-and every array seen as 3-D spatial (missing axes of size 1)::
+and every array seen as 3-D spatial (missing axes of size 1), one loop nest over the outputs ``o``
+and taps ``k`` serves all three problems::
 
-    out[n, a, g, j] = sum_{k, i} src[n, tap(a, k), g, i] * w[k, g, i, j]   (forward; backward
-                                                                            data with the taps
-                                                                            transposed)
-    dw[k, g, i, j]  = sum_{n, o} x[n, tap(o, k), g, i] * dy[n, o, g, j]    (backward weights)
+    y[n, o, g, j]            += sum_i x[n, tap(o, k), g, i] * w[k, g, i, j]   (forward: a gather)
+    dx[n, tap(o, k), g, i]   += sum_j dy[n, o, g, j] * w[k, g, i, j]          (backward data: a scatter)
+    dw[k, g, i, j]           += sum_{n, o} x[n, tap(o, k), g, i] * dy[n, o, g, j]  (backward weights)
 
-where ``tap(o, k) = o*S + k*D - PB`` reads the input under output o (a tap in the padding is
-skipped) and its transpose finds the output whose tap k covers input a. The same helpers serve
-the depthwise loops (:mod:`.depthwise`).
+where ``tap(o, k) = o*S + k*D - PB`` is the input under output o (a tap in the padding is
+skipped): the loops' work is exactly the FLOPs. The same helpers serve the depthwise loops
+(:mod:`.depthwise`).
 """
 
 from __future__ import annotations
@@ -34,13 +34,10 @@ SMALL_FLOPS = 500_000
 FASTMATH = {"reassoc", "contract"}  # vectorised sums and fused multiply-adds; IEEE NaN/inf kept
 
 
-def small(g: ConvGeometry, task: str) -> bool:
-    """Whether ``task`` on ``g`` is a small problem: the work of its loops within ``SMALL_FLOPS``.
-    That is the FLOPs, 2*N*OC*ICg*prod(K)*prod(O), except for backward data, whose loops visit
-    every input position and tap (2*N*OC*ICg*prod(K)*prod(I); about prod(S) times the FLOPs, far
-    more for a large input under a small output)."""
-    positions = math.prod(g.in_size if task == "backward_data" else g.out_size)
-    return 2 * g.n * g.oc * g.icg * math.prod(g.kernel) * positions <= SMALL_FLOPS
+def small(g: ConvGeometry) -> bool:
+    """Whether a problem on ``g`` is small: its FLOPs, 2*N*OC*ICg*prod(K)*prod(O), within
+    ``SMALL_FLOPS`` (the loops visit only the taps of every output, whatever the task)."""
+    return 2 * g.n * g.oc * g.icg * math.prod(g.kernel) * math.prod(g.out_size) <= SMALL_FLOPS
 
 
 def workspace_bytes(g: ConvGeometry, task: str, dtype: np.dtype, acc: np.dtype) -> int:
@@ -62,41 +59,55 @@ def tap(a, k, stride, dilation, pad, size, transposed):  # pragma: no cover - co
     return i if 0 <= i < size else -1
 
 
+FORWARD, BACKWARD_DATA, BACKWARD_WEIGHTS = 0, 1, 2
+
+
 @numba.njit(fastmath=FASTMATH, cache=True)
-def _loops(src, grid, other, out, stride, dilation, pad, transposed, weights_grad):  # pragma: no cover
-    """Over every position a of ``grid`` (its shape) and tap k, with ``v = src[n, tap(a, k), g, i]``:
-    ``out[n, a, g, j] += v * other[k, g, i, j]`` (forward, backward data), or with
-    ``weights_grad`` ``out[k, g, i, j] += v * other[n, a, g, j]`` (backward weights)."""
-    n_, a0_, a1_, a2_ = grid.shape[:4]
-    _, s0_, s1_, s2_, g_, i_ = src.shape
-    k0_, k1_, k2_ = (out if weights_grad else other).shape[:3]
+def _loops(src, grid, other, out, stride, dilation, pad, problem):  # pragma: no cover - compiled
+    """Over every output position o of ``grid`` (its shape) and tap k, with ``b = tap(o, k)`` in
+    ``src`` (forward, backward weights) or ``out`` (backward data)::
+
+        FORWARD:           out[n, o, g, j] += src[n, b, g, i] * other[k, g, i, j]
+        BACKWARD_DATA:     out[n, b, g, i] += src[n, o, g, j] * other[k, g, j, i]
+        BACKWARD_WEIGHTS:  out[k, g, i, j] += src[n, b, g, i] * other[n, o, g, j]
+    """
+    n_, o0_, o1_, o2_ = grid.shape[:4]
+    tapped = out if problem == BACKWARD_DATA else src
+    _, s0_, s1_, s2_ = tapped.shape[:4]
+    g_, i_ = src.shape[4:]
+    k0_, k1_, k2_ = (out if problem == BACKWARD_WEIGHTS else other).shape[:3]
     j_ = out.shape[5]
     out[...] = 0
     for n in range(n_):
-        for a0 in range(a0_):
-            for a1 in range(a1_):
-                for a2 in range(a2_):
+        for o0 in range(o0_):
+            for o1 in range(o1_):
+                for o2 in range(o2_):
                     for k0 in range(k0_):
-                        b0 = tap(a0, k0, stride[0], dilation[0], pad[0], s0_, transposed)
+                        b0 = tap(o0, k0, stride[0], dilation[0], pad[0], s0_, False)
                         if b0 < 0:
                             continue
                         for k1 in range(k1_):
-                            b1 = tap(a1, k1, stride[1], dilation[1], pad[1], s1_, transposed)
+                            b1 = tap(o1, k1, stride[1], dilation[1], pad[1], s1_, False)
                             if b1 < 0:
                                 continue
                             for k2 in range(k2_):
-                                b2 = tap(a2, k2, stride[2], dilation[2], pad[2], s2_, transposed)
+                                b2 = tap(o2, k2, stride[2], dilation[2], pad[2], s2_, False)
                                 if b2 < 0:
                                     continue
                                 for g in range(g_):
                                     for i in range(i_):
-                                        v = src[n, b0, b1, b2, g, i]
-                                        if weights_grad:
+                                        if problem == FORWARD:
+                                            v = src[n, b0, b1, b2, g, i]
                                             for j in range(j_):
-                                                out[k0, k1, k2, g, i, j] += v * other[n, a0, a1, a2, g, j]
+                                                out[n, o0, o1, o2, g, j] += v * other[k0, k1, k2, g, i, j]
+                                        elif problem == BACKWARD_DATA:
+                                            v = src[n, o0, o1, o2, g, i]
+                                            for j in range(j_):
+                                                out[n, b0, b1, b2, g, j] += v * other[k0, k1, k2, g, i, j]
                                         else:
+                                            v = src[n, b0, b1, b2, g, i]
                                             for j in range(j_):
-                                                out[n, a0, a1, a2, g, j] += v * other[k0, k1, k2, g, i, j]
+                                                out[k0, k1, k2, g, i, j] += v * other[n, o0, o1, o2, g, j]
 
 
 def spatial3(a: np.ndarray) -> np.ndarray:
@@ -134,14 +145,15 @@ def _result(shape: tuple[int, ...], groups: int, dtype: np.dtype) -> tuple[np.nd
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """y = conv(x, w) in ``dtype``, canonical (N, *O, OC)."""
     y, loops = _result(g.y_shape, g.groups, dtype)
-    _loops(_grouped(x, g.groups, dtype), loops, _tap_weights(g, w, dtype, False), loops, *params(g), False, False)
+    _loops(_grouped(x, g.groups, dtype), loops, _tap_weights(g, w, dtype, False), loops, *params(g), FORWARD)
     return y
 
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """dx in ``dtype``, canonical (N, *I, IC)."""
     dx, loops = _result(g.x_shape, g.groups, dtype)
-    _loops(_grouped(dy, g.groups, dtype), loops, _tap_weights(g, w, dtype, True), loops, *params(g), True, False)
+    grid = _grouped(dy, g.groups, dtype)
+    _loops(grid, grid, _tap_weights(g, w, dtype, True), loops, *params(g), BACKWARD_DATA)
     return dx
 
 
@@ -149,5 +161,5 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.d
     """dw in ``dtype``, canonical (*K, ICg, OC)."""
     dw = np.empty((*(1,) * (3 - g.rank), *g.kernel, g.groups, g.icg, g.ocg), dtype)
     grid = _grouped(dy, g.groups, dtype)
-    _loops(_grouped(x, g.groups, dtype), grid, grid, dw, *params(g), False, True)
+    _loops(_grouped(x, g.groups, dtype), grid, grid, dw, *params(g), BACKWARD_WEIGHTS)
     return np.ascontiguousarray(dw.transpose(0, 1, 2, 4, 3, 5)).reshape(g.w_shape)
