@@ -118,13 +118,15 @@ def _in_dtype(data: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return fp16.to_f32(data) if data.dtype == np.float16 else data.astype(dtype, copy=False)
 
 
-def _frame(g: ConvGeometry, channels_first: bool) -> Frame:
-    """The frame of ``g``. The buffers of a side (x, y) are channel-major when the data is (NCX:
-    copies then run along memory), or when that side's channels are split into groups or fewer
-    than ``GEMM_DEPTH`` (they are then gathered, or summed, along runs of rows, 2-3x faster than
-    along runs of a few channels)."""
-    return Frame.of(g, *(channels_first or g.groups > 1 or per_group < kernels.GEMM_DEPTH
-                         for per_group in (g.icg, g.ocg)))
+def _frame(g: ConvGeometry, channels_first: bool, task: str) -> Frame:
+    """The frame of ``g`` for ``task``. A side's buffers (x, y) are channel-major when the data is
+    (NCX: copies then run along memory), or when that side's channels are split into groups or
+    fewer than ``GEMM_DEPTH`` and the kernels gather or sum them (along runs of rows, 2-3x faster
+    than along runs of a few channels). Backward weights reads dy only as a GEMM operand: its
+    frame keeps the data's order (a transposing copy of narrow NXC dy cost 1.4x there)."""
+    def major(per_group: int) -> bool:
+        return channels_first or g.groups > 1 or per_group < kernels.GEMM_DEPTH
+    return Frame.of(g, major(g.icg), channels_first if task == "backward_weights" else major(g.ocg))
 
 
 def _empty_like_data(shape: tuple[int, ...], dtype: np.dtype, like: np.ndarray, fill: bool) -> np.ndarray:
@@ -214,7 +216,7 @@ class FastEngine:
                            else g.y_shape) * (acc.itemsize if dtype != acc else 0)
         estimates = []
         for channels_first in (False, True):
-            frame = _frame(g, channels_first)
+            frame = _frame(g, channels_first, task)
             images = min(max(g.n, 1), self._images_per_chunk(g, frame, task, dtype))
             rows = images * frame.image_rows + frame.max_shift(images)
             block_bytes = kernels.BLOCK_BYTES * (kernels.SPREAD_BLOCKS if spreads else 1)
@@ -238,7 +240,7 @@ class FastEngine:
         if algorithm != "frame":
             return _without_frame(algorithm, g, x, w, g.y_shape, dtype, transpose=False)
         y = _empty_like_data(g.y_shape, dtype, x, fill=True)
-        frame = _frame(g, _channels_first(x))
+        frame = _frame(g, _channels_first(x), "forward")
         weights = _tap_weights(g, w, transpose=False)
         for batch in self._batches(g, frame, "forward", x.dtype):
             n, taps = batch.stop - batch.start, frame.taps(batch.stop - batch.start)
@@ -263,7 +265,7 @@ class FastEngine:
             return output_rows.backward_data(g, dy, w, dtype)
         if algorithm != "frame":
             return _without_frame(algorithm, g, dy, w, g.x_shape, dtype, transpose=True)
-        frame = _frame(g, _channels_first(dy))
+        frame = _frame(g, _channels_first(dy), "backward_data")
         # bf16 data: the phase buffers' copy into dx rounds (once, to nearest even), so no f32 dx
         rounds = dy.dtype == bfloat16 and not frame.input_is_frame
         dx = _empty_like_data(g.x_shape, dy.dtype if rounds else dtype, dy, fill=not frame.input_is_frame)
@@ -301,7 +303,7 @@ class FastEngine:
             for xn, dyn in zip(_image_rows(x), _image_rows(dy)):
                 total += np.matmul(xn.T, dyn, out=product)
         elif algorithm == "frame":
-            frame = _frame(g, _channels_first(x))
+            frame = _frame(g, _channels_first(x), "backward_weights")
             for batch in self._batches(g, frame, "backward_weights", x.dtype):
                 n, taps = batch.stop - batch.start, frame.taps(batch.stop - batch.start)
                 srcs = frame.phase_input(x[batch], dtype)
