@@ -122,11 +122,17 @@ def _frame(g: ConvGeometry, channels_first: bool, task: str) -> Frame:
     """The frame of ``g`` for ``task``. A side's buffers (x, y) are channel-major when the data is
     (NCX: copies then run along memory), or when that side's channels are split into groups or
     fewer than ``GEMM_DEPTH`` and the kernels gather or sum them (along runs of rows, 2-3x faster
-    than along runs of a few channels). Backward weights reads dy only as a GEMM operand: its
-    frame keeps the data's order (a transposing copy of narrow NXC dy cost 1.4x there)."""
+    than along runs of a few channels). A side the kernels only read as a GEMM operand keeps the
+    data's order: dy in backward weights, and the source of a narrow-output sum
+    (:func:`kernels.spreads`); a transposing copy of narrow NXC data cost 1.4-2x there."""
     def major(per_group: int) -> bool:
         return channels_first or g.groups > 1 or per_group < kernels.GEMM_DEPTH
-    return Frame.of(g, major(g.icg), channels_first if task == "backward_weights" else major(g.ocg))
+    taps = math.prod(g.kernel)
+    if task == "backward_weights":
+        return Frame.of(g, major(g.icg), channels_first)
+    if task == "backward_data":
+        return Frame.of(g, major(g.icg), channels_first if kernels.spreads(taps, g.ocg, g.icg) else major(g.ocg))
+    return Frame.of(g, channels_first if kernels.spreads(taps, g.icg, g.ocg) else major(g.icg), major(g.ocg))
 
 
 def _empty_like_data(shape: tuple[int, ...], dtype: np.dtype, like: np.ndarray, fill: bool) -> np.ndarray:
