@@ -145,9 +145,7 @@ def _empty_like_data(shape: tuple[int, ...], dtype: np.dtype, like: np.ndarray, 
 
 def _tap_weights(g: ConvGeometry, w: np.ndarray, transpose: bool) -> np.ndarray:
     """Canonical weights as a (T, G, ICg, OCg) view, or (T, G, OCg, ICg) with ``transpose``,
-    still in the data's dtype (f16 excepted): the kernels convert them once, in the copy that
-    lays them out for BLAS."""
-    w = fp16.to_f32(w) if w.dtype == np.float16 else w
+    still in the data's dtype: the kernels cast them tap by tap (:func:`kernels.cast`)."""
     taps = w.reshape(math.prod(g.kernel), g.icg, g.groups, g.ocg)
     return taps.transpose(0, 2, 3, 1) if transpose else taps.transpose(0, 2, 1, 3)
 
