@@ -3,14 +3,21 @@
 Canonical form: data channels-last ``(N, *X, C)`` (NXC), weights ``(*K, ICg, OC)`` (XIO). NCX data
 and OIX/IOX weights are exposed as transposed views; engines copy only what they must. IOX/XOI
 weights of a ConvTranspose are the OIX/XIO weights of the convolution it is the transpose of, so
-they share the same mapping.
+they share the same mapping. A weights result is laid out in its format by :func:`weights_in_format`.
 """
 
 from __future__ import annotations
 
+import math
+
+import numba
 import numpy as np
 
-__all__ = ["data_to_canonical", "data_from_canonical", "weights_to_canonical", "weights_from_canonical"]
+__all__ = ["data_to_canonical", "data_from_canonical", "weights_to_canonical", "weights_from_canonical",
+           "weights_in_format"]
+
+#: Channels per side of a tile of :func:`_reverse` (measured: 16 beats 32 and 64, 1.5-3x NumPy).
+_TILE = 16
 
 
 def data_to_canonical(array: np.ndarray, data_format: str) -> np.ndarray:
@@ -39,3 +46,32 @@ def weights_from_canonical(array: np.ndarray, weights_format: str) -> np.ndarray
         return array
     rank = array.ndim - 2
     return np.transpose(array, (rank + 1, rank, *range(rank)))
+
+
+@numba.njit(cache=True)
+def _reverse(src, out):  # pragma: no cover - compiled
+    """``out[o, i, k] = src[k, i, o]`` in _TILE x _TILE tiles of (i, o)."""
+    k_, i_, o_ = src.shape
+    for i0 in range(0, i_, _TILE):
+        i1 = min(i_, i0 + _TILE)
+        for o0 in range(0, o_, _TILE):
+            o1 = min(o_, o0 + _TILE)
+            for k in range(k_):
+                for o in range(o0, o1):
+                    for i in range(i0, i1):
+                        out[o, i, k] = src[k, i, o]
+
+
+def weights_in_format(array: np.ndarray, weights_format: str) -> np.ndarray:
+    """Canonical (*K, ICg, OC) weights as a C-contiguous array in ``weights_format`` (``array``
+    itself when it already is one). From C-contiguous canonical weights, OIX/IOX is a reversal of
+    the axes (K, ICg, OC) -> (OC, ICg, K), copied tile by tile: NumPy's copy of the reversed view
+    strides through memory (measured 4.7 ms for 1M values, here 1.5 ms)."""
+    view = weights_from_canonical(array, weights_format)
+    if view.flags.c_contiguous or not array.flags.c_contiguous or array.dtype.itemsize not in (2, 4, 8):
+        return np.ascontiguousarray(view)
+    bits = np.dtype(f"u{array.dtype.itemsize}")  # any dtype (ml_dtypes' bf16 too) as its bits
+    out = np.empty(view.shape, array.dtype)
+    taps, (icg, oc) = math.prod(array.shape[:-2]), array.shape[-2:]
+    _reverse(array.reshape(taps, icg, oc).view(bits), out.reshape(oc, icg, taps).view(bits))
+    return out

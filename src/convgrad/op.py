@@ -11,7 +11,7 @@ from .attributes import Attrs, parse_attributes
 from .dtypes import as_array, as_shape_values, check_data_dtype, parse_dtype, round_to
 from .engines import Engine, get_engine
 from .errors import AttributeValueError, InputError, InputTypeError, describe
-from .layout import data_from_canonical, data_to_canonical, weights_from_canonical, weights_to_canonical
+from .layout import data_from_canonical, data_to_canonical, weights_in_format, weights_to_canonical
 from .limits import check_memory
 from .opdefs import OpDef, get_opdef
 from .problem import Problem, TensorInfo, build_problem
@@ -146,8 +146,7 @@ def _run(problem: Problem, arrays: dict[str, np.ndarray], engine: Engine) -> np.
         result = engine.backward_weights(g, canonical["x"], canonical["y"])
     if "bias" in arrays:
         result = result + arrays["bias"].astype(result.dtype)
+    result = round_to(result, problem.dtype)
     if problem.definition.output.role == "w":
-        result = weights_from_canonical(result, wfmt)
-    else:
-        result = data_from_canonical(result, fmt)
-    return np.ascontiguousarray(round_to(result, problem.dtype))
+        return weights_in_format(result, wfmt)
+    return np.ascontiguousarray(data_from_canonical(result, fmt))

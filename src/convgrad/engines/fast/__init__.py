@@ -150,6 +150,15 @@ def _tap_weights(g: ConvGeometry, w: np.ndarray, transpose: bool) -> np.ndarray:
     return taps.transpose(0, 2, 3, 1) if transpose else taps.transpose(0, 2, 1, 3)
 
 
+def _zero_sums(g: ConvGeometry, dtype: np.dtype, channels_first: bool) -> np.ndarray:
+    """Zeroed (T, ICg, G, OCg) weights sums. For a 1x1 kernel on channels-first data they lie in
+    OIX order in memory ((G, OCg, ICg); the GEMMs write either order), so that the OIX result
+    NCX users ask for needs no transposition (3-5 ms for ResNet-50's 1M-value res5 layers)."""
+    if math.prod(g.kernel) == 1 and channels_first:
+        return np.zeros((g.groups, g.ocg, g.icg), dtype).transpose(2, 0, 1)[None]
+    return np.zeros((math.prod(g.kernel), g.icg, g.groups, g.ocg), dtype)
+
+
 def _without_frame(algorithm: str, g: ConvGeometry, src: np.ndarray, w: np.ndarray, shape: tuple[int, ...],
                    dtype: np.dtype, transpose: bool) -> np.ndarray:
     """Forward (``transpose=False``) or backward data of shape ``shape`` by an ``algorithm`` that
@@ -299,11 +308,11 @@ class FastEngine:
             return pointwise.weights_gradient(pointwise.sampled(g, x), dy).reshape(g.w_shape)
         if algorithm == "output_rows":
             return output_rows.backward_weights(g, x, dy, dtype)
-        dw = np.zeros((math.prod(g.kernel), g.icg, g.groups, g.ocg), dtype)
+        dw = _zero_sums(g, dtype, channels_first=algorithm != "depthwise" and _channels_first(x))
         if algorithm == "depthwise":
             depthwise.backward_weights(g, _in_dtype(x, dtype), _in_dtype(dy, dtype), dw)
         elif algorithm == "image_gemms":
-            total, product = dw.reshape(g.icg, g.oc), np.empty((g.icg, g.oc), dtype)
+            total, product = dw[0, :, 0], np.empty((g.icg, g.oc), dtype)
             for xn, dyn in zip(_image_rows(x), _image_rows(dy)):
                 total += np.matmul(xn.T, dyn, out=product)
         elif algorithm == "frame":
