@@ -60,7 +60,7 @@ from ... import fp16
 from ...dtypes import bfloat16, compute_dtype
 from ...problem import ConvGeometry
 from .. import register
-from . import depthwise, direct, kernels, output_rows, pointwise
+from . import blas, depthwise, direct, kernels, output_rows, pointwise
 from .frame import Frame
 
 __all__ = ["FastEngine", "CHUNK_BYTES"]
@@ -312,9 +312,10 @@ class FastEngine:
         if algorithm == "depthwise":
             depthwise.backward_weights(g, _in_dtype(x, dtype), _in_dtype(dy, dtype), dw)
         elif algorithm == "image_gemms":
-            total, product = dw[0, :, 0], np.empty((g.icg, g.oc), dtype)
+            total = dw[0, :, 0]
             for xn, dyn in zip(_image_rows(x), _image_rows(dy)):
-                total += np.matmul(xn.T, dyn, out=product)
+                if not blas.addmm(total, xn.T, dyn, beta=1.0):
+                    total += xn.T @ dyn
         elif algorithm == "frame":
             frame = _frame(g, _channels_first(x), "backward_weights")
             for batch in self._batches(g, frame, "backward_weights", x.dtype):
