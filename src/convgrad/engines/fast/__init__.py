@@ -56,7 +56,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ... import fp16
+from ... import casts
 from ...dtypes import bfloat16, compute_dtype
 from ...problem import ConvGeometry
 from .. import register
@@ -114,8 +114,8 @@ def _channels_first(data: np.ndarray) -> bool:
 
 
 def _in_dtype(data: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``data`` in the accumulation dtype (f16 through :mod:`convgrad.fp16`)."""
-    return fp16.to_f32(data) if data.dtype == np.float16 else data.astype(dtype, copy=False)
+    """``data`` in the accumulation dtype (f16 through :mod:`convgrad.casts`)."""
+    return casts.to_f32(data) if data.dtype == np.float16 else data.astype(dtype, copy=False)
 
 
 def _frame(g: ConvGeometry, channels_first: bool, task: str) -> Frame:
@@ -235,7 +235,7 @@ class FastEngine:
             block_bytes = kernels.BLOCK_BYTES * (kernels.SPREAD_BLOCKS if spreads else 1)
             blocks = 3 * min(rows * widest, max(block_bytes, 256 * widest))
             widened = images * (math.prod(g.x_shape[1:]) + math.prod(g.y_shape[1:])) * acc.itemsize \
-                if dtype == np.float16 else 0  # fp16.to_f32 of the chunk before its frame copy
+                if dtype == np.float16 else 0  # casts.to_f32 of the chunk before its frame copy
             estimates.append(images * self._frame_bytes(g, frame, task, dtype) + blocks + widened)
         return max(estimates) + 3 * taps * g.icg * g.oc * acc.itemsize + result
 

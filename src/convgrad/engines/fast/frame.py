@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ... import fp16
+from ... import casts
 from ...problem import ConvGeometry
 
 __all__ = ["Frame"]
@@ -122,9 +122,9 @@ class Frame:
     # -- buffers --------------------------------------------------------------------------------
     @staticmethod
     def _widened(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
-        """f16 data converted by :mod:`convgrad.fp16` (NumPy's cast is 10x slower); other dtypes
+        """f16 data converted by :mod:`convgrad.casts` (NumPy's cast is 10x slower); other dtypes
         are converted by the copy into the frame."""
-        return fp16.to_f32(a) if a.dtype == np.float16 and dtype == np.float32 else a
+        return casts.to_f32(a) if a.dtype == np.float16 and dtype == np.float32 else a
 
     @staticmethod
     def _alloc(lead: tuple[int, ...], rows: int, c: int, dtype: np.dtype, fill: bool, major: bool) -> np.ndarray:

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ... import fp16
+from ... import casts
 from . import blas
 
 __all__ = ["BLOCK_BYTES", "SPREAD_BLOCKS", "GEMM_DEPTH", "REDUCE_DEPTH", "taps_per_gemm", "block_rows", "accumulate", "reduce"]
@@ -128,10 +128,10 @@ def _chunks(taps: Taps, per_gemm: int) -> list[Taps]:
 
 def cast(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """``a`` in ``dtype`` and in its own memory order: the cast runs along memory (a transposed
-    view cast straight into C order ran at ~6 ns a value), f16 through :mod:`convgrad.fp16`."""
+    view cast straight into C order ran at ~6 ns a value), f16 through :mod:`convgrad.casts`."""
     if a.dtype == dtype:
         return a
-    return fp16.to_f32(a) if a.dtype == np.float16 and dtype == np.float32 else a.astype(dtype, order="K")
+    return casts.to_f32(a) if a.dtype == np.float16 and dtype == np.float32 else a.astype(dtype, order="K")
 
 
 def _stack(weights: np.ndarray, per_gemm: int, dtype: np.dtype, first: int) -> np.ndarray:

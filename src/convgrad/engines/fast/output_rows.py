@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ... import fp16
+from ... import casts
 from ...problem import ConvGeometry
 
 __all__ = ["JUNK_RATIO", "junk_heavy", "workspace_bytes", "backward_data", "backward_weights"]
@@ -85,7 +85,7 @@ def _chunks(g: ConvGeometry, image_bytes: int, acc: np.dtype) -> Iterator[slice]
 
 def _rows(a: np.ndarray, groups: int, dtype: np.dtype) -> np.ndarray:
     """(n, *O, G*C) data as (G, n*prod(O), C) matrices in ``dtype``."""
-    a = fp16.to_f32(a) if a.dtype == np.float16 else a.astype(dtype, copy=False)
+    a = casts.to_f32(a) if a.dtype == np.float16 else a.astype(dtype, copy=False)
     return a.reshape(-1, groups, a.shape[-1] // groups).transpose(1, 0, 2)
 
 

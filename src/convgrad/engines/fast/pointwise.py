@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ... import fp16
+from ... import casts
 from ...dtypes import bfloat16
 from ...problem import ConvGeometry
 from . import blas
@@ -65,7 +65,7 @@ def _wide(buffer: np.ndarray | None, block: np.ndarray) -> tuple[np.ndarray, np.
     rows = math.prod(block.shape[:-1])
     buffer = _fit(buffer, rows * block.shape[-1])
     wide = buffer[:rows * block.shape[-1]].reshape(*block.shape)
-    fp16.copy_into(wide, block)
+    casts.copy_into(wide, block)
     return wide.reshape(rows, block.shape[-1]), buffer
 
 
@@ -78,7 +78,7 @@ def product(src: np.ndarray, mat: np.ndarray, out: np.ndarray) -> None:
         wide, src_buf = _wide(src_buf, src_block)
         out_buf = _fit(out_buf, wide.shape[0] * m)
         result = np.matmul(wide, mat, out=out_buf[:wide.shape[0] * m].reshape(wide.shape[0], m))
-        fp16.copy_into(out_block, result.reshape(out_block.shape))
+        casts.copy_into(out_block, result.reshape(out_block.shape))
 
 
 def weights_gradient(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
