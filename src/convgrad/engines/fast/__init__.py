@@ -19,6 +19,8 @@ Algorithm (see :mod:`.frame` for the index math and :mod:`.kernels` for the row 
 Selection rule, one algorithm per problem class, the first that applies (:func:`_algorithm`;
 Ci/Co: channels per group on the GEMM's input and output side; ``GEMM_DEPTH`` = 64):
 
+- depthwise (Ci = Co = 1), any size: compiled multiply-adds vectorised over channels
+  (:mod:`.depthwise`, numba; 6x the direct loops below on a 32-channel 7x7 layer);
 - small problems (``direct.small``: at most ``direct.SMALL_FLOPS`` of work): compiled direct
   loops (:mod:`.direct`), where the frame path's fixed costs would dominate;
 - an empty batch: zeros;
@@ -27,7 +29,6 @@ Ci/Co: channels per group on the GEMM's input and output side; ``GEMM_DEPTH`` = 
 - backward data and weights where the frame has ``output_rows.JUNK_RATIO`` times more rows than
   there are outputs (a large dilation on a small output): GEMMs over the output rows only, taps
   as strided views of the padded input (:mod:`.output_rows`);
-- depthwise (Ci = Co = 1): compiled multiply-adds over channels (:mod:`.depthwise`, numba);
 - a pointwise layer (1x1, stride 1, no padding, one group) on NCX data in the accumulation dtype
   with at least ``IMAGE_GEMM_ROWS`` positions per image: one GEMM per image on the channel-major
   (C, positions) matrices as they are (no frame copies; below that size the per-image GEMMs are
@@ -81,16 +82,16 @@ def _algorithm(g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[np.ndarr
     """The selection rule of the module docstring, in its order: the algorithm that runs ``task``
     on ``g`` with the op's canonical ``data`` inputs in accumulation dtype ``dtype``. Without
     ``data`` (planning for any layout and dtype) the rules that depend on it are skipped."""
+    if _depthwise(g) and g.n:
+        return "depthwise"
     if direct.small(g):
         return "direct"
     if g.n == 0:
         return "empty"
     if data is not None and pointwise.applies(g, *data):
         return "pointwise"
-    if task != "forward" and not _depthwise(g) and output_rows.junk_heavy(g, Frame.of(g).size):
+    if task != "forward" and output_rows.junk_heavy(g, Frame.of(g).size):
         return "output_rows"
-    if _depthwise(g):
-        return "depthwise"
     if data is not None and _image_gemms(g, dtype, *data):
         return "image_gemms"
     return "frame"
