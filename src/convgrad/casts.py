@@ -35,7 +35,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["HARDWARE", "to_f32", "from_f32", "copy_into"]
+__all__ = ["HARDWARE", "to_f32", "from_f32", "astype", "copy_into"]
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -143,9 +143,11 @@ def _widen_into(h: np.ndarray, out: np.ndarray) -> None:
         _widen(h, _table(), out)
 
 
-def _narrow_into(f: np.ndarray, out: np.ndarray) -> None:
-    """Flat float32 ``f`` rounded into flat uint16 half bits ``out``."""
-    if HARDWARE:
+def _narrow_into(f: np.ndarray, out: np.ndarray, dtype: np.dtype) -> None:
+    """Flat float32 ``f`` rounded into the flat uint16 bits ``out`` of ``dtype`` (f16 or bf16)."""
+    if dtype == BFLOAT16:
+        _narrow_bf16(f.view(np.uint32), out)
+    elif HARDWARE:
         _narrow_hw(f, out)
     else:
         _narrow(f, f.view(np.uint32), out)
@@ -178,12 +180,17 @@ def from_f32(a: np.ndarray, dtype: np.dtype = np.dtype(np.float16)) -> np.ndarra
     if flat is None:
         return a.astype(dtype)
     out = np.empty(flat[0].size, np.uint16)
-    if dtype == BFLOAT16:
-        _narrow_bf16(flat[0].view(np.uint32), out)
-    else:
-        _narrow_into(flat[0], out)
+    _narrow_into(flat[0], out, np.dtype(dtype))
     base = out.view(dtype).reshape(a.shape if flat[1] == tuple(range(a.ndim)) else np.moveaxis(a, -1, 1).shape)
     return base.transpose(flat[1]) if flat[1] != tuple(range(a.ndim)) else base
+
+
+def astype(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``a`` in ``dtype``, in its own memory order (``a`` itself if it already is): the cast runs
+    along memory (a transposed view cast into C order ran at ~6 ns a value), f16 -> f32 here."""
+    if a.dtype == dtype:
+        return a
+    return to_f32(a) if a.dtype == np.float16 and dtype == np.float32 else a.astype(dtype, order="K")
 
 
 def copy_into(out: np.ndarray, a: np.ndarray) -> None:
@@ -193,12 +200,9 @@ def copy_into(out: np.ndarray, a: np.ndarray) -> None:
     if a.dtype == np.float16 and out.dtype == np.float32 and out.flags.c_contiguous:
         _widen_into(np.ascontiguousarray(a).reshape(-1).view(np.uint16), out.reshape(-1))
     elif a.dtype == np.float32 and out.dtype in (np.float16, BFLOAT16) and a.flags.c_contiguous:
-        flat = a.reshape(-1)
-        if not out.flags.c_contiguous:
-            out[...] = from_f32(a, out.dtype)
-        elif out.dtype == BFLOAT16:
-            _narrow_bf16(flat.view(np.uint32), out.reshape(-1).view(np.uint16))
+        if out.flags.c_contiguous:
+            _narrow_into(a.reshape(-1), out.reshape(-1).view(np.uint16), out.dtype)
         else:
-            _narrow_into(flat, out.reshape(-1).view(np.uint16))
+            out[...] = from_f32(a, out.dtype)
     else:
         out[...] = a

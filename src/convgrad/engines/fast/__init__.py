@@ -114,11 +114,6 @@ def _channels_first(data: np.ndarray) -> bool:
     return data.ndim > 2 and data.strides[-1] > data.strides[-2]
 
 
-def _in_dtype(data: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``data`` in the accumulation dtype (f16 through :mod:`convgrad.casts`)."""
-    return casts.to_f32(data) if data.dtype == np.float16 else data.astype(dtype, copy=False)
-
-
 def _frame(g: ConvGeometry, channels_first: bool, task: str) -> Frame:
     """The frame of ``g`` for ``task``. A side's buffers (x, y) are channel-major when the data is
     (NCX: copies then run along memory), or when that side's channels are split into groups or
@@ -146,7 +141,7 @@ def _empty_like_data(shape: tuple[int, ...], dtype: np.dtype, like: np.ndarray, 
 
 def _tap_weights(g: ConvGeometry, w: np.ndarray, transpose: bool) -> np.ndarray:
     """Canonical weights as a (T, G, ICg, OCg) view, or (T, G, OCg, ICg) with ``transpose``,
-    still in the data's dtype: the kernels cast them tap by tap (:func:`kernels.cast`)."""
+    still in the data's dtype: the kernels cast them tap by tap (:func:`convgrad.casts.astype`)."""
     taps = w.reshape(math.prod(g.kernel), g.icg, g.groups, g.ocg)
     return taps.transpose(0, 2, 3, 1) if transpose else taps.transpose(0, 2, 1, 3)
 
@@ -167,7 +162,7 @@ def _without_frame(algorithm: str, g: ConvGeometry, src: np.ndarray, w: np.ndarr
     image."""
     out = _empty_like_data(shape, dtype, src, fill=algorithm == "empty")
     if algorithm == "depthwise":
-        (depthwise.backward_data if transpose else depthwise.forward)(g, _in_dtype(src, dtype), w, out)
+        (depthwise.backward_data if transpose else depthwise.forward)(g, casts.astype(src, dtype), w, out)
     elif algorithm == "image_gemms":
         np.matmul(_image_rows(src), _tap_weights(g, w, transpose=transpose)[0, 0].astype(dtype, copy=False),
                   out=_image_rows(out))
@@ -249,7 +244,7 @@ class FastEngine:
             return direct.forward(g, x, w, dtype)
         if algorithm == "pointwise":
             y = np.empty(g.y_shape, x.dtype)
-            pointwise.product(pointwise.sampled(g, x), _in_dtype(w, dtype).reshape(g.ic, g.oc), y)
+            pointwise.product(pointwise.sampled(g, x), casts.astype(w, dtype).reshape(g.ic, g.oc), y)
             return y
         if algorithm != "frame":
             return _without_frame(algorithm, g, x, w, g.y_shape, dtype, transpose=False)
@@ -273,7 +268,7 @@ class FastEngine:
         if algorithm == "pointwise":
             every = g.out_size == g.in_size  # else zero where no output reads
             dx = (np.empty if every else np.zeros)(g.x_shape, dy.dtype)
-            pointwise.product(dy, _in_dtype(w, dtype).reshape(g.ic, g.oc).T, pointwise.sampled(g, dx))
+            pointwise.product(dy, casts.astype(w, dtype).reshape(g.ic, g.oc).T, pointwise.sampled(g, dx))
             return dx
         if algorithm == "output_rows":
             return output_rows.backward_data(g, dy, w, dtype)
@@ -309,9 +304,9 @@ class FastEngine:
             return pointwise.weights_gradient(pointwise.sampled(g, x), dy).reshape(g.w_shape)
         if algorithm == "output_rows":
             return output_rows.backward_weights(g, x, dy, dtype)
-        dw = _zero_sums(g, dtype, channels_first=algorithm != "depthwise" and _channels_first(x))
+        dw = _zero_sums(g, dtype, _channels_first(x))
         if algorithm == "depthwise":
-            depthwise.backward_weights(g, _in_dtype(x, dtype), _in_dtype(dy, dtype), dw)
+            depthwise.backward_weights(g, casts.astype(x, dtype), casts.astype(dy, dtype), dw)
         elif algorithm == "image_gemms":
             total = dw[0, :, 0]
             for xn, dyn in zip(_image_rows(x), _image_rows(dy)):

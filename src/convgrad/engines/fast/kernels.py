@@ -126,19 +126,11 @@ def _chunks(taps: Taps, per_gemm: int) -> list[Taps]:
     return [taps[i:i + per_gemm] for i in range(0, len(taps), per_gemm)]
 
 
-def cast(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``a`` in ``dtype`` and in its own memory order: the cast runs along memory (a transposed
-    view cast straight into C order ran at ~6 ns a value), f16 through :mod:`convgrad.casts`."""
-    if a.dtype == dtype:
-        return a
-    return casts.to_f32(a) if a.dtype == np.float16 and dtype == np.float32 else a.astype(dtype, order="K")
-
-
 def _stack(weights: np.ndarray, per_gemm: int, dtype: np.dtype, first: int) -> np.ndarray:
     """The (G, per_gemm*Ci, Co) matrix in ``dtype`` of the GEMM of taps ``first``, ... of the tap
     weights (T, G, Ci, Co): a view where BLAS takes it as it is (one tap, one group, row- or
     column-major), else a copy."""
-    taps = cast(weights[first:first + per_gemm], dtype)
+    taps = casts.astype(weights[first:first + per_gemm], dtype)
     if len(taps) == 1 and taps.shape[1] == 1 and (taps[0, 0].flags.c_contiguous or taps[0, 0].flags.f_contiguous):
         return taps[0]
     return np.ascontiguousarray(taps.transpose(1, 0, 2, 3)).reshape(taps.shape[1], -1, taps.shape[3])
@@ -161,7 +153,7 @@ def _spread(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights: np
     rows, (_, groups, ci, co) = out.shape[0], weights.shape
     step = block_rows(groups * max(ci, len(taps) * co) * out.itemsize, rows, blocks=SPREAD_BLOCKS)
     clusters = _clusters(taps, step // 4)
-    mats = [np.ascontiguousarray(cast(weights[idx], out.dtype).transpose(1, 2, 0, 3)).reshape(groups, ci, -1)
+    mats = [np.ascontiguousarray(casts.astype(weights[idx], out.dtype).transpose(1, 2, 0, 3)).reshape(groups, ci, -1)
             for idx in clusters]
     span = max(taps[c[-1]][1] - taps[c[0]][1] for c in clusters)
     buf = np.empty(groups * (step + span) * len(taps) * co, out.dtype)

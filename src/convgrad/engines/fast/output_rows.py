@@ -85,7 +85,7 @@ def _chunks(g: ConvGeometry, image_bytes: int, acc: np.dtype) -> Iterator[slice]
 
 def _rows(a: np.ndarray, groups: int, dtype: np.dtype) -> np.ndarray:
     """(n, *O, G*C) data as (G, n*prod(O), C) matrices in ``dtype``."""
-    a = casts.to_f32(a) if a.dtype == np.float16 else a.astype(dtype, copy=False)
+    a = casts.astype(a, dtype)
     return a.reshape(-1, groups, a.shape[-1] // groups).transpose(1, 0, 2)
 
 
