@@ -12,8 +12,10 @@ Algorithm (see :mod:`.frame` for the index math and :mod:`.kernels` for the row 
    offset's product accumulated inside BLAS (:mod:`.blas`):
 
    - forward:          ``y[m]    = sum_k P[m + shift_k] @ w[k]``
-   - backward data:    ``dP[m]   = sum_k dy_ext[m - shift_k] @ w[k]^T``, then one copy into dx
-                       (for bf16 data that copy rounds: no f32 dx)
+   - backward data:    ``dP[m]   = sum_k dy_ext[m - shift_k] @ w[k]^T``, each offset over just
+                       the rows m where ``dy_ext[m - shift_k]`` can be non-zero (so the borders of
+                       the first axis cost nothing), then one copy into dx (for bf16 data that copy
+                       rounds: no f32 dx)
    - backward weights: ``dw[k]   = sum_m P[m + shift_k]^T @ dy_ext[m]``
 
 Selection rule, one algorithm per problem class, the first that applies (:func:`_algorithm`;
@@ -26,7 +28,7 @@ Ci/Co: channels per group on the GEMM's input and output side; ``GEMM_DEPTH`` = 
 - an empty batch: zeros;
 - pointwise layers (1x1, no padding, one group, any stride) on bf16/f16 channels-last data: one
   GEMM over row blocks that are widened to f32 and rounded back while in cache (:mod:`.pointwise`);
-- backward data and weights where the frame has ``output_rows.JUNK_RATIO`` times more rows than
+- backward data and weights where the frame has ``output_rows.JUNK_RATIO[task]`` times more rows than
   there are outputs (a large dilation on a small output): GEMMs over the output rows only, taps
   as strided views of the padded input (:mod:`.output_rows`);
 - a pointwise layer (1x1, stride 1, no padding, one group) on NCX data in the accumulation dtype
@@ -90,7 +92,7 @@ def _algorithm(g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[np.ndarr
         return "empty"
     if data is not None and pointwise.applies(g, *data):
         return "pointwise"
-    if task != "forward" and output_rows.junk_heavy(g, Frame.of(g).size):
+    if task != "forward" and output_rows.junk_heavy(g, Frame.of(g).size, task):
         return "output_rows"
     if data is not None and _image_gemms(g, dtype, *data):
         return "image_gemms"
@@ -277,7 +279,8 @@ class FastEngine:
         frame = _frame(g, _channels_first(dy), "backward_data")
         # bf16 data: the phase buffers' copy into dx rounds (once, to nearest even), so no f32 dx
         rounds = dy.dtype == bfloat16 and not frame.input_is_frame
-        dx = _empty_like_data(g.x_shape, dy.dtype if rounds else dtype, dy, fill=not frame.input_is_frame)
+        dx = _empty_like_data(g.x_shape, dy.dtype if rounds else dtype, dy,
+                              fill=not frame.input_is_frame and not frame.covers_input)
         weights = _tap_weights(g, w, transpose=True)
         per_phase = [[k for k, p in enumerate(frame.tap_phase) if p == ph] for ph in range(len(frame.phases))]
         for batch in self._batches(g, frame, "backward_data", dy.dtype):
@@ -290,7 +293,8 @@ class FastEngine:
                 first, last = frame.phase_rows(ph, n)
                 out, taps = target[ph][first:last], [(0, lead + first - shifts[k]) for k in offsets]
                 own = weights if len(offsets) == len(weights) else weights[offsets]
-                kernels.accumulate(out, [src], taps, own, kernels.taps_per_gemm(len(taps), g.ocg))
+                kernels.accumulate(out, [src], taps, own, kernels.taps_per_gemm(len(taps), g.ocg),
+                                   live=(lead, lead + frame.span(n)))
             frame.scatter_input(target, dx[batch])
         return dx
 

@@ -114,6 +114,13 @@ class Frame:
         return slices[0][1].start * strides[0], slices[0][1].stop * strides[0]
 
     @property
+    def covers_input(self) -> bool:
+        """Whether every input position lies in some phase (else backward data leaves zeros)."""
+        counts = (self._phase_slices(phase) for phase in self.phases)
+        return sum(math.prod(len(range(self.g.in_size[a])[s]) for a, s in enumerate(sl[1][1:-1]))
+                   for sl in counts if sl is not None) == math.prod(self.g.in_size)
+
+    @property
     def input_is_frame(self) -> bool:
         """Stride 1 and no padding: the phase buffer would be a copy of the input."""
         g = self.g
@@ -205,14 +212,19 @@ class Frame:
         return (_ALL, *(slice(0, o) for o in self.g.out_size), _ALL)
 
     def extended_output(self, dy: np.ndarray, dtype: np.dtype, lead: int = 0) -> np.ndarray:
-        """``dy`` (n, *O, C) in the frame, zeros elsewhere, after ``lead`` zero rows: (lead + rows, C)."""
+        """``dy`` (n, *O, C) in the frame, zeros elsewhere, after ``lead`` zero rows: (lead + rows, C).
+        Only the rows that get no dy are zeroed (each buffer row is written once)."""
         n, c = dy.shape[0], dy.shape[-1]
         dy = self._widened(dy, dtype)
         own = self._own_rows(dy, dtype, self.output_major) if not lead and not self.batch_inside else None
         if own is not None:
             return own
-        buf = self._alloc((), lead + n * self.image_rows, c, dtype, True, self.output_major)
-        self._images(buf[lead:], n)[self._output_slices()] = dy
+        buf = self._alloc((), lead + n * self.image_rows, c, dtype, False, self.output_major)
+        buf[:lead] = 0
+        images = self._images(buf[lead:], n)
+        for axis, o in enumerate(self.g.out_size):  # the junk slab past O on each axis
+            images[(_ALL, *(slice(0, p) for p in self.g.out_size[:axis]), slice(o, None))] = 0
+        images[self._output_slices()] = dy
         return buf
 
     def output_target(self, y: np.ndarray) -> np.ndarray:

@@ -26,10 +26,12 @@ from ...problem import ConvGeometry
 
 __all__ = ["JUNK_RATIO", "junk_heavy", "workspace_bytes", "backward_data", "backward_weights"]
 
-#: Frame rows per output row from which the gradients run here. Measured (f32, 2 cores): 1.3-3.5x
-#: faster on dilated layers at 3.5-6x, 1.1-1.3x on 3-D U-Net layers at 1.7-1.9x; 0.7-0.9x on
-#: ResNet-50's 3x3 layers at 1.3-1.65x, where the frame's deeper per-tap GEMMs win.
-JUNK_RATIO = 1.75
+#: Frame rows per output row from which each gradient runs here. Measured (f32, 2 cores): 1.3-3.5x
+#: faster on dilated layers at 2-6x, 1.15-1.3x for the weights of 3-D U-Net layers at 1.7-1.9x;
+#: slower on ResNet-50's 3x3 layers at 1.15-1.65x, where the frame's per-tap GEMMs win. Backward
+#: data on the frame skips the first axis's border rows per tap (:func:`.kernels.accumulate`),
+#: so it stays there longer: 1.15x faster than here on a 3-D U-Net layer at 1.87x.
+JUNK_RATIO = {"backward_data": 1.9, "backward_weights": 1.66}
 #: Bytes of the per-chunk temporaries (Z, or the padded input and its taps), at most; also at most
 #: half the op's inputs + output (or ``MIN_CHUNK_BYTES``), so that the prod(K)-fold expansion never
 #: costs more memory than the op's own arrays; at least one image.
@@ -37,10 +39,10 @@ CHUNK_BYTES = 16 << 20
 MIN_CHUNK_BYTES = 1 << 20
 
 
-def junk_heavy(g: ConvGeometry, frame_size: tuple[int, ...]) -> bool:
-    """Whether the frame of ``g`` (``frame_size`` positions per axis) has ``JUNK_RATIO`` times
-    more rows than there are outputs."""
-    return math.prod(frame_size) >= JUNK_RATIO * max(1, math.prod(g.out_size))
+def junk_heavy(g: ConvGeometry, frame_size: tuple[int, ...], task: str) -> bool:
+    """Whether the frame of ``g`` (``frame_size`` positions per axis) has ``JUNK_RATIO[task]``
+    times more rows than there are outputs."""
+    return math.prod(frame_size) >= JUNK_RATIO[task] * max(1, math.prod(g.out_size))
 
 
 def workspace_bytes(g: ConvGeometry, task: str, acc: np.dtype) -> int:
@@ -98,9 +100,10 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
     for batch in _chunks(g, rows * taps * g.ic * dtype.itemsize, dtype):
         n = batch.stop - batch.start
         z = np.matmul(_rows(dy[batch], g.groups, dtype), wt).reshape(g.groups, n, *g.out_size, taps, g.icg)
+        z = z.transpose(*range(1, g.rank + 2), g.rank + 2, 0, g.rank + 3)  # (n, *O, taps, G, ICg)
         for t, where in enumerate(_taps(g)):
             target = dxp[batch][where]
-            target.reshape(*target.shape[:-1], g.groups, g.icg)[...] += np.moveaxis(z[..., t, :], 0, -2)
+            target.reshape(*target.shape[:-1], g.groups, g.icg)[...] += z[..., t, :, :]
     return dxp[_interior(g)]
 
 
