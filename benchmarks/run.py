@@ -9,7 +9,10 @@ For each layer of a benchdnn shape list (``benchmarks/shapes``) and each gradien
 backward weights) it times convgrad through its public API (NXC/XIO, and NCX/OIX on the ResNet
 suite) and PyTorch's ``aten.convolution_backward`` asking for that one gradient, in NCHW and in
 channels_last; the better of the two is the "best peer". GFLOP/s = 2*N*OC*IC/G*prod(K)*prod(O) /
-time (the best of as many runs as fit in ~0.4 s, 2 to 50). "extra mem" is the peak of convgrad's
+time (the best of as many runs as fit in ~0.4 s each, 2 to 50; our own variants of a row, NXC,
+NCX and for bf16/f16 rows our f32 for "vs own f32", run in turns so that load from other jobs hits
+them alike; each peer runs on its own, since another library's spinning threads slow the first
+runs after a switch). "extra mem" is the peak of convgrad's
 allocations (tracemalloc, after a warm-up call) less its result, as a multiple of inputs + output. The GEMM ceiling (numpy sgemm 4096^2) is measured in
 the same run. PyTorch pads symmetrically: a benchdnn layer whose right pad differs from its left is
 given to it with the smaller pad on both sides and the input longer by the difference (same
@@ -57,15 +60,19 @@ TASKS = {"bwd_d": "ConvolutionBackwardData", "bwd_w": "ConvolutionBackwardWeight
 DEFAULT_MB = {"resnet_50": 16, "mobilenet_dw": 16, "dilated": 16, "3d_unet": 1}
 
 
-def best_time(fn, budget: float, max_reps: int) -> float:
-    """Best wall time of ``fn`` over up to ``max_reps`` runs within about ``budget`` seconds (the
-    first run doubles as the warm-up: fast layers get several runs, slow ones need none)."""
-    best, spent, reps = math.inf, 0.0, 0
-    while reps < max_reps and (reps == 0 or spent < budget):
-        start = time.perf_counter()
-        fn()
-        elapsed = time.perf_counter() - start
-        best, spent, reps = min(best, elapsed), spent + elapsed, reps + 1
+def best_times(fns: list, budget: float, max_reps: int) -> list[float]:
+    """Best wall time of each of ``fns``, run in turns (one run of each per round, so that a
+    spell of load from other jobs hits them alike) for up to ``max_reps`` rounds within about
+    ``budget`` seconds per callable (the first round doubles as the warm-up: fast layers get
+    several runs, slow ones need none)."""
+    best, spent, reps = [math.inf] * len(fns), 0.0, 0
+    while reps < max_reps and (reps == 0 or spent < budget * len(fns)):
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            elapsed = time.perf_counter() - start
+            best[i], spent = min(best[i], elapsed), spent + elapsed
+        reps += 1
     return best
 
 
@@ -126,7 +133,7 @@ class Row:
     gflop: float
     ours: float                        #: GFLOP/s, NXC
     ours_ncx: float | None = None      #: GFLOP/s, NCX
-    ours_f32: float | None = None      #: GFLOP/s of the f32 run of the same layer (low precision rows)
+    ours_f32: float | None = None      #: GFLOP/s of our f32 on the same layer, timed in turns (bf16/f16 rows)
     peers: dict[str, float] = field(default_factory=dict)
     extra_mem: float = 0.0             #: peak extra memory / (inputs + output)
     extra_mib: float = 0.0
@@ -142,6 +149,10 @@ class Row:
 
 def measure(d: ConvDescriptor, suite: str, task: str, dtype: str, with_ncx: bool, budget: float,
             reps: int, rng: np.random.Generator) -> Row:
+    """One row: ours (NXC; NCX with ``with_ncx``; for bf16/f16 also our f32), timed in turns by
+    :func:`best_times`, then each peer on its own (after a call of another library, the first
+    runs of the next are slowed by the first one's still spinning threads: 1.3-1.7x measured, so
+    libraries are never interleaved), and our peak extra memory."""
     gflop = d.flops / 1e9
     fn, io_bytes = ours(d, task, DATA_DTYPES[dtype], "NXC", rng)
     fn()  # loads (or compiles) numba's code outside the memory measurement
@@ -150,16 +161,19 @@ def measure(d: ConvDescriptor, suite: str, task: str, dtype: str, with_ncx: bool
     peak = tracemalloc.get_traced_memory()[1] - result.nbytes
     tracemalloc.stop()
     del result
-    row = Row(suite, d.name or d.canonical(), task, dtype, gflop, gflop / best_time(fn, budget, reps),
-              extra_mem=peak / io_bytes, extra_mib=peak / 2 ** 20)
+    timed = {"ours": fn}
     if with_ncx:
-        fn, _ = ours(d, task, DATA_DTYPES[dtype], "NCX", rng)
-        row.ours_ncx = gflop / best_time(fn, budget, reps)
+        timed["ours NCX"] = ours(d, task, DATA_DTYPES[dtype], "NCX", rng)[0]
+    if dtype != "f32":
+        timed["ours f32"] = ours(d, task, DATA_DTYPES["f32"], "NXC", rng)[0]
+    speed = {name: gflop / t for name, t in zip(timed, best_times(list(timed.values()), budget, reps))}
+    peers = {}
     for name, cl in (("torch NCX", False), ("torch NXC", True)):
         peer = torch_peer(d, task, dtype, cl)
         if peer is not None:
-            row.peers[name] = gflop / best_time(peer, budget, reps)
-    return row
+            peers[name] = gflop / best_times([peer], budget, reps)[0]
+    return Row(suite, d.name or d.canonical(), task, dtype, gflop, speed["ours"], speed.get("ours NCX"),
+               speed.get("ours f32"), peers=peers, extra_mem=peak / io_bytes, extra_mib=peak / 2 ** 20)
 
 
 # -- report ---------------------------------------------------------------------------------------------
@@ -262,13 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     for suite in args.suite:
         for d in load_suite(suite, args.mb or DEFAULT_MB[suite], args.quick):
             for task in args.task:
-                f32_row = None
                 for dtype in args.dtype if suite == "resnet_50" else ["f32"]:
                     row = measure(d, suite, task, dtype, suite == "resnet_50" and dtype == "f32", budget, reps, rng)
-                    if dtype == "f32":
-                        f32_row = row
-                    elif f32_row is not None:
-                        row.ours_f32 = f32_row.ours
                     rows.append(row)
                     print(table([row], ceiling)[-1], flush=True)
     lines = ["# convgrad benchmark results", "", *environment(ceiling, args.threads, (load_start, os.getloadavg()[0])), "",
