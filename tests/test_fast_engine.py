@@ -188,6 +188,9 @@ def test_random_geometries_against_reference(g, dtype, channels_first, path):
     # nothing)
     dict(n=2, groups=1, icg=66, ocg=64, in_size=(11, 6), kernel=(3, 3), strides=(3, 2), dilations=(2, 2),
          pb=(0, 1), pe=(1, 0)),
+    # grouped inputs of 32-63 channels: backward weights on one tap per GEMM
+    dict(n=2, groups=2, icg=40, ocg=6, in_size=(7, 6), kernel=(3, 2), strides=(1, 2), dilations=(2, 1),
+         pb=(1, 0), pe=(1, 1)),
     # narrow outputs from wide inputs (the data gradient of a 3-channel first layer): spread GEMMs
     dict(n=2, groups=1, icg=3, ocg=64, in_size=(9, 8), kernel=(3, 3), strides=(2, 1), dilations=(1, 2),
          pb=(1, 2), pe=(1, 0)),

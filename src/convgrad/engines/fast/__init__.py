@@ -36,9 +36,9 @@ Ci/Co: channels per group on the GEMM's input and output side; ``GEMM_DEPTH`` = 
   (C, positions) matrices as they are (no frame copies; below that size the per-image GEMMs are
   too small and the frame path wins), batched for forward and backward data, summed into dw for
   backward weights;
-- otherwise the frame; there Ci >= GEMM_DEPTH: one GEMM per kernel offset on views of the frame
-  (no copy);
-- Ci < GEMM_DEPTH: ``taps_per_gemm`` offsets gathered side by side per row block, so that each
+- otherwise the frame; there Ci >= GEMM_DEPTH (backward weights: Ci >= ``REDUCE_VIEWS`` = 32,
+  its GEMMs reduce over rows): one GEMM per kernel offset on views of the frame (no copy);
+- below that: ``taps_per_gemm`` offsets gathered side by side per row block, so that each
   GEMM reduces over >= GEMM_DEPTH values (a blocked im2col, cache-sized); for backward weights,
   where those values are the GEMM's output rows, over ``REDUCE_DEPTH`` = 256;
 - sums over offsets (forward, backward data) with Co < min(Ci, GEMM_DEPTH): one wide GEMM for a
@@ -121,13 +121,15 @@ def _frame(g: ConvGeometry, channels_first: bool, task: str) -> Frame:
     (NCX: copies then run along memory), or when that side's channels are split into groups or
     fewer than ``GEMM_DEPTH`` and the kernels gather or sum them (along runs of rows, 2-3x faster
     than along runs of a few channels). A side the kernels only read as a GEMM operand keeps the
-    data's order: dy in backward weights, and the source of a narrow-output sum
-    (:func:`kernels.spreads`); a transposing copy of narrow NXC data cost 1.4-2x there."""
+    data's order: dy in backward weights, x there unless its taps are gathered, and the source of
+    a narrow-output sum (:func:`kernels.spreads`); a transposing copy of narrow NXC data cost
+    1.4-2x there."""
     def major(per_group: int) -> bool:
         return channels_first or g.groups > 1 or per_group < kernels.GEMM_DEPTH
     taps = math.prod(g.kernel)
-    if task == "backward_weights":
-        return Frame.of(g, major(g.icg), channels_first)
+    if task == "backward_weights":  # x is gathered only below REDUCE_VIEWS channels
+        gathered = kernels.taps_per_gemm(taps, g.icg, reduces=True) > 1
+        return Frame.of(g, channels_first or gathered, channels_first)
     if task == "backward_data":
         return Frame.of(g, major(g.icg), channels_first if kernels.spreads(taps, g.ocg, g.icg) else major(g.ocg))
     return Frame.of(g, channels_first if kernels.spreads(taps, g.icg, g.ocg) else major(g.icg), major(g.ocg))
@@ -219,8 +221,7 @@ class FastEngine:
             return output_rows.workspace_bytes(g, task, acc) + math.prod(
                 g.x_shape if task == "backward_data" else g.w_shape) * (acc.itemsize if dtype != acc else 0)
         depth, width = (g.ocg, g.icg) if task == "backward_data" else (g.icg, g.ocg)
-        per_gemm = kernels.taps_per_gemm(taps, depth, kernels.REDUCE_DEPTH if task == "backward_weights"
-                                         else kernels.GEMM_DEPTH)
+        per_gemm = kernels.taps_per_gemm(taps, depth, reduces=task == "backward_weights")
         widest = g.groups * max(per_gemm * depth, taps * width) * acc.itemsize
         spreads = task != "backward_weights" and kernels.spreads(taps, depth, width)
         result = math.prod(g.x_shape if task == "backward_data" else g.w_shape if task == "backward_weights"
@@ -322,7 +323,7 @@ class FastEngine:
                 n, taps = batch.stop - batch.start, frame.taps(batch.stop - batch.start)
                 srcs = frame.phase_input(x[batch], dtype)
                 rows = frame.extended_output(dy[batch], dtype)[:frame.span(n)]
-                kernels.reduce(dw, srcs, taps, rows, kernels.taps_per_gemm(len(taps), g.icg, kernels.REDUCE_DEPTH))
+                kernels.reduce(dw, srcs, taps, rows, kernels.taps_per_gemm(len(taps), g.icg, reduces=True))
         return dw.reshape(g.w_shape)
 
 
