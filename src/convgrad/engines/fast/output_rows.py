@@ -10,7 +10,8 @@ backward weights compute anyway (3.4x the FLOPs there). Here every GEMM has exac
   ``dP[o*S + k*D] += Z_k[o]`` for each tap, and dx is the interior of dP;
 - backward weights (im2col of a batch chunk): ``[dW_0; dW_1; ...] = [P[o*S + 0*D] | P[o*S + 1*D] | ...]^T @ dy``.
 
-Batch chunks bound the temporaries (``CHUNK_BYTES`` of Z, or of the padded input and its taps).
+Chunks of images, or of output planes of one image (a large 3-D volume), bound the temporaries
+(``CHUNK_BYTES`` of Z, or of the padded input and the taps).
 """
 
 from __future__ import annotations
@@ -50,13 +51,14 @@ def workspace_bytes(g: ConvGeometry, task: str, acc: np.dtype) -> int:
     weights, one chunk of Z and of converted dy) or :func:`backward_weights` (one chunk of padded
     input, gathered taps and converted dy, the sums)."""
     padded, rows, taps = math.prod(_padded_size(g)), math.prod(g.out_size), math.prod(g.kernel)
+    plane = rows // max(1, g.out_size[0])
     if task == "backward_data":
-        image = rows * taps * g.ic
-        n = min(max(g.n, 1), _images_per_chunk(g, image * acc.itemsize, acc))
-        return (g.n * padded * g.ic + math.prod(g.w_shape) + n * (image + 2 * rows * g.oc)) * acc.itemsize
-    image = (padded + rows * taps) * g.ic
-    n = min(max(g.n, 1), _images_per_chunk(g, image * acc.itemsize, acc))
-    return (n * (image + 2 * rows * g.oc) + 3 * math.prod(g.w_shape)) * acc.itemsize
+        n, planes = _chunk_size(g, plane * taps * g.ic * acc.itemsize, acc)
+        return (g.n * padded * g.ic + math.prod(g.w_shape) + n * planes * plane * (taps * g.ic + 2 * g.oc)) \
+            * acc.itemsize
+    n, planes = _chunk_size(g, plane * taps * g.ic * acc.itemsize, acc, padded * g.ic * acc.itemsize)
+    return (n * (padded * g.ic + planes * plane * (taps * g.ic + 2 * g.oc)) + 3 * math.prod(g.w_shape)) \
+        * acc.itemsize
 
 
 def _padded_size(g: ConvGeometry) -> tuple[int, ...]:
@@ -67,22 +69,36 @@ def _interior(g: ConvGeometry) -> tuple[slice, ...]:
     return (slice(None), *(slice(b, b + i) for b, i in zip(g.pads_begin, g.in_size)), slice(None))
 
 
-def _taps(g: ConvGeometry) -> Iterator[tuple[slice, ...]]:
-    """Per kernel offset (C order), the slices of the padded input its outputs read."""
+def _taps(g: ConvGeometry, planes: slice) -> Iterator[tuple[slice, ...]]:
+    """Per kernel offset (C order), the slices of the padded input its outputs in ``planes`` (a
+    range of the first output axis) read."""
+    first = [planes.start, *([0] * (g.rank - 1))]
+    last = [planes.stop, *g.out_size[1:]]
     for offset in itertools.product(*(range(k) for k in g.kernel)):
-        yield (slice(None), *(slice(k * d, k * d + s * (o - 1) + 1, s)
-                              for k, d, s, o in zip(offset, g.dilations, g.strides, g.out_size)), slice(None))
+        yield (slice(None), *(slice(k * d + a * s, k * d + s * (b - 1) + 1, s)
+                              for k, d, s, a, b in zip(offset, g.dilations, g.strides, first, last)), slice(None))
 
 
-def _images_per_chunk(g: ConvGeometry, image_bytes: int, acc: np.dtype) -> int:
+def _chunk_size(g: ConvGeometry, plane_bytes: int, acc: np.dtype, image_bytes: int = 0) -> tuple[int, int]:
+    """(images, output planes) per chunk of temporaries of ``plane_bytes`` per output plane (one
+    index of the first output axis of one image) and ``image_bytes`` per image: whole images while
+    one fits in ``CHUNK_BYTES`` and in half the op's inputs + output (or ``MIN_CHUNK_BYTES``), else
+    runs of planes of one image (a single large 3-D volume); at least one plane."""
     io_bytes = (math.prod(g.x_shape) + math.prod(g.y_shape) + math.prod(g.w_shape)) * acc.itemsize
-    return max(1, min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, io_bytes // 2)) // max(1, image_bytes))
+    budget = min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, io_bytes // 2))
+    planes = max(1, g.out_size[0])
+    if image_bytes + planes * plane_bytes <= budget:
+        return max(1, budget // max(1, image_bytes + planes * plane_bytes)), planes
+    return 1, max(1, (budget - image_bytes) // max(1, plane_bytes))
 
 
-def _chunks(g: ConvGeometry, image_bytes: int, acc: np.dtype) -> Iterator[slice]:
-    step = _images_per_chunk(g, image_bytes, acc)
-    for start in range(0, g.n, step):
-        yield slice(start, min(g.n, start + step))
+def _chunks(g: ConvGeometry, plane_bytes: int, acc: np.dtype,
+            image_bytes: int = 0) -> Iterator[tuple[slice, list[slice]]]:
+    """Batch chunks, each with its runs of output planes (see :func:`_chunk_size`)."""
+    n, planes = _chunk_size(g, plane_bytes, acc, image_bytes)
+    for start in range(0, g.n, n):
+        yield slice(start, min(g.n, start + n)), [slice(a, min(g.out_size[0], a + planes))
+                                                  for a in range(0, g.out_size[0], planes)]
 
 
 def _rows(a: np.ndarray, groups: int, dtype: np.dtype) -> np.ndarray:
@@ -93,33 +109,38 @@ def _rows(a: np.ndarray, groups: int, dtype: np.dtype) -> np.ndarray:
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """dx (canonical, a view of the padded gradient) from ``dy`` in ``dtype``; col2im."""
-    taps, rows = math.prod(g.kernel), math.prod(g.out_size)
+    taps, plane = math.prod(g.kernel), math.prod(g.out_size[1:])
     wt = np.ascontiguousarray(w.reshape(taps, g.icg, g.groups, g.ocg).transpose(2, 3, 0, 1), dtype=dtype)
     wt = wt.reshape(g.groups, g.ocg, taps * g.icg)
     dxp = np.zeros((g.n, *_padded_size(g), g.ic), dtype)
-    for batch in _chunks(g, rows * taps * g.ic * dtype.itemsize, dtype):
-        n = batch.stop - batch.start
-        z = np.matmul(_rows(dy[batch], g.groups, dtype), wt).reshape(g.groups, n, *g.out_size, taps, g.icg)
-        z = z.transpose(*range(1, g.rank + 2), g.rank + 2, 0, g.rank + 3)  # (n, *O, taps, G, ICg)
-        for t, where in enumerate(_taps(g)):
-            target = dxp[batch][where]
-            target.reshape(*target.shape[:-1], g.groups, g.icg)[...] += z[..., t, :, :]
+    for batch, runs in _chunks(g, plane * taps * g.ic * dtype.itemsize, dtype):
+        for planes in runs:
+            part = dy[batch][:, planes]
+            z = np.matmul(_rows(part, g.groups, dtype), wt).reshape(g.groups, *part.shape[:-1], taps, g.icg)
+            z = z.transpose(*range(1, g.rank + 2), g.rank + 2, 0, g.rank + 3)  # (n, *O, taps, G, ICg)
+            for t, where in enumerate(_taps(g, planes)):
+                target = dxp[batch][where]
+                target.reshape(*target.shape[:-1], g.groups, g.icg)[...] += z[..., t, :, :]
     return dxp[_interior(g)]
 
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """dw (canonical) from ``x`` and ``dy`` in ``dtype``: per batch chunk the taps gathered side by
+    """dw (canonical) from ``x`` and ``dy`` in ``dtype``: per chunk the taps gathered side by
     side (im2col of the chunk), then one GEMM per group."""
-    taps, padded, rows = math.prod(g.kernel), _padded_size(g), math.prod(g.out_size)
+    taps, padded, plane = math.prod(g.kernel), _padded_size(g), math.prod(g.out_size[1:])
     dw = np.zeros((taps, g.icg, g.groups, g.ocg), dtype)
-    for batch in _chunks(g, (math.prod(padded) + rows * taps) * g.ic * dtype.itemsize, dtype):
+    for batch, runs in _chunks(g, plane * taps * g.ic * dtype.itemsize, dtype,
+                               math.prod(padded) * g.ic * dtype.itemsize):
         n = batch.stop - batch.start
         xp = np.zeros((n, *padded, g.ic), dtype)
         xp[_interior(g)] = x[batch]
-        col = np.empty((n, *g.out_size, g.groups, taps, g.icg), dtype)
-        for t, where in enumerate(_taps(g)):
-            view = xp[where]
-            col[..., t, :] = view.reshape(*view.shape[:-1], g.groups, g.icg)
-        lhs = col.reshape(n * rows, g.groups, taps * g.icg).transpose(1, 2, 0)
-        dw += np.matmul(lhs, _rows(dy[batch], g.groups, dtype)).reshape(g.groups, taps, g.icg, g.ocg).transpose(1, 2, 0, 3)
+        for planes in runs:
+            part = dy[batch][:, planes]
+            col = np.empty((*part.shape[:-1], g.groups, taps, g.icg), dtype)
+            for t, where in enumerate(_taps(g, planes)):
+                view = xp[where]
+                col[..., t, :] = view.reshape(*view.shape[:-1], g.groups, g.icg)
+            lhs = col.reshape(-1, g.groups, taps * g.icg).transpose(1, 2, 0)
+            dw += np.matmul(lhs, _rows(part, g.groups, dtype)).reshape(g.groups, taps, g.icg, g.ocg) \
+                .transpose(1, 2, 0, 3)
     return dw.reshape(g.w_shape)
