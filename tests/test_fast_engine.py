@@ -4,6 +4,7 @@ hypothesis-generated geometries (awkward sizes included) on the engine directly.
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -249,6 +250,23 @@ def test_workspace_estimate_bounds_the_allocations(task, case, dtype, channels_f
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak - result.nbytes <= FAST.workspace_bytes(g, task, np.dtype(dtype))
+
+
+@pytest.mark.parametrize("task", TASKS[1:])
+def test_output_rows_of_one_large_volume_stay_within_twice_the_arrays(task, monkeypatch, rng):
+    """A single 3-D volume whose im2col is 27x its input runs in chunks of output planes: the
+    extra memory stays below 2x (inputs + output), as at any minibatch."""
+    import tracemalloc
+    _force("output_rows", monkeypatch.setattr)
+    g = _geometry(1, 1, 64, 64, (32, 12, 12), (3, 3, 3), (1, 1, 1), (2, 2, 2), (2, 2, 2), (2, 2, 2))
+    inputs = _engine_inputs(g, rng, np.float32)[task]
+    io_bytes = sum(a.nbytes for a in inputs) + 4 * math.prod(g.x_shape if task == "backward_data" else g.w_shape)
+    tracemalloc.start()
+    result = getattr(FAST, task)(g, *inputs)
+    peak = tracemalloc.get_traced_memory()[1] - result.nbytes
+    tracemalloc.stop()
+    assert peak <= min(2 * io_bytes, FAST.workspace_bytes(g, task, np.dtype(np.float32)))
+    _close(result, getattr(REF, task)(g, *inputs), 2e-5, task)
 
 
 # -- BLAS accumulation (C += A @ B on NumPy's own BLAS) ------------------------------------------------

@@ -113,10 +113,14 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
     wt = np.ascontiguousarray(w.reshape(taps, g.icg, g.groups, g.ocg).transpose(2, 3, 0, 1), dtype=dtype)
     wt = wt.reshape(g.groups, g.ocg, taps * g.icg)
     dxp = np.zeros((g.n, *_padded_size(g), g.ic), dtype)
+    buf = None  # Z of every chunk (the first is the largest): never two alive at once
     for batch, runs in _chunks(g, plane * taps * g.ic * dtype.itemsize, dtype):
         for planes in runs:
             part = dy[batch][:, planes]
-            z = np.matmul(_rows(part, g.groups, dtype), wt).reshape(g.groups, *part.shape[:-1], taps, g.icg)
+            lhs = _rows(part, g.groups, dtype)
+            buf = np.empty(lhs.shape[1] * wt.size // g.ocg, dtype) if buf is None else buf
+            z = np.matmul(lhs, wt, out=buf[:lhs.shape[1] * wt.size // g.ocg].reshape(g.groups, lhs.shape[1], -1))
+            z = z.reshape(g.groups, *part.shape[:-1], taps, g.icg)
             z = z.transpose(*range(1, g.rank + 2), g.rank + 2, 0, g.rank + 3)  # (n, *O, taps, G, ICg)
             for t, where in enumerate(_taps(g, planes)):
                 target = dxp[batch][where]
@@ -129,6 +133,7 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.d
     side (im2col of the chunk), then one GEMM per group."""
     taps, padded, plane = math.prod(g.kernel), _padded_size(g), math.prod(g.out_size[1:])
     dw = np.zeros((taps, g.icg, g.groups, g.ocg), dtype)
+    buf = None  # the gathered taps of every chunk: never two alive at once
     for batch, runs in _chunks(g, plane * taps * g.ic * dtype.itemsize, dtype,
                                math.prod(padded) * g.ic * dtype.itemsize):
         n = batch.stop - batch.start
@@ -136,7 +141,9 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.d
         xp[_interior(g)] = x[batch]
         for planes in runs:
             part = dy[batch][:, planes]
-            col = np.empty((*part.shape[:-1], g.groups, taps, g.icg), dtype)
+            size = math.prod(part.shape[:-1]) * taps * g.ic
+            buf = np.empty(size, dtype) if buf is None else buf  # the first chunk is the largest
+            col = buf[:size].reshape(*part.shape[:-1], g.groups, taps, g.icg)
             for t, where in enumerate(_taps(g, planes)):
                 view = xp[where]
                 col[..., t, :] = view.reshape(*view.shape[:-1], g.groups, g.icg)
