@@ -38,18 +38,28 @@ def path(request, monkeypatch) -> str:
     return request.param
 
 
-@pytest.fixture
-def poisoned_empty(monkeypatch) -> None:
-    """``np.empty`` returns NaN-filled float arrays, so that a buffer the engine reads before it
-    writes it (a missing zero fill) shows in the result."""
-    empty = np.empty
+class _PoisonedNumpy:
+    """NumPy, except that ``empty`` returns NaN-filled float arrays."""
 
-    def poisoned(*args, **kwargs):
-        a = empty(*args, **kwargs)
+    def __getattr__(self, name: str):
+        return getattr(np, name)
+
+    @staticmethod
+    def empty(*args, **kwargs) -> np.ndarray:
+        a = np.empty(*args, **kwargs)
         if a.dtype.kind == "f":
             a.fill(np.nan)
         return a
-    monkeypatch.setattr(np, "empty", poisoned)
+
+
+@pytest.fixture
+def poisoned_empty(monkeypatch) -> None:
+    """The fast engine's GEMM-path modules get a ``np.empty`` that returns NaN-filled arrays, so
+    that a buffer read before it is written (a missing zero fill) shows in the result. (Only
+    modules without numba code: numba must keep compiling against NumPy itself.)"""
+    from convgrad.engines import fast
+    for module in (fast, fast.frame, fast.kernels, fast.output_rows, fast.pointwise):
+        monkeypatch.setattr(module, "np", _PoisonedNumpy())
 
 
 def _tolerance(dtype: np.dtype) -> float:
