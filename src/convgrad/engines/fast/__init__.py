@@ -48,8 +48,8 @@ Extra memory (see :meth:`FastEngine.workspace_bytes`): the chunk's frame buffers
 ``CHUNK_BYTES`` and half the op's inputs + output or 1 MiB, unless one image needs more) plus a
 few row blocks of ``BLOCK_BYTES``, converted weights, and for bf16/f16 the f32 result the API
 rounds; never an im2col buffer. The direct loops take contiguous copies of their inputs; the
-output-row GEMMs a padded gradient or input and batch chunks of at most half the op's inputs +
-output (or 1 MiB).
+output-row GEMMs a padded gradient or input and chunks (of images, or of output planes of one
+large volume) of at most half the op's inputs + output (or 1 MiB).
 """
 
 from __future__ import annotations

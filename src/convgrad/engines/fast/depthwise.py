@@ -24,6 +24,7 @@ from .direct import FASTMATH, params, spatial3, tap
 
 __all__ = ["forward", "backward_data", "backward_weights"]
 
+
 @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
 def _gather(src, w, out, stride, dilation, pad, transposed):  # pragma: no cover - compiled
     """out[n, a, c] = sum_k src[n, tap(a, k), c] * w[k, c] (forward, or backward data if transposed)."""

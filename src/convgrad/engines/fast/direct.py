@@ -48,6 +48,7 @@ def workspace_bytes(g: ConvGeometry, task: str, dtype: np.dtype, acc: np.dtype) 
     copies, result = {"forward": (x + w, y), "backward_data": (y + w, x), "backward_weights": (x + y + w, w)}[task]
     return (copies + (result if dtype != acc else 0)) * acc.itemsize + 4096
 
+
 @numba.njit(inline="always")
 def tap(a, k, stride, dilation, pad, size, transposed):  # pragma: no cover - compiled
     """Where tap k of position a reads, or -1 if nowhere: the input under output a

@@ -115,10 +115,11 @@ class Frame:
 
     @property
     def covers_input(self) -> bool:
-        """Whether every input position lies in some phase (else backward data leaves zeros)."""
-        counts = (self._phase_slices(phase) for phase in self.phases)
-        return sum(math.prod(len(range(self.g.in_size[a])[s]) for a, s in enumerate(sl[1][1:-1]))
-                   for sl in counts if sl is not None) == math.prod(self.g.in_size)
+        """Whether every input position lies in some phase (else backward data leaves zeros):
+        the phases are disjoint, so their counts of input positions must add up to all."""
+        slices = (self._phase_slices(phase) for phase in self.phases)
+        return sum(math.prod(s.stop - s.start for s in frame[1:-1])
+                   for frame, _ in filter(None, slices)) == math.prod(self.g.in_size)
 
     @property
     def input_is_frame(self) -> bool:

@@ -30,7 +30,8 @@ import numpy as np
 from ... import casts
 from . import blas
 
-__all__ = ["BLOCK_BYTES", "SPREAD_BLOCKS", "GEMM_DEPTH", "REDUCE_VIEWS", "REDUCE_DEPTH", "taps_per_gemm", "block_rows", "accumulate", "reduce"]
+__all__ = ["BLOCK_BYTES", "SPREAD_BLOCKS", "GEMM_DEPTH", "REDUCE_VIEWS", "REDUCE_DEPTH", "taps_per_gemm", "block_rows", "product", "accumulate",
+           "reduce"]
 
 #: Bytes of the per-block operand (the L2 cache of a core is 1 MiB on the reference machine).
 BLOCK_BYTES = 2 << 20
@@ -110,7 +111,7 @@ def _operand(srcs: Sequence[np.ndarray], taps: Taps, a: int, b: int, groups: int
     return block.reshape(groups, b - a, -1)
 
 
-def _product(target: np.ndarray, lhs: np.ndarray, mat: np.ndarray, scratch: np.ndarray | None) -> None:
+def product(target: np.ndarray, lhs: np.ndarray, mat: np.ndarray, scratch: np.ndarray | None) -> None:
     """``target = lhs @ mat`` (``scratch`` None) or ``target += lhs @ mat`` for (G, B, K) @ (G, K, N),
     accumulating in BLAS where it takes the operands as they are, else through ``scratch``."""
     if len(target) <= BLAS_GROUPS:
@@ -219,7 +220,7 @@ def accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights:
                 out[hi:b] = 0
             mat = mats[i] if mats is not None else _stack(weights, per_gemm, out.dtype, i * per_gemm)
             scratch = _carve(tmp, groups, hi - lo, (weights.shape[3],), channel_major(out)) if written else None
-            _product(_grouped(out[lo:hi], groups), _operand(srcs, chunk, lo, hi, groups, col), mat, scratch)
+            product(_grouped(out[lo:hi], groups), _operand(srcs, chunk, lo, hi, groups, col), mat, scratch)
             written = True
         if not written:
             out[a:b] = 0
@@ -239,4 +240,4 @@ def reduce(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarr
             lhs = _operand(srcs, chunk, a, b, groups, col).transpose(0, 2, 1)
             # a view: the taps' rows of dW are (tap, Ci) rows Co apart within a group
             target = out[t:t + len(chunk)].transpose(2, 0, 1, 3).reshape(groups, len(chunk) * ci, co)
-            _product(target, lhs, rhs, scratch[:, :len(chunk) * ci])
+            product(target, lhs, rhs, scratch[:, :len(chunk) * ci])

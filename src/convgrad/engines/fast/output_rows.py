@@ -24,6 +24,7 @@ import numpy as np
 
 from ... import casts
 from ...problem import ConvGeometry
+from . import kernels
 
 __all__ = ["JUNK_RATIO", "junk_heavy", "workspace_bytes", "backward_data", "backward_weights"]
 
@@ -117,9 +118,9 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
     for batch, runs in _chunks(g, plane * taps * g.ic * dtype.itemsize, dtype):
         for planes in runs:
             part = dy[batch][:, planes]
-            lhs = _rows(part, g.groups, dtype)
-            buf = np.empty(lhs.shape[1] * wt.size // g.ocg, dtype) if buf is None else buf
-            z = np.matmul(lhs, wt, out=buf[:lhs.shape[1] * wt.size // g.ocg].reshape(g.groups, lhs.shape[1], -1))
+            size = math.prod(part.shape[:-1]) * taps * g.ic
+            buf = np.empty(size, dtype) if buf is None else buf
+            z = np.matmul(_rows(part, g.groups, dtype), wt, out=buf[:size].reshape(g.groups, -1, taps * g.icg))
             z = z.reshape(g.groups, *part.shape[:-1], taps, g.icg)
             z = z.transpose(*range(1, g.rank + 2), g.rank + 2, 0, g.rank + 3)  # (n, *O, taps, G, ICg)
             for t, where in enumerate(_taps(g, planes)):
@@ -130,9 +131,12 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """dw (canonical) from ``x`` and ``dy`` in ``dtype``: per chunk the taps gathered side by
-    side (im2col of the chunk), then one GEMM per group."""
+    side (im2col of the chunk), then one GEMM per group summing into dw (inside BLAS where it
+    can: :func:`.kernels.product`)."""
     taps, padded, plane = math.prod(g.kernel), _padded_size(g), math.prod(g.out_size[1:])
     dw = np.zeros((taps, g.icg, g.groups, g.ocg), dtype)
+    sums = dw.transpose(2, 0, 1, 3).reshape(g.groups, taps * g.icg, g.ocg)  # a view of dw
+    scratch = np.empty(sums.shape, dtype)  # for products BLAS cannot sum in place
     buf = None  # the gathered taps of every chunk: never two alive at once
     for batch, runs in _chunks(g, plane * taps * g.ic * dtype.itemsize, dtype,
                                math.prod(padded) * g.ic * dtype.itemsize):
@@ -148,6 +152,5 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.d
                 view = xp[where]
                 col[..., t, :] = view.reshape(*view.shape[:-1], g.groups, g.icg)
             lhs = col.reshape(-1, g.groups, taps * g.icg).transpose(1, 2, 0)
-            dw += np.matmul(lhs, _rows(part, g.groups, dtype)).reshape(g.groups, taps, g.icg, g.ocg) \
-                .transpose(1, 2, 0, 3)
+            kernels.product(sums, lhs, _rows(part, g.groups, dtype), scratch)
     return dw.reshape(g.w_shape)
