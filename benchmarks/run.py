@@ -12,11 +12,11 @@ channels_last; the better of the two is the "best peer". GFLOP/s = 2*N*OC*IC/G*p
 time (the best of as many runs as fit in ~0.4 s each, 2 to 50; our own variants of a row, NXC,
 NCX and for bf16/f16 rows our f32 for "vs own f32", run in turns so that load from other jobs hits
 them alike; each peer runs on its own, since another library's spinning threads slow the first
-runs after a switch). "extra mem" is the peak of convgrad's
-allocations (tracemalloc, after a warm-up call) less its result, as a multiple of inputs + output. The GEMM ceiling (numpy sgemm 4096^2) is measured in
-the same run. PyTorch pads symmetrically: a benchdnn layer whose right pad differs from its left is
-given to it with the smaller pad on both sides and the input longer by the difference (same
-output, same FLOPs).
+runs after a switch). "extra mem" is the peak of convgrad's allocations (tracemalloc, after a
+warm-up call) less its result, as a multiple of inputs + output. The GEMM ceiling (numpy sgemm
+4096^2) is measured in the same run. PyTorch pads symmetrically: a benchdnn layer whose right
+pad differs from its left is given to it with the smaller pad on both sides and the input longer
+by the difference (same output, same FLOPs).
 
 ``--threads N`` limits every library (OpenBLAS, numba, PyTorch/OpenMP) to N threads; it is set
 before NumPy loads. On a machine that other jobs share, multi-threaded OpenBLAS can collapse (its
