@@ -264,7 +264,7 @@ def test_workspace_estimate_bounds_the_allocations(task, case, dtype, channels_f
 
 @pytest.mark.parametrize("task", TASKS[1:])
 def test_output_rows_of_one_large_volume_stay_within_twice_the_arrays(task, monkeypatch, rng):
-    """A single 3-D volume whose im2col is 27x its input runs in chunks of output planes: the
+    """A single 3-D volume whose im2col is 27x its input runs in chunks of output rows: the
     extra memory stays below 2x (inputs + output), as at any minibatch."""
     import tracemalloc
     _force("output_rows", monkeypatch.setattr)

@@ -29,8 +29,9 @@ Ci/Co: channels per group on the GEMM's input and output side; ``GEMM_DEPTH`` = 
 - pointwise layers (1x1, no padding, one group, any stride) on bf16/f16 channels-last data: one
   GEMM over row blocks that are widened to f32 and rounded back while in cache (:mod:`.pointwise`);
 - backward data and weights where the frame has ``output_rows.JUNK_RATIO[task]`` times more rows than
-  there are outputs (a large dilation on a small output): GEMMs over the output rows only, taps
-  as strided views of the padded input (:mod:`.output_rows`);
+  there are outputs (a large dilation on a small output), and backward weights of kernels with
+  several taps from ``output_rows.WEIGHTS_CHANNELS`` = (32, 64) channels per group: GEMMs over
+  the output rows only, the taps gathered or scattered by compiled loops (:mod:`.output_rows`);
 - a pointwise layer (1x1, stride 1, no padding, one group) on NCX data in the accumulation dtype
   with at least ``IMAGE_GEMM_ROWS`` positions per image: one GEMM per image on the channel-major
   (C, positions) matrices as they are (no frame copies; below that size the per-image GEMMs are
@@ -48,7 +49,7 @@ Extra memory (see :meth:`FastEngine.workspace_bytes`): the chunk's frame buffers
 ``CHUNK_BYTES`` and half the op's inputs + output or 1 MiB, unless one image needs more) plus a
 few row blocks of ``BLOCK_BYTES``, converted weights, and for bf16/f16 the f32 result the API
 rounds; never an im2col buffer. The direct loops take contiguous copies of their inputs; the
-output-row GEMMs a padded gradient or input and chunks (of images, or of output planes of one
+output-row GEMMs a padded gradient or input and chunks (of images, or of output rows of one
 large volume) of at most half the op's inputs + output (or 1 MiB).
 """
 
@@ -92,7 +93,7 @@ def _algorithm(g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[np.ndarr
         return "empty"
     if data is not None and pointwise.applies(g, *data):
         return "pointwise"
-    if task != "forward" and output_rows.junk_heavy(g, Frame.of(g).size, task):
+    if task != "forward" and output_rows.applies(g, Frame.of(g).size, task):
         return "output_rows"
     if data is not None and _image_gemms(g, dtype, *data):
         return "image_gemms"
