@@ -77,6 +77,15 @@ def _interior(g: ConvGeometry) -> tuple[slice, ...]:
     return (slice(None), *(slice(b, b + i) for b, i in zip(g.pads_begin, g.in_size)), slice(None))
 
 
+def _padded(g: ConvGeometry, x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``x`` (n, *I, C) zero-padded, contiguous in ``dtype``: ``x`` itself if it already is."""
+    if not any(g.pads_begin) and not any(g.pads_end) and x.dtype == dtype and x.flags.c_contiguous:
+        return x
+    xp = np.zeros((x.shape[0], *_padded_size(g), g.ic), dtype)
+    xp[_interior(g)] = x
+    return xp
+
+
 def _chunk_size(g: ConvGeometry, row_bytes: int, acc: np.dtype, image_bytes: int = 0) -> tuple[int, int]:
     """(images, output rows) per chunk of temporaries of ``row_bytes`` per output row and
     ``image_bytes`` per image: whole images while one fits in ``CHUNK_BYTES`` and in half the op's
@@ -136,8 +145,7 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.d
     scratch = np.empty(sums.shape, dtype)  # for products BLAS cannot sum in place
     buf = None  # the gathered taps of every chunk: never two alive at once
     for batch, runs in _chunks(g, taps * g.ic * dtype.itemsize, dtype, math.prod(padded) * g.ic * dtype.itemsize):
-        xp = np.zeros((batch.stop - batch.start, *padded, g.ic), dtype)
-        xp[_interior(g)] = x[batch]
+        xp = _padded(g, x[batch], dtype)
         flat = dy[batch].reshape(-1, g.oc)  # a view for one image, or C-ordered data
         for first, last in runs:
             size = (last - first) * taps * g.ic
