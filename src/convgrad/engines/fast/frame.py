@@ -122,6 +122,14 @@ class Frame:
                    for frame, _ in filter(None, slices)) == math.prod(self.g.in_size)
 
     @property
+    def input_fills_frame(self) -> bool:
+        """Whether the input positions of every phase fill its whole frame (no padding, no
+        positions past the input): phase buffers then need no zero fill."""
+        slices = [self._phase_slices(phase) for phase in self.phases]
+        return all(s is not None and all(f.start == 0 and f.stop == q for f, q in zip(s[0][1:-1], self.size))
+                   for s in slices)
+
+    @property
     def input_is_frame(self) -> bool:
         """Stride 1 and no padding: the phase buffer would be a copy of the input."""
         g = self.g
@@ -180,7 +188,8 @@ class Frame:
         own = self._own_rows(x, dtype, self.input_major) if self.input_is_frame else None
         if own is not None:
             return own[None]
-        buf = self._alloc((len(self.phases),), n * self.image_rows, c, dtype, True, self.input_major)
+        buf = self._alloc((len(self.phases),), n * self.image_rows, c, dtype, not self.input_fills_frame,
+                          self.input_major)
         images = self._images(buf, n)
         for ph, phase in enumerate(self.phases):
             slices = self._phase_slices(phase)
