@@ -19,9 +19,10 @@ from convgrad.problem import ConvGeometry
 FAST, REF = get_engine("fast"), get_engine("reference")
 TASKS = ("forward", "backward_data", "backward_weights")
 #: The fast engine's paths, each forced on every problem it can take: the compiled direct loops
-#: (small problems), the frame, and GEMMs over output rows (junk-heavy gradients).
+#: (small problems), the frame, and GEMMs over output rows (junk-heavy or wide gradients).
 PATHS = {"direct": {"SMALL_FLOPS": 10**18},
-         "frame": {"SMALL_FLOPS": -1, "JUNK_RATIO": dict.fromkeys(TASKS[1:], float("inf"))},
+         "frame": {"SMALL_FLOPS": -1, "JUNK_RATIO": dict.fromkeys(TASKS[1:], float("inf")),
+                   "WIDE_CHANNELS": dict.fromkeys(TASKS[1:], (float("inf"),) * 2)},
          "output_rows": {"SMALL_FLOPS": -1, "JUNK_RATIO": dict.fromkeys(TASKS[1:], 0.0)}}
 
 
@@ -168,7 +169,7 @@ def geometries(draw) -> ConvGeometry:
 def test_random_geometries_against_reference(g, dtype, channels_first, path):
     from convgrad.engines.fast import direct, output_rows
     inputs = _engine_inputs(g, np.random.default_rng(), dtype, channels_first)
-    defaults = direct.SMALL_FLOPS, output_rows.JUNK_RATIO
+    defaults = direct.SMALL_FLOPS, output_rows.JUNK_RATIO, output_rows.WIDE_CHANNELS
     try:
         _force(path, setattr)
         for task in TASKS:
@@ -176,7 +177,7 @@ def test_random_geometries_against_reference(g, dtype, channels_first, path):
             assert got.dtype == np.dtype(dtype)
             _close(got, want, _tolerance(np.dtype(dtype)), f"{task} {g} ({path})")
     finally:
-        direct.SMALL_FLOPS, output_rows.JUNK_RATIO = defaults
+        direct.SMALL_FLOPS, output_rows.JUNK_RATIO, output_rows.WIDE_CHANNELS = defaults
 
 
 @pytest.mark.parametrize("case", [
@@ -260,6 +261,20 @@ def test_workspace_estimate_bounds_the_allocations(task, case, dtype, channels_f
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak - result.nbytes <= FAST.workspace_bytes(g, task, np.dtype(dtype))
+
+
+@pytest.mark.parametrize("case,data,weights", [
+    ((16, 1, 256, 256, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), True, True),   # wide 3x3
+    ((16, 1, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), False, True),   # 64 channels
+    ((16, 1, 3, 64, (224, 224), (7, 7), (2, 2), (1, 1), (3, 3), (2, 2)), False, False),  # 3 input channels
+    ((16, 1, 512, 256, (28, 28), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)), False, False),  # one tap
+    ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), True, True),   # dilated: junk
+])
+def test_output_rows_take_junk_heavy_and_wide_gradients(case, data, weights):
+    from convgrad.engines.fast import Frame, output_rows
+    g = _geometry(*case)
+    assert output_rows.applies(g, Frame.of(g).size, "backward_data") == data
+    assert output_rows.applies(g, Frame.of(g).size, "backward_weights") == weights
 
 
 @pytest.mark.parametrize("task", TASKS[1:])

@@ -29,9 +29,10 @@ Ci/Co: channels per group on the GEMM's input and output side; ``GEMM_DEPTH`` = 
 - pointwise layers (1x1, no padding, one group, any stride) on bf16/f16 channels-last data: one
   GEMM over row blocks that are widened to f32 and rounded back while in cache (:mod:`.pointwise`);
 - backward data and weights where the frame has ``output_rows.JUNK_RATIO[task]`` times more rows than
-  there are outputs (a large dilation on a small output), and backward weights of kernels with
-  several taps from ``output_rows.WEIGHTS_CHANNELS`` = (32, 64) channels per group: GEMMs over
-  the output rows only, the taps gathered or scattered by compiled loops (:mod:`.output_rows`);
+  there are outputs (a large dilation on a small output), and kernels with several taps from
+  ``output_rows.WIDE_CHANNELS[task]`` (ICg, OCg) channels per group (data: 32, 256; weights: 32,
+  64): GEMMs over the output rows only, the taps gathered or scattered by compiled loops
+  (:mod:`.output_rows`);
 - a pointwise layer (1x1, stride 1, no padding, one group) on NCX data in the accumulation dtype
   with at least ``IMAGE_GEMM_ROWS`` positions per image: one GEMM per image on the channel-major
   (C, positions) matrices as they are (no frame copies; below that size the per-image GEMMs are

@@ -3,15 +3,16 @@
 The frame (:mod:`.frame`) has ``Q = O + (K-1)*D // S`` positions per axis; a large dilation on a
 small output (``O = 7, K = 3, D = 3``: Q = 13) makes most of its rows junk that backward data and
 backward weights compute anyway (3.4x the FLOPs there). Here every GEMM has exactly the
-``N * prod(O)`` output rows, and tap ``k`` of output ``o`` is the zero-padded input ``P``
-(padded size ``I + PB + PE``) at ``o*S + k*D`` (compiled loops: :mod:`.columns`):
+``N * prod(O)`` output rows, and tap ``k`` of output ``o`` is the input at ``p = o*S + k*D - PB``
+(zero in the padding; compiled loops: :mod:`.columns`):
 
-- backward data (col2im): ``Z = dy @ [W_0^T | W_1^T | ...]`` per group, then
-  ``dP[o*S + k*D] += Z_k[o]`` for each tap, and dx is the interior of dP;
-- backward weights (im2col of a chunk of rows): ``[dW_0; dW_1; ...] += [P[o*S + 0*D] | P[o*S + 1*D] | ...]^T @ dy``.
+- backward data (col2im): ``Z = dy @ [W_0^T | W_1^T | ...]`` per group, then ``dx[p] += Z_k[o]``
+  for each tap inside dx;
+- backward weights (im2col of a chunk of rows): ``[dW_0; dW_1; ...] += [x[p_0] | x[p_1] | ...]^T @ dy``.
 
-Backward weights runs here also without junk once the channels are wide (:func:`applies`): its
-one GEMM per chunk has ``prod(K)*ICg`` output rows where the frame's per-tap GEMMs have ``ICg``.
+Both run here also without junk once the channels are wide (:func:`applies`): one GEMM per
+chunk with ``prod(K)*ICg`` output columns (data) or rows (weights), where the frame's per-tap
+GEMMs have ``ICg``.
 
 Chunks of images, or runs of output rows of one image (a large 3-D volume), bound the
 temporaries (``CHUNK_BYTES`` of Z, or of the gathered taps).
@@ -28,19 +29,20 @@ from ... import casts
 from ...problem import ConvGeometry
 from . import columns, kernels
 
-__all__ = ["JUNK_RATIO", "WEIGHTS_CHANNELS", "applies", "workspace_bytes", "backward_data", "backward_weights"]
+__all__ = ["JUNK_RATIO", "WIDE_CHANNELS", "applies", "workspace_bytes", "backward_data", "backward_weights"]
 
-#: Frame rows per output row from which each gradient runs here. Measured (f32, 2 cores): 1.3-3.5x
-#: faster on dilated layers at 2-6x; backward data slower on ResNet-50's 3x3 layers at 1.07-1.65x
-#: (1.1-1.4x), where the frame's per-tap GEMMs win, and on a 3-D U-Net layer at 1.87x (1.15x):
-#: on the frame it skips the first axis's border rows per tap (:func:`.kernels.accumulate`).
+#: Frame rows per output row from which each gradient runs here, whatever the channels. Measured
+#: (f32, 2 cores): 1.3-3.5x faster on dilated layers at 2-6x.
 JUNK_RATIO = {"backward_data": 1.9, "backward_weights": 1.66}
-#: (ICg, OCg) from which backward weights with several taps runs here whatever the junk. Measured
-#: against the frame (f32, NXC): 1.1-1.35x on ResNet-50's 3x3 layers, 1.04-1.45x on 3-D U-Net's
-#: from 32 input channels; 0.8x with 8 input or 16 output channels, where the gather costs more
-#: than the narrow GEMM it feeds, about even at 16 inputs or 32 outputs.
-WEIGHTS_CHANNELS = (32, 64)
-#: Bytes of the per-chunk temporaries (Z, or the padded input and its taps), at most; also at most
+#: (ICg, OCg) from which a kernel with several taps runs here whatever the junk: the one GEMM per
+#: chunk is wide (backward data: ``prod(K)*ICg`` columns, OCg deep) or tall (backward weights:
+#: ``prod(K)*ICg`` rows) where the frame's per-tap GEMMs have ICg. Measured against the frame (f32,
+#: NXC): weights 1.1-1.35x on ResNet-50's 3x3 layers, 1.04-1.45x on 3-D U-Net's from 32 input
+#: channels, 0.8x with 8 input or 16 output channels (the gather costs more than the narrow GEMM
+#: it feeds); data 1.1-1.3x from 256 output channels (3-D U-Net conv_6-8, ResNet-50 res4-5), even
+#: to 0.8x at 128 and 0.85-0.95x at 64, where the frame's per-tap GEMMs sum in place.
+WIDE_CHANNELS = {"backward_data": (32, 256), "backward_weights": (32, 64)}
+#: Bytes of the per-chunk temporaries (Z, or the input and its taps), at most; also at most
 #: half the op's inputs + output (or ``MIN_CHUNK_BYTES``), so that the prod(K)-fold expansion never
 #: costs more memory than the op's own arrays; at least one image.
 CHUNK_BYTES = 16 << 20
@@ -49,41 +51,24 @@ MIN_CHUNK_BYTES = 1 << 20
 
 def applies(g: ConvGeometry, frame_size: tuple[int, ...], task: str) -> bool:
     """Whether ``task`` (a gradient) on ``g`` runs here: its frame (``frame_size`` positions per
-    axis) has ``JUNK_RATIO[task]`` times more rows than there are outputs, or it is backward
-    weights of a kernel with several taps and at least ``WEIGHTS_CHANNELS`` channels per group."""
+    axis) has ``JUNK_RATIO[task]`` times more rows than there are outputs, or its kernel has
+    several taps and at least ``WIDE_CHANNELS[task]`` channels per group."""
     if math.prod(frame_size) >= JUNK_RATIO[task] * max(1, math.prod(g.out_size)):
         return True
-    wide = g.icg >= WEIGHTS_CHANNELS[0] and g.ocg >= WEIGHTS_CHANNELS[1]
-    return task == "backward_weights" and math.prod(g.kernel) > 1 and wide
+    icg, ocg = WIDE_CHANNELS[task]
+    return math.prod(g.kernel) > 1 and g.icg >= icg and g.ocg >= ocg
 
 
 def workspace_bytes(g: ConvGeometry, task: str, acc: np.dtype) -> int:
-    """Upper estimate of the extra bytes of :func:`backward_data` (padded gradient, regrouped
-    weights, one chunk of Z and of converted dy) or :func:`backward_weights` (one chunk of padded
-    input, gathered taps and converted dy, the sums)."""
-    padded, taps = math.prod(_padded_size(g)), math.prod(g.kernel)
+    """Upper estimate of the extra bytes of :func:`backward_data` (the gradient in the accumulation
+    dtype, one chunk of Z and of converted dy, converted weights) or :func:`backward_weights` (one
+    chunk of the input and of its gathered taps and converted dy, the sums)."""
+    image, taps = math.prod(g.in_size) * g.ic * acc.itemsize, math.prod(g.kernel)
     if task == "backward_data":
         _, rows = _chunk_size(g, taps * g.ic * acc.itemsize, acc)
-        return (g.n * padded * g.ic + math.prod(g.w_shape) + rows * (taps * g.ic + 2 * g.oc)) * acc.itemsize
-    n, rows = _chunk_size(g, taps * g.ic * acc.itemsize, acc, padded * g.ic * acc.itemsize)
-    return (n * padded * g.ic + rows * (taps * g.ic + 2 * g.oc) + 3 * math.prod(g.w_shape)) * acc.itemsize
-
-
-def _padded_size(g: ConvGeometry) -> tuple[int, ...]:
-    return tuple(i + b + e for i, b, e in zip(g.in_size, g.pads_begin, g.pads_end))
-
-
-def _interior(g: ConvGeometry) -> tuple[slice, ...]:
-    return (slice(None), *(slice(b, b + i) for b, i in zip(g.pads_begin, g.in_size)), slice(None))
-
-
-def _padded(g: ConvGeometry, x: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``x`` (n, *I, C) zero-padded, contiguous in ``dtype``: ``x`` itself if it already is."""
-    if not any(g.pads_begin) and not any(g.pads_end) and x.dtype == dtype and x.flags.c_contiguous:
-        return x
-    xp = np.zeros((x.shape[0], *_padded_size(g), g.ic), dtype)
-    xp[_interior(g)] = x
-    return xp
+        return g.n * image + (math.prod(g.w_shape) + rows * (taps * g.ic + 2 * g.oc)) * acc.itemsize
+    n, rows = _chunk_size(g, taps * g.ic * acc.itemsize, acc, image)
+    return n * image + (rows * (taps * g.ic + 2 * g.oc) + 3 * math.prod(g.w_shape)) * acc.itemsize
 
 
 def _chunk_size(g: ConvGeometry, row_bytes: int, acc: np.dtype, image_bytes: int = 0) -> tuple[int, int]:
@@ -118,11 +103,11 @@ def _rows(a: np.ndarray, groups: int, dtype: np.dtype) -> np.ndarray:
 
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """dx (canonical, a view of the padded gradient) from ``dy`` in ``dtype``; col2im."""
+    """dx (canonical, contiguous) from ``dy`` in ``dtype``; col2im."""
     taps = math.prod(g.kernel)
-    wt = np.ascontiguousarray(w.reshape(taps, g.icg, g.groups, g.ocg).transpose(2, 3, 0, 1), dtype=dtype)
-    wt = wt.reshape(g.groups, g.ocg, taps * g.icg)
-    dxp = np.zeros((g.n, *_padded_size(g), g.ic), dtype)
+    # (G, OCg, taps*ICg): a transposed view of the canonical weights (BLAS takes it as it is)
+    wt = casts.astype(w, dtype).reshape(taps * g.icg, g.groups, g.ocg).transpose(1, 2, 0)
+    dx = np.zeros(g.x_shape, dtype)
     buf = None  # Z of every chunk (the first is the largest): never two alive at once
     for batch, runs in _chunks(g, taps * g.ic * dtype.itemsize, dtype):
         flat = dy[batch].reshape(-1, g.oc)  # a view for one image, or C-ordered data
@@ -131,26 +116,26 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
             buf = np.empty(size, dtype) if buf is None else buf
             z = np.matmul(_rows(flat[first:last], g.groups, dtype), wt,
                           out=buf[:size].reshape(g.groups, -1, taps * g.icg))
-            columns.scatter(z, dxp[batch], g, first)
-    return dxp[_interior(g)]
+            columns.scatter(z, dx[batch], g, first)
+    return dx
 
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """dw (canonical) from ``x`` and ``dy`` in ``dtype``: per chunk the taps gathered side by
     side (im2col of the chunk), then one GEMM per group summing into dw (inside BLAS where it
     can: :func:`.kernels.product`)."""
-    taps, padded = math.prod(g.kernel), _padded_size(g)
+    taps = math.prod(g.kernel)
     dw = np.zeros((taps, g.icg, g.groups, g.ocg), dtype)
     sums = dw.transpose(2, 0, 1, 3).reshape(g.groups, taps * g.icg, g.ocg)  # a view of dw
     scratch = np.empty(sums.shape, dtype)  # for products BLAS cannot sum in place
     buf = None  # the gathered taps of every chunk: never two alive at once
-    for batch, runs in _chunks(g, taps * g.ic * dtype.itemsize, dtype, math.prod(padded) * g.ic * dtype.itemsize):
-        xp = _padded(g, x[batch], dtype)
+    for batch, runs in _chunks(g, taps * g.ic * dtype.itemsize, dtype, math.prod(g.in_size) * g.ic * dtype.itemsize):
+        images = np.ascontiguousarray(casts.astype(x[batch], dtype))  # a copy for NCX or 16-bit data
         flat = dy[batch].reshape(-1, g.oc)  # a view for one image, or C-ordered data
         for first, last in runs:
             size = (last - first) * taps * g.ic
             buf = np.empty(size, dtype) if buf is None else buf  # the first chunk is the largest
             col = buf[:size].reshape(last - first, g.groups, taps * g.icg)
-            columns.gather(xp, col, g, first)
+            columns.gather(images, col, g, first)
             kernels.product(sums, col.transpose(1, 2, 0), _rows(flat[first:last], g.groups, dtype), scratch)
     return dw.reshape(g.w_shape)
