@@ -20,6 +20,7 @@ import numba
 import numpy as np
 
 from ...problem import ConvGeometry
+from .direct import tap
 
 __all__ = ["scatter", "gather"]
 
@@ -41,12 +42,12 @@ def _columns(data, z, first, out, kernel, dilations, strides, pads, scatter):  #
         image, o0, o1, o2 = _position(first + r, out)
         t = 0
         for k0 in range(kernel[0]):
-            p0 = o0 * strides[0] + k0 * dilations[0] - pads[0]
+            p0 = tap(o0, k0, strides[0], dilations[0], pads[0], i0_, False)
             for k1 in range(kernel[1]):
-                p1 = o1 * strides[1] + k1 * dilations[1] - pads[1]
+                p1 = tap(o1, k1, strides[1], dilations[1], pads[1], i1_, False)
                 for k2 in range(kernel[2]):
-                    p2 = o2 * strides[2] + k2 * dilations[2] - pads[2]
-                    inside = 0 <= p0 < i0_ and 0 <= p1 < i1_ and 0 <= p2 < i2_
+                    p2 = tap(o2, k2, strides[2], dilations[2], pads[2], i2_, False)
+                    inside = p0 >= 0 and p1 >= 0 and p2 >= 0
                     for g in range(g_):
                         if scatter and inside:
                             for c in range(c_):
@@ -61,11 +62,12 @@ def _columns(data, z, first, out, kernel, dilations, strides, pads, scatter):  #
 
 
 def _run(data: np.ndarray, z: np.ndarray, g: ConvGeometry, first: int, scatter: bool) -> None:
+    """The loops on (n, *I, G*ICg) ``data`` and ``z`` seen as 3-D spatial, per-tap columns."""
     fill = (1,) * (3 - g.rank)
-    params = (np.array(pad + v, np.int64) for pad, v in
-              ((fill, g.out_size), (fill, g.kernel), (fill, g.dilations), (fill, g.strides), ((0,) * (3 - g.rank), g.pads_begin)))
-    _columns(data.reshape(data.shape[0], *fill, *data.shape[1:-1], g.groups, g.icg), z.reshape(*z.shape[:2], -1, g.icg),
-             first, *params, scatter)
+    out, kernel, dilations, strides = (np.array(fill + v, np.int64) for v in (g.out_size, g.kernel, g.dilations, g.strides))
+    pads = np.array((0,) * (3 - g.rank) + g.pads_begin, np.int64)
+    _columns(data.reshape(data.shape[0], *fill, *data.shape[1:-1], g.groups, g.icg),
+             z.reshape(*z.shape[:2], -1, g.icg), first, out, kernel, dilations, strides, pads, scatter)
 
 
 def scatter(z: np.ndarray, dx: np.ndarray, g: ConvGeometry, first: int) -> None:
