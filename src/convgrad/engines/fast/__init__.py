@@ -31,8 +31,8 @@ Ci/Co: channels per group on the GEMM's input and output side; ``GEMM_DEPTH`` = 
 - backward data and weights where the frame has ``output_rows.JUNK_RATIO[task]`` times more rows than
   there are outputs (a large dilation on a small output), and kernels with several taps from
   ``output_rows.WIDE_CHANNELS[task]`` (ICg, OCg) channels per group (data: 32, 256; weights: 32,
-  64): GEMMs over the output rows only, the taps gathered or scattered by compiled loops
-  (:mod:`.output_rows`);
+  64) in f32/f64 (bf16/f16 stay on the frame, which widens weights tap by tap): GEMMs over the
+  output rows only, the taps gathered or scattered by compiled loops (:mod:`.output_rows`);
 - a pointwise layer (1x1, stride 1, no padding, one group) on NCX data in the accumulation dtype
   with at least ``IMAGE_GEMM_ROWS`` positions per image: one GEMM per image on the channel-major
   (C, positions) matrices as they are (no frame copies; below that size the per-image GEMMs are
@@ -82,10 +82,11 @@ def _depthwise(g: ConvGeometry) -> bool:
     return g.icg == 1 and g.ocg == 1
 
 
-def _algorithm(g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[np.ndarray, ...] | None) -> str:
+def _algorithm(g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[np.ndarray, ...] | None,
+               data_dtype: np.dtype | None = None) -> str:
     """The selection rule of the module docstring, in its order: the algorithm that runs ``task``
     on ``g`` with the op's canonical ``data`` inputs in accumulation dtype ``dtype``. Without
-    ``data`` (planning for any layout and dtype) the rules that depend on it are skipped."""
+    ``data`` (planning for any layout, of ``data_dtype``) the rules that depend on it are skipped."""
     if _depthwise(g) and g.n:
         return "depthwise"
     if direct.small(g):
@@ -94,7 +95,8 @@ def _algorithm(g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[np.ndarr
         return "empty"
     if data is not None and pointwise.applies(g, *data):
         return "pointwise"
-    if task != "forward" and output_rows.applies(g, Frame.of(g).size, task):
+    narrow = (data[0].dtype if data is not None else data_dtype).itemsize < dtype.itemsize
+    if task != "forward" and output_rows.applies(g, Frame.of(g).size, task, narrow):
         return "output_rows"
     if data is not None and _image_gemms(g, dtype, *data):
         return "image_gemms"
@@ -216,7 +218,7 @@ class FastEngine:
         before the API rounds it."""
         dtype, taps = np.dtype(dtype), math.prod(g.kernel)
         acc = compute_dtype(dtype)
-        algorithm = _algorithm(g, task, acc, None)
+        algorithm = _algorithm(g, task, acc, None, dtype)
         if algorithm == "direct":
             return direct.workspace_bytes(g, task, dtype, acc)
         if algorithm == "output_rows":

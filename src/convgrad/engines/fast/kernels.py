@@ -111,22 +111,25 @@ def _operand(srcs: Sequence[np.ndarray], taps: Taps, a: int, b: int, groups: int
     return block.reshape(groups, b - a, -1)
 
 
-def product(target: np.ndarray, lhs: np.ndarray, mat: np.ndarray, scratch: np.ndarray | None) -> None:
-    """``target = lhs @ mat`` (``scratch`` None) or ``target += lhs @ mat`` for (G, B, K) @ (G, K, N),
-    accumulating in BLAS where it takes the operands as they are, else through ``scratch``."""
+def product(target: np.ndarray, lhs: np.ndarray, mat: np.ndarray, accumulate: bool,
+            scratch: np.ndarray | None = None) -> None:
+    """``target = lhs @ mat``, or with ``accumulate`` ``target += lhs @ mat``, for (G, B, K) @ (G, K, N),
+    accumulating in BLAS where it takes the operands as they are, else through ``scratch`` (or a
+    temporary)."""
     if len(target) <= BLAS_GROUPS:
         for t, a, m, g in zip(target, lhs, mat, range(len(target))):
-            if not blas.addmm(t, a, m, beta=0.0 if scratch is None else 1.0):
-                _numpy_product(t, a, m, None if scratch is None else scratch[g])
+            if not blas.addmm(t, a, m, beta=1.0 if accumulate else 0.0):
+                _numpy_product(t, a, m, accumulate, None if scratch is None else scratch[g])
     else:
-        _numpy_product(target, lhs, mat, scratch)
+        _numpy_product(target, lhs, mat, accumulate, scratch)
 
 
-def _numpy_product(target: np.ndarray, lhs: np.ndarray, mat: np.ndarray, scratch: np.ndarray | None) -> None:
-    if scratch is None:
-        np.matmul(lhs, mat, out=target)
-    else:
+def _numpy_product(target: np.ndarray, lhs: np.ndarray, mat: np.ndarray, accumulate: bool,
+                   scratch: np.ndarray | None) -> None:
+    if accumulate:
         target += np.matmul(lhs, mat, out=scratch)
+    else:
+        np.matmul(lhs, mat, out=target)
 
 
 def _chunks(taps: Taps, per_gemm: int) -> list[Taps]:
@@ -220,7 +223,7 @@ def accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights:
                 out[hi:b] = 0
             mat = mats[i] if mats is not None else _stack(weights, per_gemm, out.dtype, i * per_gemm)
             scratch = _carve(tmp, groups, hi - lo, (weights.shape[3],), channel_major(out)) if written else None
-            product(_grouped(out[lo:hi], groups), _operand(srcs, chunk, lo, hi, groups, col), mat, scratch)
+            product(_grouped(out[lo:hi], groups), _operand(srcs, chunk, lo, hi, groups, col), mat, written, scratch)
             written = True
         if not written:
             out[a:b] = 0
@@ -240,4 +243,4 @@ def reduce(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarr
             lhs = _operand(srcs, chunk, a, b, groups, col).transpose(0, 2, 1)
             # a view: the taps' rows of dW are (tap, Ci) rows Co apart within a group
             target = out[t:t + len(chunk)].transpose(2, 0, 1, 3).reshape(groups, len(chunk) * ci, co)
-            product(target, lhs, rhs, scratch[:, :len(chunk) * ci])
+            product(target, lhs, rhs, True, scratch[:, :len(chunk) * ci])

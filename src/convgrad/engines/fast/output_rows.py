@@ -49,14 +49,16 @@ CHUNK_BYTES = 16 << 20
 MIN_CHUNK_BYTES = 1 << 20
 
 
-def applies(g: ConvGeometry, frame_size: tuple[int, ...], task: str) -> bool:
+def applies(g: ConvGeometry, frame_size: tuple[int, ...], task: str, narrow: bool = False) -> bool:
     """Whether ``task`` (a gradient) on ``g`` runs here: its frame (``frame_size`` positions per
     axis) has ``JUNK_RATIO[task]`` times more rows than there are outputs, or its kernel has
-    several taps and at least ``WIDE_CHANNELS[task]`` channels per group."""
+    several taps and at least ``WIDE_CHANNELS[task]`` channels per group, on data in the
+    accumulation dtype (not ``narrow`` bf16/f16: its f32 weights and results would cost up to 3x
+    the op's own memory here)."""
     if math.prod(frame_size) >= JUNK_RATIO[task] * max(1, math.prod(g.out_size)):
         return True
     icg, ocg = WIDE_CHANNELS[task]
-    return math.prod(g.kernel) > 1 and g.icg >= icg and g.ocg >= ocg
+    return not narrow and math.prod(g.kernel) > 1 and g.icg >= icg and g.ocg >= ocg
 
 
 def workspace_bytes(g: ConvGeometry, task: str, acc: np.dtype) -> int:
@@ -127,7 +129,6 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.d
     taps = math.prod(g.kernel)
     dw = np.zeros((taps, g.icg, g.groups, g.ocg), dtype)
     sums = dw.transpose(2, 0, 1, 3).reshape(g.groups, taps * g.icg, g.ocg)  # a view of dw
-    scratch = np.empty(sums.shape, dtype)  # for products BLAS cannot sum in place
     buf = None  # the gathered taps of every chunk: never two alive at once
     for batch, runs in _chunks(g, taps * g.ic * dtype.itemsize, dtype, math.prod(g.in_size) * g.ic * dtype.itemsize):
         images = np.ascontiguousarray(casts.astype(x[batch], dtype))  # a copy for NCX or 16-bit data
@@ -137,5 +138,5 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.d
             buf = np.empty(size, dtype) if buf is None else buf  # the first chunk is the largest
             col = buf[:size].reshape(last - first, g.groups, taps * g.icg)
             columns.gather(images, col, g, first)
-            kernels.product(sums, col.transpose(1, 2, 0), _rows(flat[first:last], g.groups, dtype), scratch)
+            kernels.product(sums, col.transpose(1, 2, 0), _rows(flat[first:last], g.groups, dtype), True)
     return dw.reshape(g.w_shape)
