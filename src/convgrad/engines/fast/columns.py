@@ -20,7 +20,7 @@ import numba
 import numpy as np
 
 from ...problem import ConvGeometry
-from .direct import tap
+from .direct import params, spatial3, tap
 
 __all__ = ["scatter", "gather"]
 
@@ -62,12 +62,13 @@ def _columns(data, z, first, out, kernel, dilations, strides, pads, scatter):  #
 
 
 def _run(data: np.ndarray, z: np.ndarray, g: ConvGeometry, first: int, scatter: bool) -> None:
-    """The loops on (n, *I, G*ICg) ``data`` and ``z`` seen as 3-D spatial, per-tap columns."""
+    """The loops on (n, *I, G*ICg) ``data`` seen as 3-D spatial and ``z`` as per-tap columns."""
     fill = (1,) * (3 - g.rank)
-    out, kernel, dilations, strides = (np.array(fill + v, np.int64) for v in (g.out_size, g.kernel, g.dilations, g.strides))
-    pads = np.array((0,) * (3 - g.rank) + g.pads_begin, np.int64)
-    _columns(data.reshape(data.shape[0], *fill, *data.shape[1:-1], g.groups, g.icg),
-             z.reshape(*z.shape[:2], -1, g.icg), first, out, kernel, dilations, strides, pads, scatter)
+    out, kernel = (np.array(fill + v, np.int64) for v in (g.out_size, g.kernel))
+    strides, dilations, pads = params(g)
+    grid = spatial3(data)
+    _columns(grid.reshape(*grid.shape[:-1], g.groups, g.icg), z.reshape(*z.shape[:2], -1, g.icg), first, out,
+             kernel, dilations, strides, pads, scatter)
 
 
 def scatter(z: np.ndarray, dx: np.ndarray, g: ConvGeometry, first: int) -> None:

@@ -104,21 +104,29 @@ def _rows(a: np.ndarray, groups: int, dtype: np.dtype) -> np.ndarray:
     return a.reshape(-1, groups, a.shape[-1] // groups).transpose(1, 0, 2)
 
 
+def _runs(g: ConvGeometry, dy: np.ndarray, dtype: np.dtype,
+          image_bytes: int = 0) -> Iterator[tuple[slice, int, np.ndarray, np.ndarray]]:
+    """Per chunk (see :func:`_chunks`): its batch slice, its first output row in the batch, its dy
+    rows as (G, rows, OCg) in ``dtype``, and a flat ``dtype`` buffer for its rows' taps
+    (rows * prod(K) * IC values), one buffer for all chunks (the first is the largest)."""
+    row = math.prod(g.kernel) * g.ic
+    buf = None
+    for batch, runs in _chunks(g, row * dtype.itemsize, dtype, image_bytes):
+        flat = dy[batch].reshape(-1, g.oc)  # a view for one image, or C-ordered data
+        for first, last in runs:
+            buf = np.empty((last - first) * row, dtype) if buf is None else buf
+            yield batch, first, _rows(flat[first:last], g.groups, dtype), buf[:(last - first) * row]
+
+
 def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """dx (canonical, contiguous) from ``dy`` in ``dtype``; col2im."""
     taps = math.prod(g.kernel)
     # (G, OCg, taps*ICg): a transposed view of the canonical weights (BLAS takes it as it is)
     wt = casts.astype(w, dtype).reshape(taps * g.icg, g.groups, g.ocg).transpose(1, 2, 0)
     dx = np.zeros(g.x_shape, dtype)
-    buf = None  # Z of every chunk (the first is the largest): never two alive at once
-    for batch, runs in _chunks(g, taps * g.ic * dtype.itemsize, dtype):
-        flat = dy[batch].reshape(-1, g.oc)  # a view for one image, or C-ordered data
-        for first, last in runs:
-            size = (last - first) * taps * g.ic
-            buf = np.empty(size, dtype) if buf is None else buf
-            z = np.matmul(_rows(flat[first:last], g.groups, dtype), wt,
-                          out=buf[:size].reshape(g.groups, -1, taps * g.icg))
-            columns.scatter(z, dx[batch], g, first)
+    for batch, first, rows, buf in _runs(g, dy, dtype):
+        z = np.matmul(rows, wt, out=buf.reshape(g.groups, -1, taps * g.icg))
+        columns.scatter(z, dx[batch], g, first)
     return dx
 
 
@@ -129,14 +137,12 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.d
     taps = math.prod(g.kernel)
     dw = np.zeros((taps, g.icg, g.groups, g.ocg), dtype)
     sums = dw.transpose(2, 0, 1, 3).reshape(g.groups, taps * g.icg, g.ocg)  # a view of dw
-    buf = None  # the gathered taps of every chunk: never two alive at once
-    for batch, runs in _chunks(g, taps * g.ic * dtype.itemsize, dtype, math.prod(g.in_size) * g.ic * dtype.itemsize):
-        images = np.ascontiguousarray(casts.astype(x[batch], dtype))  # a copy for NCX or 16-bit data
-        flat = dy[batch].reshape(-1, g.oc)  # a view for one image, or C-ordered data
-        for first, last in runs:
-            size = (last - first) * taps * g.ic
-            buf = np.empty(size, dtype) if buf is None else buf  # the first chunk is the largest
-            col = buf[:size].reshape(last - first, g.groups, taps * g.icg)
-            columns.gather(images, col, g, first)
-            kernels.product(sums, col.transpose(1, 2, 0), _rows(flat[first:last], g.groups, dtype), True)
+    images, converted = None, None  # the current batch of x, contiguous in dtype (a copy for NCX or 16-bit data)
+    for batch, first, rows, buf in _runs(g, dy, dtype, math.prod(g.in_size) * g.ic * dtype.itemsize):
+        if batch != converted:
+            images = None  # the previous batch's copy is freed before the next is made
+            images, converted = np.ascontiguousarray(casts.astype(x[batch], dtype)), batch
+        col = buf.reshape(-1, g.groups, taps * g.icg)
+        columns.gather(images, col, g, first)
+        kernels.product(sums, col.transpose(1, 2, 0), rows, True)
     return dw.reshape(g.w_shape)
