@@ -227,8 +227,10 @@ def test_awkward_geometries(case, dtype, channels_first, rng, path, poisoned_emp
 
 
 @pytest.mark.parametrize("path", ["frame", "output_rows"])
-def test_batch_chunks_and_row_blocks(monkeypatch, rng, path, poisoned_empty):
-    """Several batch chunks and row blocks give the same result as one."""
+@pytest.mark.parametrize("dtype_name", ["f64", "f16", "bf16"])
+def test_batch_chunks_and_row_blocks(dtype_name, monkeypatch, rng, path, poisoned_empty):
+    """Several batch chunks and row blocks give the same result as one (bf16/f16: sums rounded
+    chunk by chunk)."""
     from convgrad.engines import fast
     _force(path, monkeypatch.setattr)
     monkeypatch.setattr(fast.output_rows, "CHUNK_BYTES", 1)
@@ -238,9 +240,10 @@ def test_batch_chunks_and_row_blocks(monkeypatch, rng, path, poisoned_empty):
     monkeypatch.setattr(fast.kernels, "BLOCK_BYTES", 1)
     for (groups, icg, ocg), channels_first in itertools.product(((1, 4, 6), (5, 1, 1), (1, 70, 3), (1, 3, 70)), (False, True)):
         g = _geometry(3, groups, icg, ocg, (20, 19), (3, 3), (2, 1), (1, 2), (1, 2), (2, 1))
-        inputs = _engine_inputs(g, rng, np.float64, channels_first)
+        inputs = _engine_inputs(g, rng, DATA_DTYPES[dtype_name], channels_first)
         for task in TASKS:
-            _close(getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task]), 1e-10, task)
+            _close(getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task]),
+                   _tolerance(DATA_DTYPES[dtype_name]), task)
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -275,6 +278,38 @@ def test_output_rows_take_junk_heavy_and_wide_gradients(case, data, weights):
     g = _geometry(*case)
     assert output_rows.applies(g, Frame.of(g).size, "backward_data") == data
     assert output_rows.applies(g, Frame.of(g).size, "backward_weights") == weights
+
+
+@pytest.mark.parametrize("case,blocks", [
+    ((16, 1, 256, 256, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), 1),  # f32 weights < dx + dy
+    ((16, 1, 512, 512, (14, 14), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)), 3),  # res5: 9 MiB on 4 MiB
+])
+def test_output_rows_widen_16_bit_weights_in_blocks_within_dx_and_dy(case, blocks):
+    from convgrad.engines.fast import output_rows
+    g = _geometry(*case)
+    f32 = np.dtype(np.float32)
+    assert output_rows._tap_blocks(g, f32, f32) == [(0, 9)]
+    for dtype in (np.float16, cg.dtypes.bfloat16):
+        got = output_rows._tap_blocks(g, np.dtype(dtype), f32)
+        assert len(got) == blocks and got[0][0] == 0 and got[-1][1] == 9
+        assert all(a[1] == b[0] for a, b in zip(got, got[1:]))
+        widest = max(last - first for first, last in got)
+        assert widest * g.icg * g.oc * 4 <= (math.prod(g.x_shape) + math.prod(g.y_shape)) * 2
+
+
+@pytest.mark.parametrize("dtype_name", ["f16", "bf16"])
+def test_output_rows_with_weights_in_blocks_of_taps(dtype_name, monkeypatch, rng, poisoned_empty):
+    """Backward data of weights far larger than dx and dy (a 3x3 kernel on a 5x4 input, 40
+    channels): one tap per block, each scattered in turn, as the reference."""
+    from convgrad.engines.fast import output_rows
+    _force("output_rows", monkeypatch.setattr)
+    dtype = DATA_DTYPES[dtype_name]
+    g = _geometry(2, 1, 40, 36, (5, 4), (3, 3), (1, 2), (1, 1), (1, 0), (0, 1))
+    assert len(output_rows._tap_blocks(g, dtype, np.dtype(np.float32))) == 9
+    dy, w = _engine_inputs(g, rng, dtype)["backward_data"]
+    got = FAST.backward_data(g, dy, w)
+    assert got.dtype == dtype
+    _close(got, REF.backward_data(g, dy, w), _tolerance(dtype))
 
 
 @pytest.mark.parametrize("task", TASKS[1:])

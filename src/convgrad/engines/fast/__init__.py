@@ -31,8 +31,9 @@ Ci/Co: channels per group on the GEMM's input and output side; ``GEMM_DEPTH`` = 
 - backward data and weights where the frame has ``output_rows.JUNK_RATIO[task]`` times more rows than
   there are outputs (a large dilation on a small output), and kernels with several taps from
   ``output_rows.WIDE_CHANNELS[task]`` (ICg, OCg) channels per group (data: 32, 256; weights: 32,
-  64) in f32/f64 (bf16/f16 stay on the frame, which widens weights tap by tap): GEMMs over the
-  output rows only, the taps gathered or scattered by compiled loops (:mod:`.output_rows`);
+  64): GEMMs over the output rows only, the taps gathered or scattered by compiled loops
+  (:mod:`.output_rows`; bf16/f16 sums rounded per batch chunk, and weights widened in blocks of
+  taps where their f32 copy would outweigh dx and dy);
 - a pointwise layer (1x1, stride 1, no padding, one group) on NCX data in the accumulation dtype
   with at least ``IMAGE_GEMM_ROWS`` positions per image: one GEMM per image on the channel-major
   (C, positions) matrices as they are (no frame copies; below that size the per-image GEMMs are
@@ -82,11 +83,10 @@ def _depthwise(g: ConvGeometry) -> bool:
     return g.icg == 1 and g.ocg == 1
 
 
-def _algorithm(g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[np.ndarray, ...] | None,
-               data_dtype: np.dtype | None = None) -> str:
+def _algorithm(g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[np.ndarray, ...] | None) -> str:
     """The selection rule of the module docstring, in its order: the algorithm that runs ``task``
     on ``g`` with the op's canonical ``data`` inputs in accumulation dtype ``dtype``. Without
-    ``data`` (planning for any layout, of ``data_dtype``) the rules that depend on it are skipped."""
+    ``data`` (planning for any layout) the rules that depend on it are skipped."""
     if _depthwise(g) and g.n:
         return "depthwise"
     if direct.small(g):
@@ -95,8 +95,7 @@ def _algorithm(g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[np.ndarr
         return "empty"
     if data is not None and pointwise.applies(g, *data):
         return "pointwise"
-    narrow = (data[0].dtype if data is not None else data_dtype).itemsize < dtype.itemsize
-    if task != "forward" and output_rows.applies(g, Frame.of(g).size, task, narrow):
+    if task != "forward" and output_rows.applies(g, Frame.of(g).size, task):
         return "output_rows"
     if data is not None and _image_gemms(g, dtype, *data):
         return "image_gemms"
@@ -218,12 +217,12 @@ class FastEngine:
         before the API rounds it."""
         dtype, taps = np.dtype(dtype), math.prod(g.kernel)
         acc = compute_dtype(dtype)
-        algorithm = _algorithm(g, task, acc, None, dtype)
+        algorithm = _algorithm(g, task, acc, None)
         if algorithm == "direct":
             return direct.workspace_bytes(g, task, dtype, acc)
         if algorithm == "output_rows":
-            return output_rows.workspace_bytes(g, task, acc) + math.prod(
-                g.x_shape if task == "backward_data" else g.w_shape) * (acc.itemsize if dtype != acc else 0)
+            return output_rows.workspace_bytes(g, task, dtype) + (
+                math.prod(g.w_shape) * acc.itemsize if task == "backward_weights" and dtype != acc else 0)
         depth, width = (g.ocg, g.icg) if task == "backward_data" else (g.icg, g.ocg)
         per_gemm = kernels.taps_per_gemm(taps, depth, reduces=task == "backward_weights")
         widest = g.groups * max(per_gemm * depth, taps * width) * acc.itemsize

@@ -4,7 +4,8 @@ With every array seen as 3-D spatial (missing leading axes of size 1), an input 
 (n, I0, I1, I2, G, C) and the tap ``k`` of output ``o`` at ``p = o*S + k*D - PB``, over a run of
 the flat output rows ``r = (n, o)``:
 
-- :func:`scatter` (col2im): ``X[n, p, g, c] += Z[g, r, k, c]`` for every tap inside X;
+- :func:`scatter` (col2im): ``X[n, p, g, c] += Z[g, r, k - k0, c]`` for every tap inside X of a
+  block of taps ``k0 <= k < k0 + Z.shape[2]``;
 - :func:`gather`  (im2col): ``Z[r, g, k, c] = X[n, p, g, c]``, or 0 where p lies in the padding.
 
 The padding is never stored: no padded copy of the input, no cropping copy of the gradient.
@@ -35,8 +36,10 @@ def _position(r, out):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def _columns(data, z, first, out, kernel, dilations, strides, pads, scatter):  # pragma: no cover - compiled
-    """``scatter``: data[tap] += z[g, r, k]; else z[r, g, k] = data[tap], 0 in the padding."""
+def _columns(data, z, first, lo, out, kernel, dilations, strides, pads, scatter):  # pragma: no cover - compiled
+    """``scatter``: data[tap] += z[g, r, k - lo] for taps lo <= k < hi; else z[r, g, k] = data[tap],
+    0 in the padding."""
+    hi = lo + z.shape[2]
     _, i0_, i1_, i2_, g_, c_ = data.shape
     for r in range(z.shape[1] if scatter else z.shape[0]):
         image, o0, o1, o2 = _position(first + r, out)
@@ -49,35 +52,37 @@ def _columns(data, z, first, out, kernel, dilations, strides, pads, scatter):  #
                     p2 = tap(o2, k2, strides[2], dilations[2], pads[2], i2_, False)
                     inside = p0 >= 0 and p1 >= 0 and p2 >= 0
                     for g in range(g_):
-                        if scatter and inside:
-                            for c in range(c_):
-                                data[image, p0, p1, p2, g, c] += z[g, r, t, c]
+                        if scatter:
+                            if inside and lo <= t < hi:
+                                for c in range(c_):
+                                    data[image, p0, p1, p2, g, c] += z[g, r, t - lo, c]
                         elif inside:
                             for c in range(c_):
                                 z[r, g, t, c] = data[image, p0, p1, p2, g, c]
-                        elif not scatter:
+                        else:
                             for c in range(c_):
                                 z[r, g, t, c] = 0
                     t += 1
 
 
-def _run(data: np.ndarray, z: np.ndarray, g: ConvGeometry, first: int, scatter: bool) -> None:
+def _run(data: np.ndarray, z: np.ndarray, g: ConvGeometry, first: int, k0: int, scatter: bool) -> None:
     """The loops on (n, *I, G*ICg) ``data`` seen as 3-D spatial and ``z`` as per-tap columns."""
     fill = (1,) * (3 - g.rank)
     out, kernel = (np.array(fill + v, np.int64) for v in (g.out_size, g.kernel))
     strides, dilations, pads = params(g)
     grid = spatial3(data)
-    _columns(grid.reshape(*grid.shape[:-1], g.groups, g.icg), z.reshape(*z.shape[:2], -1, g.icg), first, out,
-             kernel, dilations, strides, pads, scatter)
+    _columns(grid.reshape(*grid.shape[:-1], g.groups, g.icg), z.reshape(*z.shape[:2], -1, g.icg), first, k0,
+             out, kernel, dilations, strides, pads, scatter)
 
 
-def scatter(z: np.ndarray, dx: np.ndarray, g: ConvGeometry, first: int) -> None:
+def scatter(z: np.ndarray, dx: np.ndarray, g: ConvGeometry, first: int, k0: int = 0) -> None:
     """col2im of the output rows ``first, first + 1, ...`` of the images of ``dx`` (n, *I, IC):
-    ``dx += `` the taps of ``z`` (G, rows, prod(K)*ICg) that land inside it; both contiguous."""
-    _run(dx, z, g, first, scatter=True)
+    ``dx += `` the taps ``k0, k0 + 1, ...`` of ``z`` (G, rows, taps*ICg) that land inside it;
+    both contiguous."""
+    _run(dx, z, g, first, k0, scatter=True)
 
 
 def gather(x: np.ndarray, z: np.ndarray, g: ConvGeometry, first: int) -> None:
     """im2col of the output rows ``first, first + 1, ...`` of the images of ``x`` (n, *I, IC)
     into ``z`` (rows, G, prod(K)*ICg), zeros for taps in the padding; both contiguous."""
-    _run(x, z, g, first, scatter=False)
+    _run(x, z, g, first, 0, scatter=False)

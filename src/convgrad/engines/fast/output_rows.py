@@ -26,6 +26,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ... import casts
+from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
 from . import columns, kernels
 
@@ -49,36 +50,40 @@ CHUNK_BYTES = 16 << 20
 MIN_CHUNK_BYTES = 1 << 20
 
 
-def applies(g: ConvGeometry, frame_size: tuple[int, ...], task: str, narrow: bool = False) -> bool:
+def applies(g: ConvGeometry, frame_size: tuple[int, ...], task: str) -> bool:
     """Whether ``task`` (a gradient) on ``g`` runs here: its frame (``frame_size`` positions per
     axis) has ``JUNK_RATIO[task]`` times more rows than there are outputs, or its kernel has
-    several taps and at least ``WIDE_CHANNELS[task]`` channels per group, on data in the
-    accumulation dtype (not ``narrow`` bf16/f16: its f32 weights and results would cost up to 3x
-    the op's own memory here)."""
+    several taps and at least ``WIDE_CHANNELS[task]`` channels per group."""
     if math.prod(frame_size) >= JUNK_RATIO[task] * max(1, math.prod(g.out_size)):
         return True
     icg, ocg = WIDE_CHANNELS[task]
-    return not narrow and math.prod(g.kernel) > 1 and g.icg >= icg and g.ocg >= ocg
+    return math.prod(g.kernel) > 1 and g.icg >= icg and g.ocg >= ocg
 
 
-def workspace_bytes(g: ConvGeometry, task: str, acc: np.dtype) -> int:
-    """Upper estimate of the extra bytes of :func:`backward_data` (the gradient in the accumulation
-    dtype, one chunk of Z and of converted dy, converted weights) or :func:`backward_weights` (one
-    chunk of the input and of its gathered taps and converted dy, the sums)."""
+def workspace_bytes(g: ConvGeometry, task: str, data: np.dtype) -> int:
+    """Upper estimate of the extra bytes for ``data`` of the op's dtype, in its accumulation dtype:
+    :func:`backward_data` converts the weights and holds one chunk of Z and of converted dy (and
+    for bf16/f16, the chunk's sums before they are rounded); :func:`backward_weights` one chunk of
+    the input, its gathered taps and converted dy, and three weights' worth (the sums, NumPy's
+    product temporary where BLAS cannot accumulate (many groups), one spare)."""
+    acc = compute_dtype(data)
     image, taps = math.prod(g.in_size) * g.ic * acc.itemsize, math.prod(g.kernel)
     if task == "backward_data":
-        _, rows = _chunk_size(g, taps * g.ic * acc.itemsize, acc)
-        return g.n * image + (math.prod(g.w_shape) + rows * (taps * g.ic + 2 * g.oc)) * acc.itemsize
-    n, rows = _chunk_size(g, taps * g.ic * acc.itemsize, acc, image)
+        sums = image if data.itemsize < acc.itemsize else 0
+        block = max(last - first for first, last in _tap_blocks(g, data, acc))
+        n, rows = _chunk_size(g, block * g.ic * acc.itemsize, data, sums)
+        weights = math.prod(g.w_shape) * block // taps
+        return n * sums + (weights + rows * (block * g.ic + 2 * g.oc)) * acc.itemsize
+    n, rows = _chunk_size(g, taps * g.ic * acc.itemsize, data, image)
     return n * image + (rows * (taps * g.ic + 2 * g.oc) + 3 * math.prod(g.w_shape)) * acc.itemsize
 
 
-def _chunk_size(g: ConvGeometry, row_bytes: int, acc: np.dtype, image_bytes: int = 0) -> tuple[int, int]:
+def _chunk_size(g: ConvGeometry, row_bytes: int, data: np.dtype, image_bytes: int = 0) -> tuple[int, int]:
     """(images, output rows) per chunk of temporaries of ``row_bytes`` per output row and
     ``image_bytes`` per image: whole images while one fits in ``CHUNK_BYTES`` and in half the op's
     inputs + output (or ``MIN_CHUNK_BYTES``), else runs of rows of one image (a single large 3-D
     volume) in what the image leaves of that budget, or half of it."""
-    io_bytes = (math.prod(g.x_shape) + math.prod(g.y_shape) + math.prod(g.w_shape)) * acc.itemsize
+    io_bytes = (math.prod(g.x_shape) + math.prod(g.y_shape) + math.prod(g.w_shape)) * data.itemsize
     budget = min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, io_bytes // 2))
     rows = max(1, math.prod(g.out_size))
     if image_bytes + rows * row_bytes <= budget:
@@ -87,11 +92,11 @@ def _chunk_size(g: ConvGeometry, row_bytes: int, acc: np.dtype, image_bytes: int
     return 1, max(1, max(budget // 2, budget - image_bytes) // max(1, row_bytes))
 
 
-def _chunks(g: ConvGeometry, row_bytes: int, acc: np.dtype,
+def _chunks(g: ConvGeometry, row_bytes: int, data: np.dtype,
             image_bytes: int = 0) -> Iterator[tuple[slice, list[tuple[int, int]]]]:
     """Batch chunks, each with its runs (first, last) of its images' output rows (see
     :func:`_chunk_size`)."""
-    n, rows = _chunk_size(g, row_bytes, acc, image_bytes)
+    n, rows = _chunk_size(g, row_bytes, data, image_bytes)
     for start in range(0, g.n, n):
         batch = slice(start, min(g.n, start + n))
         total = (batch.stop - batch.start) * math.prod(g.out_size)
@@ -104,29 +109,63 @@ def _rows(a: np.ndarray, groups: int, dtype: np.dtype) -> np.ndarray:
     return a.reshape(-1, groups, a.shape[-1] // groups).transpose(1, 0, 2)
 
 
-def _runs(g: ConvGeometry, dy: np.ndarray, dtype: np.dtype,
-          image_bytes: int = 0) -> Iterator[tuple[slice, int, np.ndarray, np.ndarray]]:
-    """Per chunk (see :func:`_chunks`): its batch slice, its first output row in the batch, its dy
-    rows as (G, rows, OCg) in ``dtype``, and a flat ``dtype`` buffer for its rows' taps
-    (rows * prod(K) * IC values), one buffer for all chunks (the first is the largest)."""
-    row = math.prod(g.kernel) * g.ic
-    buf = None
-    for batch, runs in _chunks(g, row * dtype.itemsize, dtype, image_bytes):
-        flat = dy[batch].reshape(-1, g.oc)  # a view for one image, or C-ordered data
-        for first, last in runs:
-            buf = np.empty((last - first) * row, dtype) if buf is None else buf
-            yield batch, first, _rows(flat[first:last], g.groups, dtype), buf[:(last - first) * row]
+def _batches(g: ConvGeometry, dy: np.ndarray, dtype: np.dtype, image_bytes: int = 0, taps: int = 0
+             ) -> Iterator[tuple[slice, Iterator[tuple[int, np.ndarray, np.ndarray]]]]:
+    """Per batch chunk (see :func:`_chunks`) its slice and its runs: per run, its first output
+    row in the batch, its dy rows as (G, rows, OCg) in ``dtype``, and a flat ``dtype`` buffer for
+    ``taps`` (default all) of its rows' taps (rows * taps * IC values), one buffer for all runs
+    (the first is the largest)."""
+    row = (taps or math.prod(g.kernel)) * g.ic
+    buf: list[np.ndarray] = []
+
+    def runs(flat: np.ndarray, spans: list[tuple[int, int]]) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        for first, last in spans:
+            buf[:] = buf or [np.empty((last - first) * row, dtype)]
+            yield first, _rows(flat[first:last], g.groups, dtype), buf[0][:(last - first) * row]
+
+    for batch, spans in _chunks(g, row * dtype.itemsize, dy.dtype, image_bytes):
+        yield batch, runs(dy[batch].reshape(-1, g.oc), spans)  # a view for one image, or C-ordered data
+
+
+def _tap_blocks(g: ConvGeometry, data: np.dtype, dtype: np.dtype) -> list[tuple[int, int]]:
+    """Blocks (first, last) of taps whose weights are widened to ``dtype`` together: one block,
+    except for bf16/f16 weights whose f32 copy would take more bytes than dx and dy (ResNet-50's
+    res5 3x3 layers: 9 MiB on 4 MiB): then equal blocks within that."""
+    taps = math.prod(g.kernel)
+    widened = math.prod(g.w_shape) * dtype.itemsize
+    limit = (math.prod(g.x_shape) + math.prod(g.y_shape)) * data.itemsize
+    if data.itemsize >= dtype.itemsize or widened <= limit:
+        return [(0, taps)]
+    size = -(-taps // -(-widened // max(1, limit)))  # taps / ceil(widened / limit), rounded up
+    return [(k, min(taps, k + size)) for k in range(0, taps, size)]
 
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """dx (canonical, contiguous) from ``dy`` in ``dtype``; col2im."""
-    taps = math.prod(g.kernel)
-    # (G, OCg, taps*ICg): a transposed view of the canonical weights (BLAS takes it as it is)
-    wt = casts.astype(w, dtype).reshape(taps * g.icg, g.groups, g.ocg).transpose(1, 2, 0)
-    dx = np.zeros(g.x_shape, dtype)
-    for batch, first, rows, buf in _runs(g, dy, dtype):
-        z = np.matmul(rows, wt, out=buf.reshape(g.groups, -1, taps * g.icg))
-        columns.scatter(z, dx[batch], g, first)
+    """dx (canonical, contiguous) from ``dy`` in ``dtype``; col2im, per block of taps
+    (:func:`_tap_blocks`). For bf16/f16 ``dy`` the sums of each batch chunk are rounded into dx
+    (in dy's dtype) once the chunk is done."""
+    blocks, narrow = _tap_blocks(g, dy.dtype, dtype), dy.dtype.itemsize < dtype.itemsize
+    # per tap block (G, OCg, taps*ICg): a transposed view of the canonical weights (BLAS takes it
+    # as it is), widened once for one block, per run for several
+    slabs = w.reshape(-1, g.groups, g.ocg)
+
+    def weights(first: int, last: int) -> np.ndarray:
+        return casts.astype(slabs[first * g.icg:last * g.icg], dtype).transpose(1, 2, 0)
+
+    whole = weights(*blocks[0]) if len(blocks) == 1 else None
+    dx = (np.empty if narrow else np.zeros)(g.x_shape, dy.dtype if narrow else dtype)
+    image = math.prod(g.in_size) * g.ic * dtype.itemsize if narrow else 0
+    for batch, runs in _batches(g, dy, dtype, image, max(last - first for first, last in blocks)):
+        sums = np.zeros((batch.stop - batch.start, *g.x_shape[1:]), dtype) if narrow else dx[batch]
+        for first, rows, buf in runs:
+            for k0, k1 in blocks:
+                wt = weights(k0, k1) if whole is None else whole
+                z = np.matmul(rows, wt, out=buf[:rows.shape[1] * g.groups * wt.shape[2]].reshape(
+                    g.groups, -1, wt.shape[2]))
+                columns.scatter(z, sums, g, first, k0)
+        if narrow:
+            casts.copy_into(dx[batch], sums)
+        sums = None  # freed before the next chunk's
     return dx
 
 
@@ -137,12 +176,12 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.d
     taps = math.prod(g.kernel)
     dw = np.zeros((taps, g.icg, g.groups, g.ocg), dtype)
     sums = dw.transpose(2, 0, 1, 3).reshape(g.groups, taps * g.icg, g.ocg)  # a view of dw
-    images, converted = None, None  # the current batch of x, contiguous in dtype (a copy for NCX or 16-bit data)
-    for batch, first, rows, buf in _runs(g, dy, dtype, math.prod(g.in_size) * g.ic * dtype.itemsize):
-        if batch != converted:
-            images = None  # the previous batch's copy is freed before the next is made
-            images, converted = np.ascontiguousarray(casts.astype(x[batch], dtype)), batch
-        col = buf.reshape(-1, g.groups, taps * g.icg)
-        columns.gather(images, col, g, first)
-        kernels.product(sums, col.transpose(1, 2, 0), rows, True)
+    for batch, runs in _batches(g, dy, dtype, math.prod(g.in_size) * g.ic * dtype.itemsize):
+        # the batch of x, contiguous in dtype (a copy for NCX or 16-bit data)
+        images = np.ascontiguousarray(casts.astype(x[batch], dtype))
+        for first, rows, buf in runs:
+            col = buf.reshape(-1, g.groups, taps * g.icg)
+            columns.gather(images, col, g, first)
+            kernels.product(sums, col.transpose(1, 2, 0), rows, True)
+        images = None  # freed before the next chunk's copy
     return dw.reshape(g.w_shape)
