@@ -297,6 +297,22 @@ def test_output_rows_widen_16_bit_weights_in_blocks_within_dx_and_dy(case, block
         assert widest * g.icg * g.oc * 4 <= (math.prod(g.x_shape) + math.prod(g.y_shape)) * 2
 
 
+@pytest.mark.parametrize("oix_rows", [0, 10**9])
+def test_output_rows_weights_of_ncx_data_in_either_order(oix_rows, monkeypatch, rng, poisoned_empty):
+    """Backward weights on NCX data: columns taps-outer (an XIO dw) or, up to OIX_ROWS rows per
+    output channel, taps-inner (dw in OIX memory order, what NCX users ask for): same values."""
+    from convgrad import layout
+    from convgrad.engines.fast import output_rows
+    _force("output_rows", monkeypatch.setattr)
+    monkeypatch.setattr(output_rows, "OIX_ROWS", oix_rows)
+    for groups, icg, ocg in ((1, 5, 7), (3, 2, 4)):
+        g = _geometry(2, groups, icg, ocg, (6, 7), (3, 2), (2, 1), (1, 2), (1, 0), (1, 1))
+        x, dy = _engine_inputs(g, rng, np.float32, channels_first=True)["backward_weights"]
+        got = FAST.backward_weights(g, x, dy)
+        assert layout.weights_from_canonical(got, "OIX").flags.c_contiguous == bool(oix_rows)
+        _close(got, REF.backward_weights(g, x, dy), 2e-5)
+
+
 @pytest.mark.parametrize("dtype_name", ["f16", "bf16"])
 def test_output_rows_with_weights_in_blocks_of_taps(dtype_name, monkeypatch, rng, poisoned_empty):
     """Backward data of weights far larger than dx and dy (a 3x3 kernel on a 5x4 input, 40

@@ -10,7 +10,8 @@ the flat output rows ``r = (n, o)``:
 
 The padding is never stored: no padded copy of the input, no cropping copy of the gradient.
 
-One pass over Z with the channels innermost (contiguous on both sides). NumPy's strided
+One pass over Z with the channels innermost (contiguous on both sides; columns in (channels,
+taps) order, for OIX weights, are read or written with a stride of prod(K)). NumPy's strided
 ``+=``/copy per tap runs a short inner loop per output row instead: 3x slower for a dilated 7x7
 output with 64 channels. Serial on purpose, as :mod:`convgrad.casts` explains.
 """
@@ -65,24 +66,28 @@ def _columns(data, z, first, lo, out, kernel, dilations, strides, pads, scatter)
                     t += 1
 
 
-def _run(data: np.ndarray, z: np.ndarray, g: ConvGeometry, first: int, k0: int, scatter: bool) -> None:
-    """The loops on (n, *I, G*ICg) ``data`` seen as 3-D spatial and ``z`` as per-tap columns."""
+def _run(data: np.ndarray, z: np.ndarray, g: ConvGeometry, first: int, k0: int, taps_inner: bool,
+         scatter: bool) -> None:
+    """The loops on (n, *I, G*ICg) ``data`` seen as 3-D spatial and ``z`` as per-tap columns
+    (``taps_inner``: z's columns of a group are (ICg, taps) in memory, seen as (taps, ICg))."""
     fill = (1,) * (3 - g.rank)
     out, kernel = (np.array(fill + v, np.int64) for v in (g.out_size, g.kernel))
     strides, dilations, pads = params(g)
     grid = spatial3(data)
-    _columns(grid.reshape(*grid.shape[:-1], g.groups, g.icg), z.reshape(*z.shape[:2], -1, g.icg), first, k0,
-             out, kernel, dilations, strides, pads, scatter)
+    columns = z.reshape(*z.shape[:2], g.icg, -1).swapaxes(2, 3) if taps_inner else z.reshape(*z.shape[:2], -1, g.icg)
+    _columns(grid.reshape(*grid.shape[:-1], g.groups, g.icg), columns, first, k0, out, kernel, dilations, strides,
+             pads, scatter)
 
 
-def scatter(z: np.ndarray, dx: np.ndarray, g: ConvGeometry, first: int, k0: int = 0) -> None:
+def scatter(z: np.ndarray, dx: np.ndarray, g: ConvGeometry, first: int, k0: int = 0, taps_inner: bool = False) -> None:
     """col2im of the output rows ``first, first + 1, ...`` of the images of ``dx`` (n, *I, IC):
-    ``dx += `` the taps ``k0, k0 + 1, ...`` of ``z`` (G, rows, taps*ICg) that land inside it;
-    both contiguous."""
-    _run(dx, z, g, first, k0, scatter=True)
+    ``dx += `` the taps ``k0, k0 + 1, ...`` of ``z`` (G, rows, taps*ICg, or ICg*taps with
+    ``taps_inner``) that land inside it; both contiguous."""
+    _run(dx, z, g, first, k0, taps_inner, scatter=True)
 
 
-def gather(x: np.ndarray, z: np.ndarray, g: ConvGeometry, first: int) -> None:
+def gather(x: np.ndarray, z: np.ndarray, g: ConvGeometry, first: int, taps_inner: bool = False) -> None:
     """im2col of the output rows ``first, first + 1, ...`` of the images of ``x`` (n, *I, IC)
-    into ``z`` (rows, G, prod(K)*ICg), zeros for taps in the padding; both contiguous."""
-    _run(x, z, g, first, 0, scatter=False)
+    into ``z`` (rows, G, prod(K)*ICg, or ICg*prod(K) with ``taps_inner``), zeros for taps in the
+    padding; both contiguous."""
+    _run(x, z, g, first, 0, taps_inner, scatter=False)
