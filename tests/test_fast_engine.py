@@ -269,6 +269,8 @@ def test_workspace_estimate_bounds_the_allocations(task, case, dtype, channels_f
 @pytest.mark.parametrize("case,data,weights", [
     ((16, 1, 256, 256, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), True, True),   # wide 3x3
     ((16, 1, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), False, True),   # 64 channels
+    ((16, 1, 32, 64, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), True, True),    # narrow dx: no spread
+    ((16, 1, 16, 64, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), False, False),  # 16 input channels
     ((16, 1, 3, 64, (224, 224), (7, 7), (2, 2), (1, 1), (3, 3), (2, 2)), False, False),  # 3 input channels
     ((16, 1, 512, 256, (28, 28), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)), False, False),  # one tap
     ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), True, True),   # dilated: junk

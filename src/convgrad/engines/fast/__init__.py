@@ -30,8 +30,8 @@ Ci/Co: channels per group on the GEMM's input and output side; ``GEMM_DEPTH`` = 
   GEMM over row blocks that are widened to f32 and rounded back while in cache (:mod:`.pointwise`);
 - backward data and weights where the frame has ``output_rows.JUNK_RATIO[task]`` times more rows than
   there are outputs (a large dilation on a small output), and kernels with several taps from
-  ``output_rows.WIDE_CHANNELS[task]`` (ICg, OCg) channels per group (data: 32, 256; weights: 32,
-  64): GEMMs over the output rows only, the taps gathered or scattered by compiled loops
+  ``output_rows.WIDE_CHANNELS[task]`` (ICg, OCg) channels per group (data: 32, 256, or from 32
+  input channels where the frame would spread narrow results; weights: 32, 64): GEMMs over the output rows only, the taps gathered or scattered by compiled loops
   (:mod:`.output_rows`; bf16/f16 sums rounded per batch chunk, and weights widened in blocks of
   taps where their f32 copy would outweigh dx and dy);
 - a pointwise layer (1x1, stride 1, no padding, one group) on NCX data in the accumulation dtype
