@@ -290,13 +290,13 @@ def test_output_rows_widen_16_bit_weights_in_blocks_within_dx_and_dy(case, block
     from convgrad.engines.fast import output_rows
     g = _geometry(*case)
     f32 = np.dtype(np.float32)
-    assert output_rows._tap_blocks(g, f32, f32) == [(0, 9)]
-    for dtype in (np.float16, cg.dtypes.bfloat16):
-        got = output_rows._tap_blocks(g, np.dtype(dtype), f32)
-        assert len(got) == blocks and got[0][0] == 0 and got[-1][1] == 9
+    assert output_rows._blocks(g, f32, f32, 9) == [(0, 9)]
+    for dtype, total in itertools.product((np.float16, cg.dtypes.bfloat16), (9, g.ocg)):
+        got = output_rows._blocks(g, np.dtype(dtype), f32, total)
+        assert len(got) == blocks and got[0][0] == 0 and got[-1][1] == total
         assert all(a[1] == b[0] for a, b in zip(got, got[1:]))
-        widest = max(last - first for first, last in got)
-        assert widest * g.icg * g.oc * 4 <= (math.prod(g.x_shape) + math.prod(g.y_shape)) * 2
+        widest = max(last - first for first, last in got) * math.prod(g.w_shape) // total
+        assert widest * 4 <= (math.prod(g.x_shape) + math.prod(g.y_shape)) * 2
 
 
 @pytest.mark.parametrize("oix_rows", [0, 10**9])
@@ -316,15 +316,21 @@ def test_output_rows_weights_of_ncx_data_in_either_order(oix_rows, monkeypatch, 
 
 
 @pytest.mark.parametrize("dtype_name", ["f16", "bf16"])
-def test_output_rows_with_weights_in_blocks_of_taps(dtype_name, monkeypatch, rng, poisoned_empty):
+@pytest.mark.parametrize("oix", [False, True])
+def test_output_rows_with_weights_in_blocks(dtype_name, oix, monkeypatch, rng, poisoned_empty):
     """Backward data of weights far larger than dx and dy (a 3x3 kernel on a 5x4 input, 40
-    channels): one tap per block, each scattered in turn, as the reference."""
+    channels): XIO weights one tap per block, each scattered in turn; OIX weights in blocks of
+    output channels, summed in Z: as the reference."""
+    from convgrad import layout
     from convgrad.engines.fast import output_rows
     _force("output_rows", monkeypatch.setattr)
     dtype = DATA_DTYPES[dtype_name]
     g = _geometry(2, 1, 40, 36, (5, 4), (3, 3), (1, 2), (1, 1), (1, 0), (0, 1))
-    assert len(output_rows._tap_blocks(g, dtype, np.dtype(np.float32))) == 9
+    assert len(output_rows._blocks(g, dtype, np.dtype(np.float32), 9)) == 9
     dy, w = _engine_inputs(g, rng, dtype)["backward_data"]
+    if oix:
+        w = layout.weights_to_canonical(np.ascontiguousarray(layout.weights_from_canonical(w, "OIX")), "OIX")
+        assert output_rows._oix(w)
     got = FAST.backward_data(g, dy, w)
     assert got.dtype == dtype
     _close(got, REF.backward_data(g, dy, w), _tolerance(dtype))

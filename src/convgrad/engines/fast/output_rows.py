@@ -73,7 +73,7 @@ def applies(g: ConvGeometry, frame_size: tuple[int, ...], task: str) -> bool:
 
 def workspace_bytes(g: ConvGeometry, task: str, data: np.dtype) -> int:
     """Upper estimate of the extra bytes for ``data`` of the op's dtype, in its accumulation dtype:
-    :func:`backward_data` converts the weights and holds one chunk of Z and of converted dy (and
+    :func:`backward_data` converts the weights (or a block) and holds one chunk of Z and of converted dy (and
     for bf16/f16, the chunk's sums before they are rounded); :func:`backward_weights` one chunk of
     the input, its gathered taps and converted dy, and three weights' worth (the sums, NumPy's
     product temporary where BLAS cannot accumulate (many groups), one spare)."""
@@ -81,10 +81,13 @@ def workspace_bytes(g: ConvGeometry, task: str, data: np.dtype) -> int:
     image, taps = math.prod(g.in_size) * g.ic * acc.itemsize, math.prod(g.kernel)
     if task == "backward_data":
         sums = image if data.itemsize < acc.itemsize else 0
-        block = max(last - first for first, last in _tap_blocks(g, data, acc))
-        n, rows = _chunk_size(g, block * g.ic * acc.itemsize, data, sums)
-        weights = math.prod(g.w_shape) * block // taps
-        return n * sums + (weights + rows * (block * g.ic + 2 * g.oc)) * acc.itemsize
+        share = max((last - first) / total for total in (taps, max(1, g.ocg))
+                    for first, last in _blocks(g, data, acc, total))
+        worst = 0
+        for block in (math.ceil(share * taps), taps):  # Z per block of taps (XIO weights), or all (OIX)
+            n, rows = _chunk_size(g, block * g.ic * acc.itemsize, data, sums)
+            worst = max(worst, n * sums + rows * (block * g.ic + 2 * g.oc) * acc.itemsize)
+        return worst + math.ceil(share * math.prod(g.w_shape)) * acc.itemsize
     n, rows = _chunk_size(g, taps * g.ic * acc.itemsize, data, image)
     return n * image + (rows * (taps * g.ic + 2 * g.oc) + 3 * math.prod(g.w_shape)) * acc.itemsize
 
@@ -138,17 +141,16 @@ def _batches(g: ConvGeometry, dy: np.ndarray, dtype: np.dtype, image_bytes: int 
         yield batch, runs(dy[batch].reshape(-1, g.oc), spans)  # a view for one image, or C-ordered data
 
 
-def _tap_blocks(g: ConvGeometry, data: np.dtype, dtype: np.dtype) -> list[tuple[int, int]]:
-    """Blocks (first, last) of taps whose weights are widened to ``dtype`` together: one block,
-    except for bf16/f16 weights whose f32 copy would take more bytes than dx and dy (ResNet-50's
-    res5 3x3 layers: 9 MiB on 4 MiB): then equal blocks within that."""
-    taps = math.prod(g.kernel)
+def _blocks(g: ConvGeometry, data: np.dtype, dtype: np.dtype, total: int) -> list[tuple[int, int]]:
+    """``range(total)`` (taps, or output channels) in equal blocks (first, last) of weights that
+    are widened to ``dtype`` together: one block, except for bf16/f16 weights whose f32 copy would
+    take more bytes than dx and dy (ResNet-50's res5 3x3 layers: 9 MiB on 4 MiB); then as many
+    blocks as keep each within that."""
     widened = math.prod(g.w_shape) * dtype.itemsize
     limit = (math.prod(g.x_shape) + math.prod(g.y_shape)) * data.itemsize
-    if data.itemsize >= dtype.itemsize or widened <= limit:
-        return [(0, taps)]
-    size = -(-taps // -(-widened // max(1, limit)))  # taps / ceil(widened / limit), rounded up
-    return [(k, min(taps, k + size)) for k in range(0, taps, size)]
+    count = 1 if data.itemsize >= dtype.itemsize else min(total, -(-widened // max(1, limit)))
+    size = -(-total // max(1, count))
+    return [(k, min(total, k + size)) for k in range(0, total, size)] or [(0, 0)]
 
 
 def _oix(w: np.ndarray) -> bool:
@@ -157,32 +159,36 @@ def _oix(w: np.ndarray) -> bool:
 
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """dx (canonical, contiguous) from ``dy`` in ``dtype``; col2im, per block of taps
-    (:func:`_tap_blocks`), Z's columns in the weights' memory order (taps outer for XIO, inner
-    for OIX: no copy of either). For bf16/f16 ``dy`` the sums of each batch chunk are rounded
-    into dx (in dy's dtype) once the chunk is done."""
-    blocks, narrow = _tap_blocks(g, dy.dtype, dtype), dy.dtype.itemsize < dtype.itemsize
-    taps_inner = _oix(w)
-    # (G, OCg, ICg, taps) or (G, OCg, taps, ICg): a view in memory order (BLAS takes it as it is)
-    order = (2, 3, 1, 0) if taps_inner else (2, 3, 0, 1)
-    blocked = w.reshape(math.prod(g.kernel), g.icg, g.groups, g.ocg).transpose(order)
+    """dx (canonical, contiguous) from ``dy`` in ``dtype``; col2im, Z's columns in the weights'
+    memory order (taps outer for XIO, inner for OIX: no copy of either). Weights widened in blocks
+    (:func:`_blocks`) take blocks of taps (XIO), each scattered in turn, or of output channels
+    (OIX), their products summed in Z: contiguous in memory either way. For bf16/f16 ``dy`` the
+    sums of each batch chunk are rounded into dx (in dy's dtype) once the chunk is done."""
+    narrow, taps_inner, taps = dy.dtype.itemsize < dtype.itemsize, _oix(w), math.prod(g.kernel)
+    # the weights as they lie in memory: (G, OCg, ICg, taps) for OIX, else (taps, ICg, G, OCg)
+    memory = layout.weights_from_canonical(w, "OIX").reshape(g.groups, g.ocg, g.icg, taps) if taps_inner \
+        else w.reshape(taps, g.icg, g.groups, g.ocg)
+    tap_blocks = [(0, taps)] if taps_inner else _blocks(g, dy.dtype, dtype, taps)
+    channel_blocks = _blocks(g, dy.dtype, dtype, g.ocg) if taps_inner else [(0, g.ocg)]
 
-    def weights(first: int, last: int) -> np.ndarray:
-        """(G, OCg, columns) of taps first..last-1, widened (once for one block, per run for several)."""
-        block = blocked[..., first:last] if taps_inner else blocked[:, :, first:last]
-        return casts.astype(block, dtype).reshape(g.groups, g.ocg, -1)
+    def weights(t0: int, t1: int, o0: int, o1: int) -> np.ndarray:
+        """(G, OCg, columns) of one block, widened along memory (once for one block, per run for
+        several): a view of the weights in f32/f64 (BLAS takes it as it is)."""
+        block = casts.astype(np.ascontiguousarray(memory[:, o0:o1] if taps_inner else memory[t0:t1]), dtype)
+        return (block if taps_inner else block.transpose(2, 3, 0, 1)).reshape(g.groups, o1 - o0, -1)
 
-    whole = weights(*blocks[0]) if len(blocks) == 1 else None
+    whole = weights(*tap_blocks[0], *channel_blocks[0]) if len(tap_blocks) == len(channel_blocks) == 1 else None
     dx = (np.empty if narrow else np.zeros)(g.x_shape, dy.dtype if narrow else dtype)
     image = math.prod(g.in_size) * g.ic * dtype.itemsize if narrow else 0
-    for batch, runs in _batches(g, dy, dtype, image, max(last - first for first, last in blocks)):
+    for batch, runs in _batches(g, dy, dtype, image, max(t1 - t0 for t0, t1 in tap_blocks)):
         sums = np.zeros((batch.stop - batch.start, *g.x_shape[1:]), dtype) if narrow else dx[batch]
         for first, rows, buf in runs:
-            for k0, k1 in blocks:
-                wt = weights(k0, k1) if whole is None else whole
-                z = np.matmul(rows, wt, out=buf[:rows.shape[1] * g.groups * wt.shape[2]].reshape(
-                    g.groups, -1, wt.shape[2]))
-                columns.scatter(z, sums, g, first, k0, taps_inner)
+            for t0, t1 in tap_blocks:
+                z = buf[:rows.shape[1] * g.groups * (t1 - t0) * g.icg].reshape(g.groups, -1, (t1 - t0) * g.icg)
+                for o0, o1 in channel_blocks:
+                    wt = weights(t0, t1, o0, o1) if whole is None else whole
+                    kernels.product(z, rows[..., o0:o1], wt, accumulate=o0 > 0)
+                columns.scatter(z, sums, g, first, t0, taps_inner)
         if narrow:
             casts.copy_into(dx[batch], sums)
         sums = None  # freed before the next chunk's
