@@ -13,8 +13,8 @@ import math
 import numba
 import numpy as np
 
-__all__ = ["data_to_canonical", "data_from_canonical", "weights_to_canonical", "weights_from_canonical",
-           "weights_in_format"]
+__all__ = ["data_to_canonical", "data_from_canonical", "channels_first", "weights_to_canonical",
+           "weights_from_canonical", "weights_in_format"]
 
 #: Channels per side of a tile of :func:`_reverse` (measured: 16 beats 32 and 64, 1.5-3x NumPy).
 _TILE = 16
@@ -28,6 +28,11 @@ def data_to_canonical(array: np.ndarray, data_format: str) -> np.ndarray:
 def data_from_canonical(array: np.ndarray, data_format: str) -> np.ndarray:
     """View of a canonical (N, *X, C) tensor in ``data_format``."""
     return array if data_format == "NXC" else np.moveaxis(array, -1, 1)
+
+
+def channels_first(data: np.ndarray) -> bool:
+    """Whether canonical (N, *X, C) data is stored channels-first (a view of NCX memory)."""
+    return data.ndim > 2 and data.strides[-1] > data.strides[-2]
 
 
 def _channels_first_order(ndim: int) -> tuple[int, ...]:

@@ -31,9 +31,10 @@ Ci/Co: channels per group on the GEMM's input and output side; ``GEMM_DEPTH`` = 
 - backward data and weights where the frame has ``output_rows.JUNK_RATIO[task]`` times more rows than
   there are outputs (a large dilation on a small output), and kernels with several taps from
   ``output_rows.WIDE_CHANNELS[task]`` (ICg, OCg) channels per group (data: 32, 256, or from 32
-  input channels where the frame would spread narrow results; weights: 32, 64): GEMMs over the output rows only, the taps gathered or scattered by compiled loops
-  (:mod:`.output_rows`; bf16/f16 sums rounded per batch chunk, and weights widened in blocks of
-  taps where their f32 copy would outweigh dx and dy);
+  input channels where the frame would spread narrow results; weights: 32, 64): GEMMs over the
+  output rows only, the taps gathered or scattered by compiled loops (:mod:`.output_rows`;
+  bf16/f16 sums rounded per batch chunk, and weights widened in blocks where their f32 copy
+  would outweigh dx and dy);
 - a pointwise layer (1x1, stride 1, no padding, one group) on NCX data in the accumulation dtype
   with at least ``IMAGE_GEMM_ROWS`` positions per image: one GEMM per image on the channel-major
   (C, positions) matrices as they are (no frame copies; below that size the per-image GEMMs are
@@ -51,8 +52,9 @@ Extra memory (see :meth:`FastEngine.workspace_bytes`): the chunk's frame buffers
 ``CHUNK_BYTES`` and half the op's inputs + output or 1 MiB, unless one image needs more) plus a
 few row blocks of ``BLOCK_BYTES``, converted weights, and for bf16/f16 the f32 result the API
 rounds; never an im2col buffer. The direct loops take contiguous copies of their inputs; the
-output-row GEMMs a padded gradient or input and chunks (of images, or of output rows of one
-large volume) of at most half the op's inputs + output (or 1 MiB).
+output-row GEMMs chunks of Z or of gathered taps (of images, or of output rows of one large
+volume) of at most half the op's inputs + output (or 1 MiB), and for bf16/f16 the chunk's f32
+sums (data) or the f32 dw (weights).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ... import casts
+from ... import casts, layout
 from ...dtypes import bfloat16, compute_dtype
 from ...problem import ConvGeometry
 from .. import register
@@ -106,17 +108,12 @@ def _image_gemms(g: ConvGeometry, dtype: np.dtype, *data: np.ndarray) -> bool:
     """Whether the problem on ``data`` runs as one GEMM per image (see the selection rule)."""
     return (g.groups == 1 and math.prod(g.kernel) == 1 and all(s == 1 for s in g.strides)
             and not any(g.pads_begin) and not any(g.pads_end) and math.prod(g.out_size) >= IMAGE_GEMM_ROWS
-            and all(a.dtype == dtype and _channels_first(a) for a in data))
+            and all(a.dtype == dtype and layout.channels_first(a) for a in data))
 
 
 def _image_rows(data: np.ndarray) -> np.ndarray:
     """Canonical (N, *X, C) data as (N, prod(X), C) matrices (a view for NCX memory)."""
     return data.reshape(data.shape[0], -1, data.shape[-1])
-
-
-def _channels_first(data: np.ndarray) -> bool:
-    """Whether canonical (N, *X, C) data is stored channels-first (a view of NCX memory)."""
-    return data.ndim > 2 and data.strides[-1] > data.strides[-2]
 
 
 def _frame(g: ConvGeometry, channels_first: bool, task: str) -> Frame:
@@ -142,7 +139,7 @@ def _empty_like_data(shape: tuple[int, ...], dtype: np.dtype, like: np.ndarray, 
     """A result array of canonical ``shape`` in the memory order of the data ``like`` (so NCX
     results need no transposition later)."""
     make = np.zeros if fill else np.empty
-    return np.moveaxis(make((shape[0], shape[-1], *shape[1:-1]), dtype), 1, -1) if _channels_first(like) \
+    return np.moveaxis(make((shape[0], shape[-1], *shape[1:-1]), dtype), 1, -1) if layout.channels_first(like) \
         else make(shape, dtype)
 
 
@@ -255,7 +252,7 @@ class FastEngine:
         if algorithm != "frame":
             return _without_frame(algorithm, g, x, w, g.y_shape, dtype, transpose=False)
         y = _empty_like_data(g.y_shape, dtype, x, fill=True)
-        frame = _frame(g, _channels_first(x), "forward")
+        frame = _frame(g, layout.channels_first(x), "forward")
         weights = _tap_weights(g, w, transpose=False)
         for batch in self._batches(g, frame, "forward", x.dtype):
             n, taps = batch.stop - batch.start, frame.taps(batch.stop - batch.start)
@@ -280,7 +277,7 @@ class FastEngine:
             return output_rows.backward_data(g, dy, w, dtype)
         if algorithm != "frame":
             return _without_frame(algorithm, g, dy, w, g.x_shape, dtype, transpose=True)
-        frame = _frame(g, _channels_first(dy), "backward_data")
+        frame = _frame(g, layout.channels_first(dy), "backward_data")
         # bf16 data: the phase buffers' copy into dx rounds (once, to nearest even), so no f32 dx
         rounds = dy.dtype == bfloat16 and not frame.input_is_frame
         dx = _empty_like_data(g.x_shape, dy.dtype if rounds else dtype, dy,
@@ -312,7 +309,7 @@ class FastEngine:
             return pointwise.weights_gradient(pointwise.sampled(g, x), dy).reshape(g.w_shape)
         if algorithm == "output_rows":
             return output_rows.backward_weights(g, x, dy, dtype)
-        dw = _zero_sums(g, dtype, _channels_first(x))
+        dw = _zero_sums(g, dtype, layout.channels_first(x))
         if algorithm == "depthwise":
             depthwise.backward_weights(g, casts.astype(x, dtype), casts.astype(dy, dtype), dw)
         elif algorithm == "image_gemms":
@@ -321,7 +318,7 @@ class FastEngine:
                 if not blas.addmm(total, xn.T, dyn, beta=1.0):
                     total += xn.T @ dyn
         elif algorithm == "frame":
-            frame = _frame(g, _channels_first(x), "backward_weights")
+            frame = _frame(g, layout.channels_first(x), "backward_weights")
             for batch in self._batches(g, frame, "backward_weights", x.dtype):
                 n, taps = batch.stop - batch.start, frame.taps(batch.stop - batch.start)
                 srcs = frame.phase_input(x[batch], dtype)

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ... import casts
+from ... import casts, layout
 from ...problem import ConvGeometry
 
 __all__ = ["Frame"]
@@ -161,7 +161,7 @@ class Frame:
         """``a`` (n, *X, C) as frame rows without a copy (right dtype, order and row layout), or None."""
         if a.dtype != dtype or (self.batch_inside and a.shape[0] > 1):
             return None
-        if a.ndim > 2 and (a.strides[-1] > a.strides[-2]) != major:
+        if a.ndim > 2 and layout.channels_first(a) != major:
             return None
         if not (a.flags.c_contiguous or (major and a.shape[0] == 1)):
             return None

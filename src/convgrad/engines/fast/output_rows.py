@@ -73,8 +73,8 @@ def applies(g: ConvGeometry, frame_size: tuple[int, ...], task: str) -> bool:
 
 def workspace_bytes(g: ConvGeometry, task: str, data: np.dtype) -> int:
     """Upper estimate of the extra bytes for ``data`` of the op's dtype, in its accumulation dtype:
-    :func:`backward_data` converts the weights (or a block) and holds one chunk of Z and of converted dy (and
-    for bf16/f16, the chunk's sums before they are rounded); :func:`backward_weights` one chunk of
+    :func:`backward_data` converts the weights (or a block) and holds one chunk of Z and of
+    converted dy (and for bf16/f16, the chunk's sums before they are rounded); :func:`backward_weights` one chunk of
     the input, its gathered taps and converted dy, and three weights' worth (the sums, NumPy's
     product temporary where BLAS cannot accumulate (many groups), one spare)."""
     acc = compute_dtype(data)
@@ -202,7 +202,7 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.d
     output rows per output channel dw lies in OIX order in memory, the taps gathered innermost
     (``dw = dy^T @ columns``), so that the OIX result NCX users ask for needs no transposition."""
     taps = math.prod(g.kernel)
-    taps_inner = x.ndim > 2 and x.strides[-1] > x.strides[-2] and g.n * math.prod(g.out_size) <= OIX_ROWS * g.oc
+    taps_inner = layout.channels_first(x) and g.n * math.prod(g.out_size) <= OIX_ROWS * g.oc
     if taps_inner:
         dw = np.zeros((g.groups, g.ocg, g.icg, taps), dtype)
         sums, canonical = dw.reshape(g.groups, g.ocg, -1), dw.transpose(3, 2, 0, 1)
