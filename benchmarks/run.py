@@ -14,7 +14,9 @@ NCX and for bf16/f16 rows our f32 for "vs own f32", run in turns so that load fr
 them alike; each peer runs on its own, since another library's spinning threads slow the first
 runs after a switch). "extra mem" is the peak of convgrad's allocations (tracemalloc, after a
 warm-up call) less its result, as a multiple of inputs + output. The GEMM ceiling (numpy sgemm
-4096^2) is measured in the same run. PyTorch pads symmetrically: a benchdnn layer whose right
+4096^2) is measured in the same run, and per f32 layer its "GEMM bound": the layer's gradient as
+one GEMM on operands already laid out (:func:`gemm_bound`), the most a GEMM-based engine on this
+BLAS can reach there ("ours / bound" shows what the gathers, scatters and blocking cost). PyTorch pads symmetrically: a benchdnn layer whose right
 pad differs from its left is given to it with the smaller pad on both sides and the input longer
 by the difference (same output, same FLOPs).
 
@@ -123,6 +125,35 @@ def torch_peer(d: ConvDescriptor, task: str, dtype: str, channels_last: bool):
                                                        list(d.dilations), False, [0] * d.rank, d.groups, mask)
 
 
+#: Operands of the GEMM bound are cut to this many bytes along their long side (the rate of a
+#: tall GEMM is flat in its length by then; 3-D U-Net's im2col would need gigabytes).
+GEMM_BOUND_BYTES = 64 << 20
+
+
+def gemm_bound(d: ConvDescriptor, task: str, budget: float, reps: int, rng: np.random.Generator) -> float | None:
+    """GFLOP/s of the gradient as one f32 GEMM on operands already laid out: what an engine built
+    on this BLAS reaches at best, with its gathers and scatters free. With L = N*prod(O) output
+    positions and T = prod(K) taps, the best of two shapes with the layer's FLOPs, each computed
+    as it is or transposed (``C^T = B^T A^T``: BLAS speed depends on the orientation): backward
+    data ``(L, OC) @ (OC, T*IC)`` (products, then a col2im) or ``(L, T*OC) @ (T*OC, IC)`` (im2col
+    of dy); backward weights ``(T*IC, L) @ (L, OC)`` or ``(OC, L) @ (L, T*IC)``. L is cut to keep
+    each operand within ``GEMM_BOUND_BYTES``. None for grouped layers (per-group GEMMs; the
+    depthwise ones degenerate)."""
+    if d.groups != 1:
+        return None
+    taps = math.prod(d.kernel)
+    long = min(d.n * math.prod(d.out_size), GEMM_BOUND_BYTES // (4 * taps * max(d.ic, d.oc)))
+    forms = ([(long, d.oc, taps * d.ic), (long, taps * d.oc, d.ic)] if task == "bwd_d" else
+             [(taps * d.ic, long, d.oc), (d.oc, long, taps * d.ic)])
+    rate = 0.0
+    for m, k, n in (*forms, *((n, k, m) for m, k, n in forms)):
+        a, b = (rng.standard_normal(s, dtype=np.float32) for s in ((m, k), (k, n)))
+        c = np.empty((m, n), np.float32)
+        best = best_times([lambda a=a, b=b, c=c: np.matmul(a, b, out=c)], budget, reps)[0]
+        rate = max(rate, 2e-9 * m * k * n / best)
+    return rate
+
+
 # -- measurement --------------------------------------------------------------------------------------
 @dataclass
 class Row:
@@ -137,6 +168,7 @@ class Row:
     peers: dict[str, float] = field(default_factory=dict)
     extra_mem: float = 0.0             #: peak extra memory / (inputs + output)
     extra_mib: float = 0.0
+    gemm: float | None = None          #: GFLOP/s of the layer's own GEMM on laid-out data (f32, one group)
 
     @property
     def best_peer(self) -> float | None:
@@ -152,7 +184,7 @@ def measure(d: ConvDescriptor, suite: str, task: str, dtype: str, with_ncx: bool
     """One row: ours (NXC; NCX with ``with_ncx``; for bf16/f16 also our f32), timed in turns by
     :func:`best_times`, then each peer on its own (after a call of another library, the first
     runs of the next are slowed by the first one's still spinning threads: 1.3-1.7x measured, so
-    libraries are never interleaved), and our peak extra memory."""
+    libraries are never interleaved), our peak extra memory, and for f32 the layer's GEMM bound."""
     gflop = d.flops / 1e9
     fn, io_bytes = ours(d, task, DATA_DTYPES[dtype], "NXC", rng)
     fn()  # loads (or compiles) numba's code outside the memory measurement
@@ -173,7 +205,8 @@ def measure(d: ConvDescriptor, suite: str, task: str, dtype: str, with_ncx: bool
         if peer is not None:
             peers[name] = gflop / best_times([peer], budget, reps)[0]
     return Row(suite, d.name or d.canonical(), task, dtype, gflop, speed["ours"], speed.get("ours NCX"),
-               speed.get("ours f32"), peers=peers, extra_mem=peak / io_bytes, extra_mib=peak / 2 ** 20)
+               speed.get("ours f32"), peers=peers, extra_mem=peak / io_bytes, extra_mib=peak / 2 ** 20,
+               gemm=gemm_bound(d, task, budget / 4, reps, rng) if dtype == "f32" else None)
 
 
 # -- report ---------------------------------------------------------------------------------------------
@@ -187,22 +220,22 @@ def fmt(v: float | None, spec: str = ".1f") -> str:
 
 def table(rows: list[Row], ceiling: float) -> list[str]:
     out = ["| suite | layer | grad | dtype | GFLOP | ours GFLOP/s | % ceiling | ours NCX | torch NCX | "
-           "torch NXC | ratio vs best | vs own f32 | extra mem (x in+out, MiB) |",
-           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "torch NXC | ratio vs best | vs own f32 | GEMM bound | ours / bound | extra mem (x in+out, MiB) |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append(f"| {r.suite} | {r.layer} | {r.task} | {r.dtype} | {r.gflop:.2f} | {r.ours:.1f} | "
                    f"{100 * r.ours / ceiling:.0f} | {fmt(r.ours_ncx)} | {fmt(r.peers.get('torch NCX'))} | "
                    f"{fmt(r.peers.get('torch NXC'))} | {fmt(r.ratio, '.2f')} | "
-                   f"{fmt(r.ours_f32 / r.ours if r.ours_f32 else None, '.2f')} | "
-                   f"{r.extra_mem:.2f} ({r.extra_mib:.0f}) |")
+                   f"{fmt(r.ours_f32 / r.ours if r.ours_f32 else None, '.2f')} | {fmt(r.gemm)} | "
+                   f"{fmt(r.ours / r.gemm if r.gemm else None, '.2f')} | {r.extra_mem:.2f} ({r.extra_mib:.0f}) |")
     return out
 
 
 def summary(rows: list[Row], ceiling: float) -> list[str]:
     """Per suite, gradient and dtype: the numbers the targets are stated in."""
     out = ["| suite | grad | dtype | layers | geomean ratio vs best peer | min ratio | geomean vs torch NCX | "
-           "NCX / NXC time (max) | >=1 GFLOP layers >= 75% ceiling | low precision: time vs own f32 (max) | "
-           "max extra mem |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "NCX / NXC time (max) | >=1 GFLOP layers >= 75% ceiling (GEMM bound >= 75%) | geomean ours / GEMM bound | "
+           "low precision: time vs own f32 (max) | max extra mem |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     keys = sorted({(r.suite, r.task, r.dtype) for r in rows}, key=lambda k: (list(SUITES).index(k[0]), k[1], k[2]))
     for suite, task, dtype in keys:
         rs = [r for r in rows if (r.suite, r.task, r.dtype) == (suite, task, dtype)]
@@ -210,10 +243,13 @@ def summary(rows: list[Row], ceiling: float) -> list[str]:
         ncx = [r.ours / r.peers["torch NCX"] for r in rs if "torch NCX" in r.peers]
         slow = [r.ours / r.ours_ncx for r in rs if r.ours_ncx]
         big = [r for r in rs if r.gflop >= 1]
-        at_ceiling = f"{sum(r.ours >= 0.75 * ceiling for r in big)}/{len(big)}" if big and dtype == "f32" else "-"
+        at_ceiling = (f"{sum(r.ours >= 0.75 * ceiling for r in big)}/{len(big)} "
+                      f"({sum((r.gemm or 0) >= 0.75 * ceiling for r in big)}/{len(big)})") if big and dtype == "f32" else "-"
+        bound = [r.ours / r.gemm for r in rs if r.gemm]
         lowp = [r.ours_f32 / r.ours for r in rs if r.ours_f32]
         out.append(f"| {suite} | {task} | {dtype} | {len(rs)} | {geomean(ratios):.2f} | {fmt(min(ratios, default=None), '.2f')} | "
                    f"{geomean(ncx):.2f} | {fmt(max(slow, default=None), '.2f')} | {at_ceiling} | "
+                   f"{fmt(geomean(bound) if bound else None, '.2f')} | "
                    f"{fmt(max(lowp, default=None), '.2f')} | {max(r.extra_mem for r in rs):.2f} |")
     return out
 

@@ -167,7 +167,6 @@ def _spread(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights: np
             for idx in clusters]
     span = max(taps[c[-1]][1] - taps[c[0]][1] for c in clusters)
     buf = np.empty(groups * (step + span) * len(taps) * co, out.dtype)
-    first = True
     for a in range(0, rows, step):
         b = min(rows, a + step)
         target = _grouped(out[a:b], groups)
