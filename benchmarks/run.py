@@ -130,28 +130,27 @@ def torch_peer(d: ConvDescriptor, task: str, dtype: str, channels_last: bool):
 GEMM_BOUND_BYTES = 64 << 20
 
 
-def gemm_bound(d: ConvDescriptor, task: str, budget: float, reps: int, rng: np.random.Generator) -> float | None:
-    """GFLOP/s of the gradient as one f32 GEMM on operands already laid out: what an engine built
-    on this BLAS reaches at best, with its gathers and scatters free. With L = N*prod(O) output
-    positions and T = prod(K) taps, the best of two shapes with the layer's FLOPs, each computed
-    as it is or transposed (``C^T = B^T A^T``: BLAS speed depends on the orientation): backward
-    data ``(L, OC) @ (OC, T*IC)`` (products, then a col2im) or ``(L, T*OC) @ (T*OC, IC)`` (im2col
-    of dy); backward weights ``(T*IC, L) @ (L, OC)`` or ``(OC, L) @ (L, T*IC)``. L is cut to keep
-    each operand within ``GEMM_BOUND_BYTES``. None for grouped layers (per-group GEMMs; the
-    depthwise ones degenerate)."""
+def gemm_bound(d: ConvDescriptor, task: str, rng: np.random.Generator):
+    """(callable, GFLOP) of the gradient as one f32 GEMM on operands already laid out: what an
+    engine built on this BLAS reaches at best, with its gathers and scatters free. With L =
+    N*prod(O) output positions and T = prod(K) taps, the fastest (by two runs each) of two shapes
+    with the layer's FLOPs, each computed as it is or transposed (``C^T = B^T A^T``: BLAS speed
+    depends on the orientation): backward data ``(L, OC) @ (OC, T*IC)`` (products, then a col2im)
+    or ``(L, T*OC) @ (T*OC, IC)`` (im2col of dy); backward weights ``(T*IC, L) @ (L, OC)`` or
+    ``(OC, L) @ (L, T*IC)``. L is cut to keep each operand within ``GEMM_BOUND_BYTES``. None for
+    grouped layers (per-group GEMMs; the depthwise ones degenerate)."""
     if d.groups != 1:
         return None
     taps = math.prod(d.kernel)
     long = min(d.n * math.prod(d.out_size), GEMM_BOUND_BYTES // (4 * taps * max(d.ic, d.oc)))
     forms = ([(long, d.oc, taps * d.ic), (long, taps * d.oc, d.ic)] if task == "bwd_d" else
              [(taps * d.ic, long, d.oc), (d.oc, long, taps * d.ic)])
-    rate = 0.0
+    candidates = []
     for m, k, n in (*forms, *((n, k, m) for m, k, n in forms)):
         a, b = (rng.standard_normal(s, dtype=np.float32) for s in ((m, k), (k, n)))
         c = np.empty((m, n), np.float32)
-        best = best_times([lambda a=a, b=b, c=c: np.matmul(a, b, out=c)], budget, reps)[0]
-        rate = max(rate, 2e-9 * m * k * n / best)
-    return rate
+        candidates.append(((lambda a=a, b=b, c=c: np.matmul(a, b, out=c)), 2e-9 * m * k * n))
+    return max(candidates, key=lambda fg: fg[1] / best_times([fg[0]], 0.0, 2)[0])
 
 
 # -- measurement --------------------------------------------------------------------------------------
@@ -181,10 +180,10 @@ class Row:
 
 def measure(d: ConvDescriptor, suite: str, task: str, dtype: str, with_ncx: bool, budget: float,
             reps: int, rng: np.random.Generator) -> Row:
-    """One row: ours (NXC; NCX with ``with_ncx``; for bf16/f16 also our f32), timed in turns by
-    :func:`best_times`, then each peer on its own (after a call of another library, the first
-    runs of the next are slowed by the first one's still spinning threads: 1.3-1.7x measured, so
-    libraries are never interleaved), our peak extra memory, and for f32 the layer's GEMM bound."""
+    """One row: ours (NXC; NCX with ``with_ncx``; for bf16/f16 also our f32; for f32 the GEMM
+    bound), timed in turns by :func:`best_times`, then each peer on its own (after a call of
+    another library, the first runs of the next are slowed by the first one's still spinning
+    threads: 1.3-1.7x measured, so libraries are never interleaved), and our peak extra memory."""
     gflop = d.flops / 1e9
     fn, io_bytes = ours(d, task, DATA_DTYPES[dtype], "NXC", rng)
     fn()  # loads (or compiles) numba's code outside the memory measurement
@@ -198,7 +197,11 @@ def measure(d: ConvDescriptor, suite: str, task: str, dtype: str, with_ncx: bool
         timed["ours NCX"] = ours(d, task, DATA_DTYPES[dtype], "NCX", rng)[0]
     if dtype != "f32":
         timed["ours f32"] = ours(d, task, DATA_DTYPES["f32"], "NXC", rng)[0]
-    speed = {name: gflop / t for name, t in zip(timed, best_times(list(timed.values()), budget, reps))}
+    work = dict.fromkeys(timed, gflop)
+    bound = gemm_bound(d, task, rng) if dtype == "f32" else None
+    if bound is not None:
+        timed["gemm"], work["gemm"] = bound
+    speed = {name: work[name] / t for name, t in zip(timed, best_times(list(timed.values()), budget, reps))}
     peers = {}
     for name, cl in (("torch NCX", False), ("torch NXC", True)):
         peer = torch_peer(d, task, dtype, cl)
@@ -206,7 +209,7 @@ def measure(d: ConvDescriptor, suite: str, task: str, dtype: str, with_ncx: bool
             peers[name] = gflop / best_times([peer], budget, reps)[0]
     return Row(suite, d.name or d.canonical(), task, dtype, gflop, speed["ours"], speed.get("ours NCX"),
                speed.get("ours f32"), peers=peers, extra_mem=peak / io_bytes, extra_mib=peak / 2 ** 20,
-               gemm=gemm_bound(d, task, budget / 4, reps, rng) if dtype == "f32" else None)
+               gemm=speed.get("gemm"))
 
 
 # -- report ---------------------------------------------------------------------------------------------
