@@ -16,9 +16,10 @@ runs after a switch). "extra mem" is the peak of convgrad's allocations (tracema
 warm-up call) less its result, as a multiple of inputs + output. The GEMM ceiling (numpy sgemm
 4096^2) is measured in the same run, and per f32 layer its "GEMM bound": the layer's gradient as
 one GEMM on operands already laid out (:func:`gemm_bound`), the most a GEMM-based engine on this
-BLAS can reach there ("ours / bound" shows what the gathers, scatters and blocking cost). PyTorch pads symmetrically: a benchdnn layer whose right
-pad differs from its left is given to it with the smaller pad on both sides and the input longer
-by the difference (same output, same FLOPs).
+BLAS can reach there ("ours / bound" shows what the gathers, scatters and blocking cost).
+PyTorch pads symmetrically: a benchdnn layer whose right pad differs from its left is given to
+it with the smaller pad on both sides and the input longer by the difference (same output, same
+FLOPs).
 
 ``--threads N`` limits every library (OpenBLAS, numba, PyTorch/OpenMP) to N threads; it is set
 before NumPy loads. On a machine that other jobs share, multi-threaded OpenBLAS can collapse (its
@@ -37,6 +38,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,7 +132,7 @@ def torch_peer(d: ConvDescriptor, task: str, dtype: str, channels_last: bool):
 GEMM_BOUND_BYTES = 64 << 20
 
 
-def gemm_bound(d: ConvDescriptor, task: str, rng: np.random.Generator):
+def gemm_bound(d: ConvDescriptor, task: str, rng: np.random.Generator) -> tuple[Callable[[], object], float] | None:
     """(callable, GFLOP) of the gradient as one f32 GEMM on operands already laid out: what an
     engine built on this BLAS reaches at best, with its gathers and scatters free. With L =
     N*prod(O) output positions and T = prod(K) taps, the fastest (by two runs each) of two shapes
