@@ -246,6 +246,26 @@ def test_batch_chunks_and_row_blocks(dtype_name, monkeypatch, rng, path, poisone
                    _tolerance(DATA_DTYPES[dtype_name]), task)
 
 
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("dtype_name", ["f32", "bf16"])
+@pytest.mark.parametrize("channels_first", [False, True])
+def test_narrow_weights_gather_taps_over_blocks_of_output_rows(channels_first, dtype_name, groups, monkeypatch, rng):
+    """The frame's weights gradient for narrow inputs gathers the taps of blocks of output rows
+    (256 here, on images of 400 outputs): blocks inside an image at an offset and blocks across
+    images (NCX: dy copied channel-major; NXC f32: one matrix; bf16: widened first)."""
+    from convgrad.engines import fast
+    _force("frame", monkeypatch.setattr)
+    monkeypatch.setattr(fast.kernels, "BLOCK_BYTES", 1)
+    blocks = []
+    gather = fast.columns.gather_phases
+    monkeypatch.setattr(fast.columns, "gather_phases", lambda *a: blocks.append((a[2], a[1].shape[-1])) or gather(*a))
+    g = _geometry(3, groups, 3, 5, (22, 21), (3, 2), (1, 1), (1, 1), (0, 0), (0, 0))
+    assert g.out_size == (20, 20) and fast.kernels.taps_per_gemm(6, 3, reduces=True) > 1
+    x, dy = _engine_inputs(g, rng, DATA_DTYPES[dtype_name], channels_first)["backward_weights"]
+    _close(FAST.backward_weights(g, x, dy), REF.backward_weights(g, x, dy), _tolerance(DATA_DTYPES[dtype_name]))
+    assert sorted(set(blocks)) == [(0, 256), (256, 256), (512, 256), (768, 256), (1024, 176)]
+
+
 @pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("case,dtype,channels_first", [
     ((4, 1, 16, 24, (30, 30), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)), np.float32, False),

@@ -1,4 +1,5 @@
-"""Compiled tap gathers and scatters of the output-row GEMMs (:mod:`.output_rows`).
+"""Compiled tap gathers and scatters over output rows: of the output-row GEMMs
+(:mod:`.output_rows`), and of the frame's gathered-taps weights gradient (:func:`gather_phases`).
 
 With every array seen as 3-D spatial (missing leading axes of size 1), an input ``X``
 (n, I0, I1, I2, G, C) and the tap ``k`` of output ``o`` at ``p = o*S + k*D - PB``, over a run of
@@ -18,13 +19,15 @@ output with 64 channels. Serial on purpose, as :mod:`convgrad.casts` explains.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numba
 import numpy as np
 
 from ...problem import ConvGeometry
 from .direct import params, spatial3, tap
 
-__all__ = ["scatter", "gather"]
+__all__ = ["scatter", "gather", "gather_phases"]
 
 
 @numba.njit(inline="always")
@@ -91,3 +94,57 @@ def gather(x: np.ndarray, z: np.ndarray, g: ConvGeometry, first: int, taps_inner
     into ``z`` (rows, G, prod(K)*ICg, or ICg*prod(K) with ``taps_inner``), zeros for taps in the
     padding; both contiguous."""
     _run(x, z, g, first, 0, taps_inner, scatter=False)
+
+
+@numba.njit(cache=True)
+def _phase_columns(phases, block, first, out, strides, image, tap_phase, tap_shift):  # pragma: no cover - compiled
+    """block[g, t*C + c, r - first] = phases[tap_phase[t], g*C + c, row(r) + tap_shift[t]] for the
+    output rows r = first, first + 1, ... with ``row(r)`` the frame row of output r: run by run
+    along the last axis (found once per block), each a contiguous copy on both sides but for
+    1-D frames with the batch inside, whose one axis steps over the images."""
+    groups, depth, count = block.shape
+    width = depth // tap_phase.shape[0]
+    starts = np.empty(count // out[2] + 2, np.int64)
+    lengths = np.empty_like(starts)
+    runs, r = 0, first
+    while r < first + count:
+        n, rest = divmod(r, out[0] * out[1] * out[2])
+        o0, rest = divmod(rest, out[1] * out[2])
+        o1, o2 = divmod(rest, out[2])
+        lengths[runs] = min(out[2] - o2, first + count - r)
+        starts[runs] = n * image + o0 * strides[0] + o1 * strides[1] + o2 * strides[2]
+        r += lengths[runs]
+        runs += 1
+    step = strides[2]
+    for t in range(tap_phase.shape[0]):
+        for g in range(groups):
+            for c in range(width):
+                src = phases[tap_phase[t], g * width + c]
+                dst = block[g, t * width + c]
+                at = 0
+                for j in range(runs):
+                    start, length = starts[j] + tap_shift[t], lengths[j]
+                    run = dst[at:at + length]  # slices: their loop indices are known non-negative
+                    if step == 1:
+                        seg = src[start:start + length]
+                        for i in range(length):
+                            run[i] = seg[i]
+                    else:
+                        seg = src[start:start + (length - 1) * step + 1]
+                        for i in range(length):
+                            run[i] = seg[i * step]
+                    at += length
+
+
+def gather_phases(phases: np.ndarray, block: np.ndarray, first: int, grid: tuple[int, tuple[int, ...], tuple[int, ...]],
+                  taps: Sequence[tuple[int, int]]) -> None:
+    """im2col of output rows from channel-major phase buffers: ``block`` (G, len(taps)*Cg, B)
+    gets, for the output rows ``first .. first + B`` (in (n, *O) order), the frame rows that
+    each tap (phase, row shift) reads; ``phases`` (P, rows, G*Cg) stored channel by channel and
+    ``grid`` = (frame rows per image, O, frame rows per step of each axis) as
+    :meth:`.frame.Frame.output_grid` gives them. No frame copy of dy is needed."""
+    image, out, strides = grid
+    fill = (1,) * (3 - len(out))
+    _phase_columns(np.swapaxes(phases, 1, 2), block, first, np.array(fill + tuple(out), np.int64),
+                   np.array((0,) * len(fill) + tuple(strides), np.int64), image,
+                   np.array([p for p, _ in taps], np.int64), np.array([s for _, s in taps], np.int64))

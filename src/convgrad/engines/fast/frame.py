@@ -97,6 +97,12 @@ class Frame:
         _, strides = self._strides(n)
         return tuple((p, sum(s * rs for s, rs in zip(steps, strides))) for p, steps in zip(self.tap_phase, self.tap_steps))
 
+    def output_grid(self, n: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+        """(frame rows per image, O, frame rows per step along each axis) for ``n`` images: the
+        output (i, o) sits at frame row ``i*image + sum_a o_a*step_a``."""
+        image, strides = self._strides(n)
+        return image, self.g.out_size, strides
+
     def max_shift(self, n: int) -> int:
         return max(shift for _, shift in self.taps(n))
 

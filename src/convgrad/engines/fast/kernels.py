@@ -6,12 +6,14 @@ shape ``(G, Ci, Co)``:
 
 - :func:`accumulate`:  ``out[m] = sum_t src[s_t][m + off_t] @ W[t]``        (forward, backward data)
 - :func:`reduce`:      ``dW[t]  = sum_m src[s_t][m + off_t]^T @ dy[m]``     (backward weights)
+- :func:`reduce_gathered`: the same sum for narrow inputs, over the output rows: blocks of dy
+  as it lies, each with its taps gathered from channel-major phase buffers
 
 Rows are processed in blocks of about ``BLOCK_BYTES`` so that every temporary stays in cache and
 the extra memory is independent of the problem size (a single tap has no temporaries: one
 block). Within a block the taps are taken ``per_gemm`` at a time: with one tap per GEMM the
 operands are views (no copy); with several the taps' rows are gathered side by side into one
-``(B, per_gemm*Ci)`` operand, so that narrow channel counts still give BLAS a deep reduction (a
+``(B, per_gemm*Ci)`` operand (``(per_gemm*Ci, B)`` for :func:`reduce_gathered`), so that narrow channel counts still give BLAS a deep reduction (a
 blocked im2col). The GEMMs of a block sum into one output tile inside BLAS (``beta = 1``,
 :mod:`.blas`), with no scratch product to add. When instead the *outputs* are the narrow side
 (``Co < min(Ci, GEMM_DEPTH)``, e.g. the data gradient of a 3-channel first layer),
@@ -28,10 +30,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from ... import casts
-from . import blas
+from . import blas, columns
 
 __all__ = ["BLOCK_BYTES", "SPREAD_BLOCKS", "GEMM_DEPTH", "REDUCE_VIEWS", "REDUCE_DEPTH", "taps_per_gemm", "block_rows", "product", "accumulate",
-           "reduce"]
+           "reduce", "reduce_gathered"]
 
 #: Bytes of the per-block operand (the L2 cache of a core is 1 MiB on the reference machine).
 BLOCK_BYTES = 2 << 20
@@ -228,18 +230,57 @@ def accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights:
             out[a:b] = 0
 
 
-def reduce(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarray, per_gemm: int) -> None:
+def reduce(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarray) -> None:
     """``out[t] += sum_m srcs[s_t][m + off_t]^T @ dy[m]`` over the rows of ``dy`` (R, G*Co), with
-    ``out`` (T, Ci, G, Co), the canonical weights layout (so no weight-sized temporaries)."""
+    ``out`` (T, Ci, G, Co), the canonical weights layout (so no weight-sized temporaries): one
+    GEMM per tap on views of the sources, over row blocks."""
     rows, (_, ci, groups, co) = dy.shape[0], out.shape
-    step = block_rows(groups * max(per_gemm * ci, co) * dy.itemsize, rows, len(taps))
-    col = np.empty(groups * step * per_gemm * ci, dy.dtype) if per_gemm > 1 else None
-    scratch = np.empty((groups, per_gemm * ci, co), out.dtype)  # for products BLAS cannot sum in place
+    step = block_rows(groups * max(ci, co) * dy.itemsize, rows, len(taps))
+    scratch = np.empty((groups, ci, co), out.dtype)  # for products BLAS cannot sum in place
     for a in range(0, rows, step):
         b = min(rows, a + step)
         rhs = _grouped(dy[a:b], groups)
-        for chunk, t in zip(_chunks(taps, per_gemm), range(0, len(taps), per_gemm)):
-            lhs = _operand(srcs, chunk, a, b, groups, col).transpose(0, 2, 1)
+        for t, (s, off) in enumerate(taps):
+            product(out[t].transpose(1, 0, 2), _grouped(srcs[s][a + off:b + off], groups).transpose(0, 2, 1), rhs,
+                    True, scratch)
+
+
+def reduce_gathered(out: np.ndarray, phases: np.ndarray, taps: Taps, grid: tuple[int, tuple[int, ...], tuple[int, ...]],
+                    dy: np.ndarray, per_gemm: int) -> None:
+    """:func:`reduce` for narrow inputs, over the output rows: per block of rows of ``dy``
+    (n, *O, G*Co), its ``per_gemm`` taps at a time gathered from the channel-major ``phases``
+    (:func:`.columns.gather_phases`; ``grid`` places the outputs in the frame) into one
+    ``(G, per_gemm*Ci, B)`` operand, so that each GEMM has ``per_gemm*Ci`` rows. dy is read as it
+    lies (16-bit data widened once per chunk): a block of its rows is a view, or for NCX data
+    across images a channel-major copy. No frame copy of dy, no GEMM work on junk rows."""
+    (_, ci, groups, co), n = out.shape, dy.shape[0]
+    dy = casts.astype(dy, out.dtype)
+    positions, total = math.prod(dy.shape[1:-1]), dy.shape[0] * math.prod(dy.shape[1:-1])
+    matrix = dy.reshape(-1, dy.shape[-1]) if dy.flags.c_contiguous else None  # NXC: one (rows, C) matrix
+    per_image = dy.reshape(n, positions, dy.shape[-1])  # a view for NXC and NCX memory
+    step = block_rows(groups * max(per_gemm * ci, co) * out.itemsize, total)
+    col = np.empty(groups * per_gemm * ci * step, out.dtype)
+    across = None if matrix is not None else np.empty((dy.shape[-1], step), out.dtype)
+    scratch = np.empty((groups, per_gemm * ci, co), out.dtype)
+    for a in range(0, total, step):
+        b = min(total, a + step)
+        if matrix is not None:
+            rows = matrix[a:b]
+        elif a // positions == (b - 1) // positions:
+            rows = per_image[a // positions, a % positions:a % positions + b - a]
+        else:  # NCX rows of several images: copied channel-major, along memory
+            r = a
+            while r < b:
+                image, first = divmod(r, positions)
+                length = min(positions - first, b - r)
+                across[:, r - a:r - a + length] = per_image[image, first:first + length].T
+                r += length
+            rows = across[:, :b - a].T
+        rhs = _grouped(rows, groups)
+        for t in range(0, len(taps), per_gemm):
+            chunk = taps[t:t + per_gemm]
+            block = col[:groups * len(chunk) * ci * (b - a)].reshape(groups, len(chunk) * ci, b - a)
+            columns.gather_phases(phases, block, a, grid, chunk)
             # a view: the taps' rows of dW are (tap, Ci) rows Co apart within a group
             target = out[t:t + len(chunk)].transpose(2, 0, 1, 3).reshape(groups, len(chunk) * ci, co)
-            product(target, lhs, rhs, True, scratch[:, :len(chunk) * ci])
+            product(target, block, rhs, True, scratch[:, :len(chunk) * ci])
