@@ -186,8 +186,8 @@ class FastEngine:
         """Bytes per image of the frame buffers ``task`` allocates (none where the data itself
         serves as the frame: stride 1 without padding on the input side, no junk rows on the
         output side and, for backward data, no lead rows, in the accumulation dtype and the
-        frame's memory order; the weights gradient of narrow inputs has no dy frame at all, only
-        16-bit dy widened)."""
+        frame's memory order; the weights gradient of narrow inputs has no dy frame, only 16-bit NCX
+        dy widened)."""
         acc, rows = compute_dtype(dtype), frame.image_rows
         lead = frame.max_shift(1) if task == "backward_data" else 0  # lead rows grow at most with n
         own_input = frame.input_is_frame and not frame.batch_inside and not frame.input_major \
@@ -196,7 +196,8 @@ class FastEngine:
             and (task == "forward" or dtype == acc)
         output = 0 if own_output else (rows + lead) * g.oc
         if task == "backward_weights" and kernels.taps_per_gemm(math.prod(g.kernel), g.icg, reduces=True) > 1:
-            output = 0 if dtype == acc else math.prod(g.out_size) * g.oc  # dy read as it lies (widened)
+            widened = dtype != acc and frame.output_major  # 16-bit NCX dy, widened along memory
+            output = math.prod(g.out_size) * g.oc if widened else 0
         return ((0 if own_input else len(frame.phases) * rows * g.ic) + output) * acc.itemsize
 
     def _images_per_chunk(self, g: ConvGeometry, frame: Frame, task: str, dtype: np.dtype) -> int:

@@ -13,8 +13,8 @@ Rows are processed in blocks of about ``BLOCK_BYTES`` so that every temporary st
 the extra memory is independent of the problem size (a single tap has no temporaries: one
 block). Within a block the taps are taken ``per_gemm`` at a time: with one tap per GEMM the
 operands are views (no copy); with several the taps' rows are gathered side by side into one
-``(B, per_gemm*Ci)`` operand (``(per_gemm*Ci, B)`` for :func:`reduce_gathered`), so that narrow channel counts still give BLAS a deep reduction (a
-blocked im2col). The GEMMs of a block sum into one output tile inside BLAS (``beta = 1``,
+``(B, per_gemm*Ci)`` operand (``(per_gemm*Ci, B)`` for :func:`reduce_gathered`), so that narrow
+channel counts still give BLAS a deep reduction (a blocked im2col). The GEMMs of a block sum into one output tile inside BLAS (``beta = 1``,
 :mod:`.blas`), with no scratch product to add. When instead the *outputs* are the narrow side
 (``Co < min(Ci, GEMM_DEPTH)``, e.g. the data gradient of a 3-channel first layer),
 :func:`accumulate` spreads: one GEMM ``src @ [W_t1 | W_t2 | ...]`` per cluster of nearby taps,
@@ -251,12 +251,14 @@ def reduce_gathered(out: np.ndarray, phases: np.ndarray, taps: Taps, grid: tuple
     (n, *O, G*Co), its ``per_gemm`` taps at a time gathered from the channel-major ``phases``
     (:func:`.columns.gather_phases`; ``grid`` places the outputs in the frame) into one
     ``(G, per_gemm*Ci, B)`` operand, so that each GEMM has ``per_gemm*Ci`` rows. dy is read as it
-    lies (16-bit data widened once per chunk): a block of its rows is a view, or for NCX data
-    across images a channel-major copy. No frame copy of dy, no GEMM work on junk rows."""
+    lies: a block of its rows is a view (16-bit NXC rows widened block by block, in cache), or
+    for NCX data across images a channel-major copy (16-bit NCX data is widened first). No frame
+    copy of dy, no GEMM work on junk rows."""
     (_, ci, groups, co), n = out.shape, dy.shape[0]
-    dy = casts.astype(dy, out.dtype)
     positions, total = math.prod(dy.shape[1:-1]), dy.shape[0] * math.prod(dy.shape[1:-1])
     matrix = dy.reshape(-1, dy.shape[-1]) if dy.flags.c_contiguous else None  # NXC: one (rows, C) matrix
+    if matrix is None:  # NCX: 16-bit data widened along memory first (its blocks are strided)
+        dy = casts.astype(dy, out.dtype)
     per_image = dy.reshape(n, positions, dy.shape[-1])  # a view for NXC and NCX memory
     step = block_rows(groups * max(per_gemm * ci, co) * out.itemsize, total)
     col = np.empty(groups * per_gemm * ci * step, out.dtype)
@@ -276,7 +278,7 @@ def reduce_gathered(out: np.ndarray, phases: np.ndarray, taps: Taps, grid: tuple
                 across[:, r - a:r - a + length] = per_image[image, first:first + length].T
                 r += length
             rows = across[:, :b - a].T
-        rhs = _grouped(rows, groups)
+        rhs = _grouped(casts.astype(rows, out.dtype), groups)
         for t in range(0, len(taps), per_gemm):
             chunk = taps[t:t + per_gemm]
             block = col[:groups * len(chunk) * ci * (b - a)].reshape(groups, len(chunk) * ci, b - a)
