@@ -266,6 +266,30 @@ def test_narrow_weights_gather_taps_over_blocks_of_output_rows(channels_first, d
     assert sorted(set(blocks)) == [(0, 256), (256, 256), (512, 256), (768, 256), (1024, 176)]
 
 
+@pytest.mark.parametrize("images,pad,blocks", [(3, 1, [0, 256, 512, 768, 1024]), (1, 0, [0, 256])])
+@pytest.mark.parametrize("strides", [(1, 1), (2, 1)])
+@pytest.mark.parametrize("dtype_name", ["f32", "bf16"])
+@pytest.mark.parametrize("channels_first", [False, True])
+def test_first_layer_data_gradient_scatters_blocks_of_output_rows(channels_first, dtype_name, strides, images, pad,
+                                                                   blocks, monkeypatch, rng, poisoned_empty):
+    """Backward data into 3 channels from 32 scatters the products of blocks of dy's rows (256
+    here, on images of 400 outputs) into zeroed phase buffers: blocks inside and across images,
+    one phase or several, and dx itself as the buffer (one NCX image, stride 1, no padding)."""
+    from convgrad.engines import fast
+    _force("frame", monkeypatch.setattr)
+    monkeypatch.setattr(fast.kernels, "BLOCK_BYTES", 1)
+    monkeypatch.setattr(fast.kernels, "SPREAD_BLOCKS", 1)
+    seen = []
+    scatter = fast.columns.scatter_phases
+    monkeypatch.setattr(fast.columns, "scatter_phases", lambda *a: seen.append(a[2]) or scatter(*a))
+    size = (19 * strides[0] + 3 - 2 * pad, 22 - 2 * pad)
+    g = _geometry(images, 1, 3, fast.SCATTER_CHANNELS[1], size, (3, 3), strides, (1, 1), (pad, pad), (pad, pad))
+    assert g.out_size == (20, 20)
+    dy, w = _engine_inputs(g, rng, DATA_DTYPES[dtype_name], channels_first)["backward_data"]
+    _close(FAST.backward_data(g, dy, w), REF.backward_data(g, dy, w), _tolerance(DATA_DTYPES[dtype_name]))
+    assert sorted(set(seen)) == blocks
+
+
 @pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("case,dtype,channels_first", [
     ((4, 1, 16, 24, (30, 30), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)), np.float32, False),

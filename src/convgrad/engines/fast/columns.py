@@ -1,5 +1,6 @@
 """Compiled tap gathers and scatters over output rows: of the output-row GEMMs
-(:mod:`.output_rows`), and of the frame's gathered-taps weights gradient (:func:`gather_phases`).
+(:mod:`.output_rows`), and between blocks of output rows and the frame's channel-major phase
+buffers (:func:`gather_phases`, :func:`scatter_phases`: the narrow-channel gradients).
 
 With every array seen as 3-D spatial (missing leading axes of size 1), an input ``X``
 (n, I0, I1, I2, G, C) and the tap ``k`` of output ``o`` at ``p = o*S + k*D - PB``, over a run of
@@ -27,7 +28,7 @@ import numpy as np
 from ...problem import ConvGeometry
 from .direct import params, spatial3, tap
 
-__all__ = ["scatter", "gather", "gather_phases"]
+__all__ = ["scatter", "gather", "gather_phases", "scatter_phases"]
 
 
 @numba.njit(inline="always")
@@ -97,11 +98,12 @@ def gather(x: np.ndarray, z: np.ndarray, g: ConvGeometry, first: int, taps_inner
 
 
 @numba.njit(cache=True)
-def _phase_columns(phases, block, first, out, strides, image, tap_phase, tap_shift):  # pragma: no cover - compiled
-    """block[g, t*C + c, r - first] = phases[tap_phase[t], g*C + c, row(r) + tap_shift[t]] for the
-    output rows r = first, first + 1, ... with ``row(r)`` the frame row of output r: run by run
-    along the last axis (found once per block), each a contiguous copy on both sides but for
-    1-D frames with the batch inside, whose one axis steps over the images."""
+def _phase_columns(phases, block, first, out, strides, image, tap_phase, tap_shift, scatter):  # pragma: no cover - compiled
+    """block[g, t*C + c, r - first] = phases[tap_phase[t], g*C + c, row(r) + tap_shift[t]], or
+    with ``scatter`` phases[...] += block[...], for the output rows r = first, first + 1, ...
+    with ``row(r)`` the frame row of output r: run by run along the last axis (found once per
+    block), each a contiguous stretch on both sides but for 1-D frames with the batch inside,
+    whose one axis steps over the images."""
     groups, depth, count = block.shape
     width = depth // tap_phase.shape[0]
     starts = np.empty(count // out[2] + 2, np.int64)
@@ -119,21 +121,35 @@ def _phase_columns(phases, block, first, out, strides, image, tap_phase, tap_shi
     for t in range(tap_phase.shape[0]):
         for g in range(groups):
             for c in range(width):
-                src = phases[tap_phase[t], g * width + c]
-                dst = block[g, t * width + c]
+                frame = phases[tap_phase[t], g * width + c]
+                rows = block[g, t * width + c]
                 at = 0
                 for j in range(runs):
                     start, length = starts[j] + tap_shift[t], lengths[j]
-                    run = dst[at:at + length]  # slices: their loop indices are known non-negative
-                    if step == 1:
-                        seg = src[start:start + length]
+                    run = rows[at:at + length]  # slices: their loop indices are known non-negative
+                    seg = frame[start:start + (length - 1) * step + 1]
+                    if scatter and step == 1:
+                        for i in range(length):
+                            seg[i] += run[i]
+                    elif scatter:
+                        for i in range(length):
+                            seg[i * step] += run[i]
+                    elif step == 1:
                         for i in range(length):
                             run[i] = seg[i]
                     else:
-                        seg = src[start:start + (length - 1) * step + 1]
                         for i in range(length):
                             run[i] = seg[i * step]
                     at += length
+
+
+def _phases_run(phases: np.ndarray, block: np.ndarray, first: int, grid: tuple[int, tuple[int, ...], tuple[int, ...]],
+                taps: Sequence[tuple[int, int]], scatter: bool) -> None:
+    image, out, strides = grid
+    fill = (1,) * (3 - len(out))
+    _phase_columns(np.swapaxes(phases, 1, 2), block, first, np.array(fill + tuple(out), np.int64),
+                   np.array((0,) * len(fill) + tuple(strides), np.int64), image,
+                   np.array([p for p, _ in taps], np.int64), np.array([s for _, s in taps], np.int64), scatter)
 
 
 def gather_phases(phases: np.ndarray, block: np.ndarray, first: int, grid: tuple[int, tuple[int, ...], tuple[int, ...]],
@@ -142,9 +158,12 @@ def gather_phases(phases: np.ndarray, block: np.ndarray, first: int, grid: tuple
     gets, for the output rows ``first .. first + B`` (in (n, *O) order), the frame rows that
     each tap (phase, row shift) reads; ``phases`` (P, rows, G*Cg) stored channel by channel and
     ``grid`` = (frame rows per image, O, frame rows per step of each axis) as
-    :meth:`.frame.Frame.output_grid` gives them. No frame copy of dy is needed."""
-    image, out, strides = grid
-    fill = (1,) * (3 - len(out))
-    _phase_columns(np.swapaxes(phases, 1, 2), block, first, np.array(fill + tuple(out), np.int64),
-                   np.array((0,) * len(fill) + tuple(strides), np.int64), image,
-                   np.array([p for p, _ in taps], np.int64), np.array([s for _, s in taps], np.int64))
+    :meth:`.frame.Frame.output_grid` gives them."""
+    _phases_run(phases, block, first, grid, taps, scatter=False)
+
+
+def scatter_phases(block: np.ndarray, phases: np.ndarray, first: int, grid: tuple[int, tuple[int, ...], tuple[int, ...]],
+                   taps: Sequence[tuple[int, int]]) -> None:
+    """col2im of output rows into channel-major phase buffers, the reverse of
+    :func:`gather_phases`: each tap's rows of ``block`` are added at the frame rows it reads."""
+    _phases_run(phases, block, first, grid, taps, scatter=True)

@@ -203,15 +203,15 @@ class Frame:
                 images[ph][slices[0]] = x[slices[1]]
         return buf
 
-    def input_target(self, dx: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    def input_target(self, dx: np.ndarray, dtype: np.dtype, zeroed: bool = False) -> np.ndarray:
         """Where backward data writes its phase buffers (in ``dtype``): ``dx`` itself if it is the
         frame, else new buffers (copied into ``dx`` by :meth:`scatter_input`, rounding if ``dx``
-        is bf16)."""
+        is bf16), ``zeroed`` for sums scattered into them (``dx`` itself must then be zero)."""
         n, c = dx.shape[0], dx.shape[-1]
         own = self._own_rows(dx, dtype, self.input_major) if self.input_is_frame else None
         if own is not None:
             return own[None]
-        return self._alloc((len(self.phases),), n * self.image_rows, c, dtype, False, self.input_major)
+        return self._alloc((len(self.phases),), n * self.image_rows, c, dtype, zeroed, self.input_major)
 
     def scatter_input(self, phases: np.ndarray, dx: np.ndarray) -> None:
         """Copy phase buffers back to ``dx`` (zero-filled; positions no tap reads stay 0)."""

@@ -25,7 +25,7 @@ then the narrow per-tap results are summed at their shifts. Depthwise problems
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from ... import casts
 from . import blas, columns
 
 __all__ = ["BLOCK_BYTES", "SPREAD_BLOCKS", "GEMM_DEPTH", "REDUCE_VIEWS", "REDUCE_DEPTH", "taps_per_gemm", "block_rows", "product", "accumulate",
-           "reduce", "reduce_gathered"]
+           "reduce", "reduce_gathered", "spread_scattered"]
 
 #: Bytes of the per-block operand (the L2 cache of a core is 1 MiB on the reference machine).
 BLOCK_BYTES = 2 << 20
@@ -57,6 +57,9 @@ REDUCE_VIEWS = 32
 REDUCE_DEPTH = 256
 
 Taps = Sequence[tuple[int, int]]
+#: Where outputs sit in a frame: (rows per image, O, rows per step of each axis), see
+#: :meth:`.frame.Frame.output_grid`.
+Grid = tuple[int, tuple[int, ...], tuple[int, ...]]
 
 
 def taps_per_gemm(taps: int, channels: int, reduces: bool = False) -> int:
@@ -245,32 +248,24 @@ def reduce(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarr
                     True, scratch)
 
 
-def reduce_gathered(out: np.ndarray, phases: np.ndarray, taps: Taps, grid: tuple[int, tuple[int, ...], tuple[int, ...]],
-                    dy: np.ndarray, per_gemm: int) -> None:
-    """:func:`reduce` for narrow inputs, over the output rows: per block of rows of ``dy``
-    (n, *O, G*Co), its ``per_gemm`` taps at a time gathered from the channel-major ``phases``
-    (:func:`.columns.gather_phases`; ``grid`` places the outputs in the frame) into one
-    ``(G, per_gemm*Ci, B)`` operand, so that each GEMM has ``per_gemm*Ci`` rows. dy is read as it
-    lies: a block of its rows is a view (16-bit NXC rows widened block by block, in cache), or
-    for NCX data across images a channel-major copy (16-bit NCX data is widened first). No frame
-    copy of dy, no GEMM work on junk rows."""
-    (_, ci, groups, co), n = out.shape, dy.shape[0]
-    positions, total = math.prod(dy.shape[1:-1]), dy.shape[0] * math.prod(dy.shape[1:-1])
+def _dy_blocks(dy: np.ndarray, dtype: np.dtype, step: int) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(a, b, rows a..b) of ``dy`` (n, *O, C) as (B, C) matrices in ``dtype``, read as it lies: a
+    view of NXC rows (16-bit ones widened block by block, in cache), a view of one image's NCX
+    rows, or NCX rows of several images copied channel-major along memory (16-bit NCX data is
+    widened first, its blocks being strided)."""
     matrix = dy.reshape(-1, dy.shape[-1]) if dy.flags.c_contiguous else None  # NXC: one (rows, C) matrix
-    if matrix is None:  # NCX: 16-bit data widened along memory first (its blocks are strided)
-        dy = casts.astype(dy, out.dtype)
-    per_image = dy.reshape(n, positions, dy.shape[-1])  # a view for NXC and NCX memory
-    step = block_rows(groups * max(per_gemm * ci, co) * out.itemsize, total)
-    col = np.empty(groups * per_gemm * ci * step, out.dtype)
-    across = None if matrix is not None else np.empty((dy.shape[-1], step), out.dtype)
-    scratch = np.empty((groups, per_gemm * ci, co), out.dtype)
-    for a in range(0, total, step):
-        b = min(total, a + step)
+    if matrix is None:
+        dy = casts.astype(dy, dtype)
+    positions = math.prod(dy.shape[1:-1])
+    per_image = dy.reshape(dy.shape[0], positions, dy.shape[-1])  # a view for NXC and NCX memory
+    across = None if matrix is not None else np.empty((dy.shape[-1], step), dtype)
+    for a in range(0, dy.shape[0] * positions, step):
+        b = min(dy.shape[0] * positions, a + step)
         if matrix is not None:
             rows = matrix[a:b]
         elif a // positions == (b - 1) // positions:
             rows = per_image[a // positions, a % positions:a % positions + b - a]
-        else:  # NCX rows of several images: copied channel-major, along memory
+        else:
             r = a
             while r < b:
                 image, first = divmod(r, positions)
@@ -278,7 +273,22 @@ def reduce_gathered(out: np.ndarray, phases: np.ndarray, taps: Taps, grid: tuple
                 across[:, r - a:r - a + length] = per_image[image, first:first + length].T
                 r += length
             rows = across[:, :b - a].T
-        rhs = _grouped(casts.astype(rows, out.dtype), groups)
+        yield a, b, casts.astype(rows, dtype)
+
+
+def reduce_gathered(out: np.ndarray, phases: np.ndarray, taps: Taps, grid: Grid, dy: np.ndarray,
+                    per_gemm: int) -> None:
+    """:func:`reduce` for narrow inputs, over the output rows: per block of rows of ``dy``
+    (n, *O, G*Co, read as it lies: :func:`_dy_blocks`), its ``per_gemm`` taps at a time gathered
+    from the channel-major ``phases`` (:func:`.columns.gather_phases`; ``grid`` places the outputs
+    in the frame) into one ``(G, per_gemm*Ci, B)`` operand, so that each GEMM has
+    ``per_gemm*Ci`` rows. No frame copy of dy, no GEMM work on junk rows."""
+    (_, ci, groups, co), total = out.shape, math.prod(dy.shape[:-1])
+    step = block_rows(groups * max(per_gemm * ci, co) * out.itemsize, total)
+    col = np.empty(groups * per_gemm * ci * step, out.dtype)
+    scratch = np.empty((groups, per_gemm * ci, co), out.dtype)
+    for a, b, rows in _dy_blocks(dy, out.dtype, step):
+        rhs = _grouped(rows, groups)
         for t in range(0, len(taps), per_gemm):
             chunk = taps[t:t + per_gemm]
             block = col[:groups * len(chunk) * ci * (b - a)].reshape(groups, len(chunk) * ci, b - a)
@@ -286,3 +296,20 @@ def reduce_gathered(out: np.ndarray, phases: np.ndarray, taps: Taps, grid: tuple
             # a view: the taps' rows of dW are (tap, Ci) rows Co apart within a group
             target = out[t:t + len(chunk)].transpose(2, 0, 1, 3).reshape(groups, len(chunk) * ci, co)
             product(target, block, rhs, True, scratch[:, :len(chunk) * ci])
+
+
+def spread_scattered(phases: np.ndarray, weights: np.ndarray, taps: Taps, grid: Grid, dy: np.ndarray) -> None:
+    """Backward data into few channels (a first layer's), over the output rows: per block of
+    rows of ``dy`` (n, *O, G*Ci, read as it lies: :func:`_dy_blocks`) one GEMM for every tap,
+    ``Z = [W_1 | W_2 | ...]^T @ dy^T`` of shape (G, T*Co, B), whose per-tap rows are added into
+    the zeroed channel-major ``phases`` at their taps' frame rows (:func:`.columns.scatter_phases`).
+    ``weights`` (T, G, Ci, Co). No frame copy of dy, no GEMM work on junk rows, one wide GEMM for
+    all phases."""
+    (_, groups, ci, co), total = weights.shape, math.prod(dy.shape[:-1])
+    mat = np.ascontiguousarray(casts.astype(weights, phases.dtype).transpose(1, 0, 3, 2)).reshape(groups, -1, ci)
+    step = block_rows(groups * max(ci, len(taps) * co) * phases.itemsize, total, blocks=SPREAD_BLOCKS)
+    col = np.empty(groups * len(taps) * co * step, phases.dtype)
+    for a, b, rows in _dy_blocks(dy, phases.dtype, step):
+        z = col[:groups * len(taps) * co * (b - a)].reshape(groups, len(taps) * co, b - a)
+        product(z, mat, _grouped(rows, groups).transpose(0, 2, 1), False)
+        columns.scatter_phases(z, phases, a, grid, taps)
