@@ -249,7 +249,8 @@ def test_batch_chunks_and_row_blocks(dtype_name, monkeypatch, rng, path, poisone
 @pytest.mark.parametrize("groups", [1, 2])
 @pytest.mark.parametrize("dtype_name", ["f32", "bf16"])
 @pytest.mark.parametrize("channels_first", [False, True])
-def test_narrow_weights_gather_taps_over_blocks_of_output_rows(channels_first, dtype_name, groups, monkeypatch, rng):
+def test_narrow_weights_gather_taps_over_blocks_of_output_rows(channels_first, dtype_name, groups, monkeypatch,
+                                                               rng):
     """The frame's weights gradient for narrow inputs gathers the taps of blocks of output rows
     (256 here, on images of 400 outputs): blocks inside an image at an offset and blocks across
     images (NCX: dy copied channel-major; NXC f32: one matrix; bf16: widened first)."""

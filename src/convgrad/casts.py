@@ -195,13 +195,14 @@ def astype(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 def copy_into(out: np.ndarray, a: np.ndarray) -> None:
     """``out[...] = a`` for arrays of one shape, converting float16 <-> float32 and float32 ->
-    bf16 here (a strided side goes through a contiguous copy) and any other pair by NumPy's
-    assignment."""
+    bf16 here (along memory where both lie in one order, C or channels-first; a strided side
+    goes through a contiguous copy) and any other pair by NumPy's assignment."""
     if a.dtype == np.float16 and out.dtype == np.float32 and out.flags.c_contiguous:
         _widen_into(np.ascontiguousarray(a).reshape(-1).view(np.uint16), out.reshape(-1))
-    elif a.dtype == np.float32 and out.dtype in (np.float16, BFLOAT16) and a.flags.c_contiguous:
-        if out.flags.c_contiguous:
-            _narrow_into(a.reshape(-1), out.reshape(-1).view(np.uint16), out.dtype)
+    elif a.dtype == np.float32 and out.dtype in (np.float16, BFLOAT16) and (flat := _flat(a)) is not None:
+        into = _flat(out)
+        if into is not None and into[1] == flat[1]:  # one memory order: flat into flat
+            _narrow_into(flat[0], into[0].view(np.uint16), out.dtype)
         else:
             out[...] = from_f32(a, out.dtype)
     else:

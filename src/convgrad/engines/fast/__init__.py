@@ -14,8 +14,8 @@ Algorithm (see :mod:`.frame` for the index math and :mod:`.kernels` for the row 
    - forward:          ``y[m]    = sum_k P[m + shift_k] @ w[k]``
    - backward data:    ``dP[m]   = sum_k dy_ext[m - shift_k] @ w[k]^T``, each offset over just
                        the rows m where ``dy_ext[m - shift_k]`` can be non-zero (so the borders of
-                       the first axis cost nothing), then one copy into dx (for bf16 data that copy
-                       rounds: no f32 dx)
+                       the first axis cost nothing), then one copy into dx (for bf16/f16 data
+                       that copy rounds: no f32 dx)
    - backward weights: ``dw[k]   = sum_m P[m + shift_k]^T @ dy_ext[m]``
 
 Selection rule, one algorithm per problem class, the first that applies (:func:`_algorithm`;
@@ -70,7 +70,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ... import casts, layout
-from ...dtypes import bfloat16, compute_dtype
+from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
 from .. import register
 from . import blas, depthwise, direct, kernels, output_rows, pointwise
@@ -296,8 +296,8 @@ class FastEngine:
         frame = _frame(g, layout.channels_first(dy), "backward_data")
         weights = _tap_weights(g, w, transpose=True)
         scattered = len(weights) > 1 and g.icg <= SCATTER_CHANNELS[0] and g.ocg >= SCATTER_CHANNELS[1]
-        # bf16 data: the phase buffers' copy into dx rounds (once, to nearest even), so no f32 dx
-        rounds = dy.dtype == bfloat16 and not frame.input_is_frame
+        # 16-bit data: the phase buffers' copy into dx rounds (once, to nearest even), so no f32 dx
+        rounds = dy.dtype != dtype and not frame.input_is_frame
         dx = _empty_like_data(g.x_shape, dy.dtype if rounds else dtype, dy,
                               fill=scattered or not (frame.input_is_frame or frame.covers_input))
         per_phase = [[k for k, p in enumerate(frame.tap_phase) if p == ph] for ph in range(len(frame.phases))]

@@ -98,14 +98,14 @@ def gather(x: np.ndarray, z: np.ndarray, g: ConvGeometry, first: int, taps_inner
 
 
 @numba.njit(cache=True)
-def _phase_columns(phases, block, first, out, strides, image, tap_phase, tap_shift, scatter):  # pragma: no cover - compiled
-    """block[g, t*C + c, r - first] = phases[tap_phase[t], g*C + c, row(r) + tap_shift[t]], or
+def _phase_columns(phases, block, first, out, strides, image, phase_of, shift_of, scatter):  # pragma: no cover - compiled
+    """block[g, t*C + c, r - first] = phases[phase_of[t], g*C + c, row(r) + shift_of[t]], or
     with ``scatter`` phases[...] += block[...], for the output rows r = first, first + 1, ...
     with ``row(r)`` the frame row of output r: run by run along the last axis (found once per
     block), each a contiguous stretch on both sides but for 1-D frames with the batch inside,
     whose one axis steps over the images."""
     groups, depth, count = block.shape
-    width = depth // tap_phase.shape[0]
+    width = depth // phase_of.shape[0]
     starts = np.empty(count // out[2] + 2, np.int64)
     lengths = np.empty_like(starts)
     runs, r = 0, first
@@ -118,14 +118,14 @@ def _phase_columns(phases, block, first, out, strides, image, tap_phase, tap_shi
         r += lengths[runs]
         runs += 1
     step = strides[2]
-    for t in range(tap_phase.shape[0]):
+    for t in range(phase_of.shape[0]):
         for g in range(groups):
             for c in range(width):
-                frame = phases[tap_phase[t], g * width + c]
+                frame = phases[phase_of[t], g * width + c]
                 rows = block[g, t * width + c]
                 at = 0
                 for j in range(runs):
-                    start, length = starts[j] + tap_shift[t], lengths[j]
+                    start, length = starts[j] + shift_of[t], lengths[j]
                     run = rows[at:at + length]  # slices: their loop indices are known non-negative
                     seg = frame[start:start + (length - 1) * step + 1]
                     if scatter and step == 1:
@@ -162,8 +162,8 @@ def gather_phases(phases: np.ndarray, block: np.ndarray, first: int, grid: tuple
     _phases_run(phases, block, first, grid, taps, scatter=False)
 
 
-def scatter_phases(block: np.ndarray, phases: np.ndarray, first: int, grid: tuple[int, tuple[int, ...], tuple[int, ...]],
-                   taps: Sequence[tuple[int, int]]) -> None:
+def scatter_phases(block: np.ndarray, phases: np.ndarray, first: int,
+                   grid: tuple[int, tuple[int, ...], tuple[int, ...]], taps: Sequence[tuple[int, int]]) -> None:
     """col2im of output rows into channel-major phase buffers, the reverse of
     :func:`gather_phases`: each tap's rows of ``block`` are added at the frame rows it reads."""
     _phases_run(phases, block, first, grid, taps, scatter=True)

@@ -214,14 +214,23 @@ class Frame:
         return self._alloc((len(self.phases),), n * self.image_rows, c, dtype, zeroed, self.input_major)
 
     def scatter_input(self, phases: np.ndarray, dx: np.ndarray) -> None:
-        """Copy phase buffers back to ``dx`` (zero-filled; positions no tap reads stay 0)."""
+        """Copy phase buffers back to ``dx`` (zero-filled; positions no tap reads stay 0). A
+        16-bit ``dx`` is assembled in the buffers' dtype first, in its own memory order, and
+        then rounded along memory (NumPy's rounding of the strided phase copies ran 3x slower)."""
         if np.shares_memory(phases, dx):
             return
+        wide = dx
+        if dx.dtype != phases.dtype:
+            make = np.empty if self.covers_input else np.zeros
+            wide = np.moveaxis(make((dx.shape[0], dx.shape[-1], *dx.shape[1:-1]), phases.dtype), 1, -1) \
+                if layout.channels_first(dx) else make(dx.shape, phases.dtype)
         images = self._images(phases, dx.shape[0])
         for ph, phase in enumerate(self.phases):
             slices = self._phase_slices(phase)
             if slices is not None:
-                dx[slices[1]] = images[ph][slices[0]]
+                wide[slices[1]] = images[ph][slices[0]]
+        if wide is not dx:
+            casts.copy_into(dx, wide)
 
     # -- the output side (y, dy) ------------------------------------------------------------------
     def _output_slices(self) -> tuple[slice, ...]:

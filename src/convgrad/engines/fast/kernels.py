@@ -14,12 +14,13 @@ the extra memory is independent of the problem size (a single tap has no tempora
 block). Within a block the taps are taken ``per_gemm`` at a time: with one tap per GEMM the
 operands are views (no copy); with several the taps' rows are gathered side by side into one
 ``(B, per_gemm*Ci)`` operand (``(per_gemm*Ci, B)`` for :func:`reduce_gathered`), so that narrow
-channel counts still give BLAS a deep reduction (a blocked im2col). The GEMMs of a block sum into one output tile inside BLAS (``beta = 1``,
-:mod:`.blas`), with no scratch product to add. When instead the *outputs* are the narrow side
-(``Co < min(Ci, GEMM_DEPTH)``, e.g. the data gradient of a 3-channel first layer),
-:func:`accumulate` spreads: one GEMM ``src @ [W_t1 | W_t2 | ...]`` per cluster of nearby taps,
-then the narrow per-tap results are summed at their shifts. Depthwise problems
-(``Ci = Co = 1``) are no GEMM at all: see :mod:`.depthwise`.
+channel counts still give BLAS a deep reduction (a blocked im2col). The GEMMs of a block sum
+into one output tile inside BLAS (``beta = 1``, :mod:`.blas`), with no scratch product to add.
+When instead the *outputs* are the narrow side (``Co < min(Ci, GEMM_DEPTH)``, e.g. the data
+gradient of a 3-channel first layer), :func:`accumulate` spreads: one GEMM
+``src @ [W_t1 | W_t2 | ...]`` per cluster of nearby taps, then the narrow per-tap results are
+summed at their shifts (:func:`spread_scattered`: over blocks of dy's own rows, added into the
+phase buffers). Depthwise problems (``Ci = Co = 1``) are no GEMM at all: see :mod:`.depthwise`.
 """
 
 from __future__ import annotations
@@ -249,19 +250,23 @@ def reduce(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarr
 
 
 def _dy_blocks(dy: np.ndarray, dtype: np.dtype, step: int) -> Iterator[tuple[int, int, np.ndarray]]:
-    """(a, b, rows a..b) of ``dy`` (n, *O, C) as (B, C) matrices in ``dtype``, read as it lies: a
-    view of NXC rows (16-bit ones widened block by block, in cache), a view of one image's NCX
-    rows, or NCX rows of several images copied channel-major along memory (16-bit NCX data is
-    widened first, its blocks being strided)."""
+    """(a, b, rows a..b) of ``dy`` (n, *O, C) as (B, C) matrices in ``dtype``, read as it lies:
+    a view of NXC rows (16-bit ones widened block by block into one buffer), a view of one
+    image's NCX rows, or NCX rows of several images copied channel-major along memory (16-bit
+    NCX data is widened first, its blocks being strided)."""
     matrix = dy.reshape(-1, dy.shape[-1]) if dy.flags.c_contiguous else None  # NXC: one (rows, C) matrix
     if matrix is None:
         dy = casts.astype(dy, dtype)
     positions = math.prod(dy.shape[1:-1])
     per_image = dy.reshape(dy.shape[0], positions, dy.shape[-1])  # a view for NXC and NCX memory
     across = None if matrix is not None else np.empty((dy.shape[-1], step), dtype)
+    wide = np.empty((step, dy.shape[-1]), dtype) if matrix is not None and dy.dtype != dtype else None
     for a in range(0, dy.shape[0] * positions, step):
         b = min(dy.shape[0] * positions, a + step)
-        if matrix is not None:
+        if wide is not None:  # one buffer for every block: no fresh pages to fault in
+            rows = wide[:b - a]
+            casts.copy_into(rows, matrix[a:b])
+        elif matrix is not None:
             rows = matrix[a:b]
         elif a // positions == (b - 1) // positions:
             rows = per_image[a // positions, a % positions:a % positions + b - a]
@@ -273,7 +278,7 @@ def _dy_blocks(dy: np.ndarray, dtype: np.dtype, step: int) -> Iterator[tuple[int
                 across[:, r - a:r - a + length] = per_image[image, first:first + length].T
                 r += length
             rows = across[:, :b - a].T
-        yield a, b, casts.astype(rows, dtype)
+        yield a, b, rows
 
 
 def reduce_gathered(out: np.ndarray, phases: np.ndarray, taps: Taps, grid: Grid, dy: np.ndarray,
