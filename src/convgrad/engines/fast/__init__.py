@@ -88,7 +88,7 @@ IMAGE_GEMM_ROWS = 128
 #: scattered into the phase buffers (a first layer: a few image channels from many). Measured
 #: against the frame's shifted sums: 1.35x on ResNet-50's conv1, 1.6x on 3-D U-Net's conv_1,
 #: 1.35x with 3 channels from 32 (64x64 images); 0.8-0.95x with 3 from 16, or 8-16 from 32-64,
-#: and 0.7x grouped, where the shifted sums are long vector operations and the scatter's runs
+#: and 0.5-0.75x grouped, where the shifted sums are long vector operations and the scatter's runs
 #: are short or many.
 SCATTER_CHANNELS = (4, 32)
 
