@@ -74,7 +74,7 @@ from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
 from .. import register
 from . import blas, depthwise, direct, kernels, output_rows, pointwise
-from .frame import Frame
+from .frame import Frame, empty_like_data
 
 __all__ = ["FastEngine", "CHUNK_BYTES"]
 
@@ -147,14 +147,6 @@ def _frame(g: ConvGeometry, channels_first: bool, task: str) -> Frame:
     return Frame.of(g, channels_first if kernels.spreads(taps, g.icg, g.ocg) else major(g.icg), major(g.ocg))
 
 
-def _empty_like_data(shape: tuple[int, ...], dtype: np.dtype, like: np.ndarray, fill: bool) -> np.ndarray:
-    """A result array of canonical ``shape`` in the memory order of the data ``like`` (so NCX
-    results need no transposition later)."""
-    make = np.zeros if fill else np.empty
-    return np.moveaxis(make((shape[0], shape[-1], *shape[1:-1]), dtype), 1, -1) if layout.channels_first(like) \
-        else make(shape, dtype)
-
-
 def _tap_weights(g: ConvGeometry, w: np.ndarray, transpose: bool) -> np.ndarray:
     """Canonical weights as a (T, G, ICg, OCg) view, or (T, G, OCg, ICg) with ``transpose``,
     still in the data's dtype: the kernels cast them tap by tap (:func:`convgrad.casts.astype`)."""
@@ -176,7 +168,7 @@ def _without_frame(algorithm: str, g: ConvGeometry, src: np.ndarray, w: np.ndarr
     """Forward (``transpose=False``) or backward data of shape ``shape`` by an ``algorithm`` that
     needs no frame: an empty batch, depthwise loops, or NCX pointwise layers as one GEMM per
     image."""
-    out = _empty_like_data(shape, dtype, src, fill=algorithm == "empty")
+    out = empty_like_data(shape, dtype, src, fill=algorithm == "empty")
     if algorithm == "depthwise":
         (depthwise.backward_data if transpose else depthwise.forward)(g, casts.astype(src, dtype), w, out)
     elif algorithm == "image_gemms":
@@ -267,7 +259,7 @@ class FastEngine:
             return y
         if algorithm != "frame":
             return _without_frame(algorithm, g, x, w, g.y_shape, dtype, transpose=False)
-        y = _empty_like_data(g.y_shape, dtype, x, fill=True)
+        y = empty_like_data(g.y_shape, dtype, x, fill=True)
         frame = _frame(g, layout.channels_first(x), "forward")
         weights = _tap_weights(g, w, transpose=False)
         for batch in self._batches(g, frame, "forward", x.dtype):
@@ -298,7 +290,7 @@ class FastEngine:
         scattered = len(weights) > 1 and g.icg <= SCATTER_CHANNELS[0] and g.ocg >= SCATTER_CHANNELS[1]
         # 16-bit data: the phase buffers' copy into dx rounds (once, to nearest even), so no f32 dx
         rounds = dy.dtype != dtype and not frame.input_is_frame
-        dx = _empty_like_data(g.x_shape, dy.dtype if rounds else dtype, dy,
+        dx = empty_like_data(g.x_shape, dy.dtype if rounds else dtype, dy,
                               fill=scattered or not (frame.input_is_frame or frame.covers_input))
         per_phase = [[k for k, p in enumerate(frame.tap_phase) if p == ph] for ph in range(len(frame.phases))]
         for batch in self._batches(g, frame, "backward_data", dy.dtype):

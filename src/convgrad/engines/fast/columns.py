@@ -28,7 +28,11 @@ import numpy as np
 from ...problem import ConvGeometry
 from .direct import params, spatial3, tap
 
-__all__ = ["scatter", "gather", "gather_phases", "scatter_phases"]
+__all__ = ["Grid", "scatter", "gather", "gather_phases", "scatter_phases"]
+
+#: Where outputs sit in a frame: (rows per image, O, rows per step of each axis), as
+#: :meth:`.frame.Frame.output_grid` gives it.
+Grid = tuple[int, tuple[int, ...], tuple[int, ...]]
 
 
 @numba.njit(inline="always")
@@ -110,9 +114,7 @@ def _phase_columns(phases, block, first, out, strides, image, phase_of, shift_of
     lengths = np.empty_like(starts)
     runs, r = 0, first
     while r < first + count:
-        n, rest = divmod(r, out[0] * out[1] * out[2])
-        o0, rest = divmod(rest, out[1] * out[2])
-        o1, o2 = divmod(rest, out[2])
+        n, o0, o1, o2 = _position(r, out)
         lengths[runs] = min(out[2] - o2, first + count - r)
         starts[runs] = n * image + o0 * strides[0] + o1 * strides[1] + o2 * strides[2]
         r += lengths[runs]
@@ -143,7 +145,7 @@ def _phase_columns(phases, block, first, out, strides, image, phase_of, shift_of
                     at += length
 
 
-def _phases_run(phases: np.ndarray, block: np.ndarray, first: int, grid: tuple[int, tuple[int, ...], tuple[int, ...]],
+def _phases_run(phases: np.ndarray, block: np.ndarray, first: int, grid: Grid,
                 taps: Sequence[tuple[int, int]], scatter: bool) -> None:
     image, out, strides = grid
     fill = (1,) * (3 - len(out))
@@ -152,18 +154,17 @@ def _phases_run(phases: np.ndarray, block: np.ndarray, first: int, grid: tuple[i
                    np.array([p for p, _ in taps], np.int64), np.array([s for _, s in taps], np.int64), scatter)
 
 
-def gather_phases(phases: np.ndarray, block: np.ndarray, first: int, grid: tuple[int, tuple[int, ...], tuple[int, ...]],
+def gather_phases(phases: np.ndarray, block: np.ndarray, first: int, grid: Grid,
                   taps: Sequence[tuple[int, int]]) -> None:
     """im2col of output rows from channel-major phase buffers: ``block`` (G, len(taps)*Cg, B)
     gets, for the output rows ``first .. first + B`` (in (n, *O) order), the frame rows that
     each tap (phase, row shift) reads; ``phases`` (P, rows, G*Cg) stored channel by channel and
-    ``grid`` = (frame rows per image, O, frame rows per step of each axis) as
-    :meth:`.frame.Frame.output_grid` gives them."""
+    ``grid`` places the outputs in the frame."""
     _phases_run(phases, block, first, grid, taps, scatter=False)
 
 
 def scatter_phases(block: np.ndarray, phases: np.ndarray, first: int,
-                   grid: tuple[int, tuple[int, ...], tuple[int, ...]], taps: Sequence[tuple[int, int]]) -> None:
+                   grid: Grid, taps: Sequence[tuple[int, int]]) -> None:
     """col2im of output rows into channel-major phase buffers, the reverse of
     :func:`gather_phases`: each tap's rows of ``block`` are added at the frame rows it reads."""
     _phases_run(phases, block, first, grid, taps, scatter=True)

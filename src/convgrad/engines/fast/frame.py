@@ -43,9 +43,17 @@ import numpy as np
 from ... import casts, layout
 from ...problem import ConvGeometry
 
-__all__ = ["Frame"]
+__all__ = ["Frame", "empty_like_data"]
 
 _ALL = slice(None)
+
+
+def empty_like_data(shape: tuple[int, ...], dtype: np.dtype, like: np.ndarray, fill: bool = False) -> np.ndarray:
+    """A new canonical (N, *X, C) array of ``shape`` in the memory order of the data ``like``
+    (so NCX results need no transposition later), zeroed if ``fill``."""
+    make = np.zeros if fill else np.empty
+    return np.moveaxis(make((shape[0], shape[-1], *shape[1:-1]), dtype), 1, -1) if layout.channels_first(like) \
+        else make(shape, dtype)
 
 
 @dataclass(frozen=True)
@@ -219,11 +227,8 @@ class Frame:
         then rounded along memory (NumPy's rounding of the strided phase copies ran 3x slower)."""
         if np.shares_memory(phases, dx):
             return
-        wide = dx
-        if dx.dtype != phases.dtype:
-            make = np.empty if self.covers_input else np.zeros
-            wide = np.moveaxis(make((dx.shape[0], dx.shape[-1], *dx.shape[1:-1]), phases.dtype), 1, -1) \
-                if layout.channels_first(dx) else make(dx.shape, phases.dtype)
+        wide = dx if dx.dtype == phases.dtype else \
+            empty_like_data(dx.shape, phases.dtype, dx, fill=not self.covers_input)
         images = self._images(phases, dx.shape[0])
         for ph, phase in enumerate(self.phases):
             slices = self._phase_slices(phase)

@@ -19,8 +19,8 @@ into one output tile inside BLAS (``beta = 1``, :mod:`.blas`), with no scratch p
 When instead the *outputs* are the narrow side (``Co < min(Ci, GEMM_DEPTH)``, e.g. the data
 gradient of a 3-channel first layer), :func:`accumulate` spreads: one GEMM
 ``src @ [W_t1 | W_t2 | ...]`` per cluster of nearby taps, then the narrow per-tap results are
-summed at their shifts (:func:`spread_scattered`: over blocks of dy's own rows, added into the
-phase buffers). Depthwise problems (``Ci = Co = 1``) are no GEMM at all: see :mod:`.depthwise`.
+summed at their shifts (:func:`spread_scattered` computes a first layer's backward data that
+way over blocks of dy's own rows, adding into the phase buffers). Depthwise problems (``Ci = Co = 1``) are no GEMM at all: see :mod:`.depthwise`.
 """
 
 from __future__ import annotations
@@ -58,9 +58,6 @@ REDUCE_VIEWS = 32
 REDUCE_DEPTH = 256
 
 Taps = Sequence[tuple[int, int]]
-#: Where outputs sit in a frame: (rows per image, O, rows per step of each axis), see
-#: :meth:`.frame.Frame.output_grid`.
-Grid = tuple[int, tuple[int, ...], tuple[int, ...]]
 
 
 def taps_per_gemm(taps: int, channels: int, reduces: bool = False) -> int:
@@ -281,7 +278,7 @@ def _dy_blocks(dy: np.ndarray, dtype: np.dtype, step: int) -> Iterator[tuple[int
         yield a, b, rows
 
 
-def reduce_gathered(out: np.ndarray, phases: np.ndarray, taps: Taps, grid: Grid, dy: np.ndarray,
+def reduce_gathered(out: np.ndarray, phases: np.ndarray, taps: Taps, grid: columns.Grid, dy: np.ndarray,
                     per_gemm: int) -> None:
     """:func:`reduce` for narrow inputs, over the output rows: per block of rows of ``dy``
     (n, *O, G*Co, read as it lies: :func:`_dy_blocks`), its ``per_gemm`` taps at a time gathered
@@ -303,7 +300,7 @@ def reduce_gathered(out: np.ndarray, phases: np.ndarray, taps: Taps, grid: Grid,
             product(target, block, rhs, True, scratch[:, :len(chunk) * ci])
 
 
-def spread_scattered(phases: np.ndarray, weights: np.ndarray, taps: Taps, grid: Grid, dy: np.ndarray) -> None:
+def spread_scattered(phases: np.ndarray, weights: np.ndarray, taps: Taps, grid: columns.Grid, dy: np.ndarray) -> None:
     """Backward data into few channels (a first layer's), over the output rows: per block of
     rows of ``dy`` (n, *O, G*Ci, read as it lies: :func:`_dy_blocks`) one GEMM for every tap,
     ``Z = [W_1 | W_2 | ...]^T @ dy^T`` of shape (G, T*Co, B), whose per-tap rows are added into
