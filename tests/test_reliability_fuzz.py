@@ -44,7 +44,9 @@ def _run_checked(op: cg.Op, inputs: list[Any]) -> np.ndarray | cg.ConvgradError:
     outcome = _outcome(lambda: op(*inputs))
     assert [fingerprint(v) for v in inputs] == before, "an input was modified"
     if isinstance(outcome, np.ndarray):
-        problem = op.infer(*inputs)
+        # The call took every data input as an array (a tuple too); infer reads a tuple as a shape.
+        problem = op.infer(*[np.asarray(v) if isinstance(v, (tuple, list)) and s.role != "shape" else v
+                             for v, s in zip(inputs, op.definition.inputs)])
         assert outcome.shape == problem.output_shape and outcome.dtype == problem.dtype
         try:
             want = op(*inputs, engine="reference")
