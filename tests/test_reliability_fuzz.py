@@ -118,7 +118,8 @@ def test_corrupted_problems_fail_cleanly(case: Case, data: st.DataObject) -> Non
 @fuzz_settings(800)
 @given(st.sampled_from(sorted(cg.OPS)), st.dictionaries(st.sampled_from(
     ["strides", "pads_begin", "pads_end", "dilations", "auto_pad", "groups", "data_format", "weights_format",
-     "filter_format", "output_padding", "dst_shape", "weights_shape", "filter_shape", "bogus"]), hostile, max_size=6),
+     "filter_format", "output_padding", "dst_shape", "weights_shape", "filter_shape", "alpha", "beta", "min", "max",
+     "use_dst", "mode", "auto_broadcast", "shape", "special_zero", "order", "dtype", "bogus"]), hostile, max_size=6),
     st.lists(hostile, max_size=4), st.booleans())
 def test_hostile_values_everywhere(kind: str, attrs: dict[str, Any], inputs: list[Any], lenient: bool) -> None:
     before = [fingerprint(v) for v in inputs]
