@@ -202,7 +202,7 @@ class _Reader:
                         for i, t in enumerate(self.get(obj, "outputs", where, (list,))))
         if len(outputs) != 1:
             raise self.fail(f"{where}.outputs", f"has {len(outputs)} tensors: expected 1 (every supported "
-                            "convolution family has one output)")
+                            "op has one output)")
         return GraphOp(op_id, name, kind, attrs, inputs, outputs)
 
 
