@@ -72,7 +72,7 @@ def _zero_unless(condition: np.ndarray, value: np.ndarray) -> np.ndarray:
 
 #: algorithm -> dst = f(src, attrs)
 FORWARD: dict[str, Callable[[np.ndarray, Attrs], np.ndarray]] = {
-    "relu": lambda s, a: np.where(s > 0, s, s * 0),  # NaN stays NaN
+    "relu": lambda s, a: np.maximum(s, 0),  # NaN stays NaN
     "leaky_relu": lambda s, a: np.where(s >= 0, s, a["alpha"] * s),
     "sigmoid": lambda s, a: _sigmoid(s),
     "tanh": lambda s, a: np.tanh(s),

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from . import binary, eltwise
+from . import binary, casts, eltwise
 from .attributes import Attrs
 from .dtypes import compute_dtype, dtype_name, parse_dtype, round_to
 from .errors import AttributeValueError, DTypeError, InputError, MissingAttributeError, ShapeError
@@ -143,7 +143,7 @@ def run_tensor_problem(problem: TensorProblem, arrays: list[np.ndarray], engine:
         return np.array(src, copy=True).reshape(problem.output_shape)
     reference = getattr(engine, "name", None) == "reference"
     compute = np.dtype(np.float64) if reference else compute_dtype(problem.dtype)
-    xs = [a.astype(compute, copy=False) for a in arrays]
+    xs = [casts.astype(a, compute) for a in arrays]
     with np.errstate(all="ignore"):  # IEEE arithmetic: NaN and Inf propagate without warnings
         if d.family == "eltwise":
             result = eltwise.FORWARD[d.algorithm](xs[0], attrs)
