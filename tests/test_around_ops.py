@@ -177,6 +177,14 @@ def test_training_step_example_plans_every_op():
     assert plan.flops == 3 * plan.steps[0].problem.flops
 
 
+def test_mb_changes_a_residual_operand_but_not_a_broadcast_one():
+    plan = plan_graph(rewrite(load_graph(EXAMPLES / "conv_layout_ops_nxc_f16.json"), mb=3))
+    assert plan.tensors[6].shape == (8, 1) and plan.tensors[7].shape == (3, 8, 36)
+    graph = load_graph(EXAMPLES / "conv_add_relu_residual_ncx_f32.json")
+    graph = rewrite(graph, op_kind=parse_op_kind("1:Subtract"))
+    assert plan_graph(rewrite(graph, mb=4)).tensors[4].shape == (4, 8, 10, 10)
+
+
 def test_op_kind_swaps_within_a_family_and_refuses_others():
     graph = load_graph(EXAMPLES / "conv_add_relu_residual_ncx_f32.json")
     swapped = rewrite(graph, op_kind=parse_op_kind("1:SquaredDifference+2:HardSwish"))

@@ -135,15 +135,17 @@ def _attr_value(op: GraphOp, name: str, text: str) -> Any:
 
 
 def _data_input_ids(graph: Graph) -> set[int]:
-    """Graph inputs that some op uses as a data tensor (the ones ``--mb`` changes)."""
+    """Graph inputs that some op uses as a data tensor (the ones ``--mb`` changes): a binary op's
+    src_1 only when it has src_0's rank and batch (a residual, not a broadcast operand)."""
     ids = set()
     for op in graph.ops:
         try:
             specs = get_opdef(op.kind).inputs
         except ConvgradError:
             continue  # reported when the graph is planned
+        first = op.inputs[0].shape if op.inputs else ()
         ids.update(t.id for spec, t in zip(specs, op.inputs) if spec.role in ("x", "y", "data")
-                   or (spec.role == "operand" and len(t.shape) >= 2 and t.shape[0] > 1))  # not a broadcast one
+                   or (spec.role == "operand" and len(t.shape) == len(first) and t.shape[:1] == first[:1]))
     return ids & set(graph.input_ids())
 
 
