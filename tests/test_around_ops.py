@@ -42,12 +42,10 @@ def _src(kind: str, rng: np.random.Generator, shape=(3, 4, 5)) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("use_dst", [False, True])
-@pytest.mark.parametrize("kind", BACKWARD)
+@pytest.mark.parametrize("kind,use_dst", [(k, False) for k in BACKWARD]
+                         + [(k, True) for k in BACKWARD if "use_dst" in cg.OPS[k].attr_names])
 def test_backward_ops_match_finite_differences(kind, use_dst):
     d = cg.OPS[kind]
-    if use_dst and "use_dst" not in d.attr_names:
-        return
     rng, seed = fresh_rng()
     forward = cg.Op(kind.removesuffix("Backward"), **_attrs(kind))
     x, dd, h = _src(kind, rng), rng.uniform(-1, 1, (3, 4, 5)), 1e-6

@@ -38,9 +38,13 @@ class TensorProblem:
     definition: OpDef
     attrs: Attrs  # every attribute, defaults filled in
     input_shapes: tuple[tuple[int, ...], ...]
-    dtype: np.dtype  # the inputs' dtype
-    output_dtype: np.dtype
+    input_dtype: np.dtype  # shared by every input
+    dtype: np.dtype  # of the output, as a convolution Problem's dtype
     output_shape: tuple[int, ...]
+
+    @property
+    def output_dtype(self) -> np.dtype:
+        return self.dtype
 
     @property
     def op(self) -> str:
@@ -142,7 +146,7 @@ def run_tensor_problem(problem: TensorProblem, arrays: list[np.ndarray], engine:
             return np.transpose(src, transpose_order(d.kind, src.ndim, tuple(attrs["order"]))).copy()
         return np.array(src, copy=True).reshape(problem.output_shape)
     reference = getattr(engine, "name", None) == "reference"
-    compute = np.dtype(np.float64) if reference else compute_dtype(problem.dtype)
+    compute = np.dtype(np.float64) if reference else compute_dtype(problem.input_dtype)
     xs = [casts.astype(a, compute) for a in arrays]
     with np.errstate(all="ignore"):  # IEEE arithmetic: NaN and Inf propagate without warnings
         if d.family == "eltwise":
