@@ -14,7 +14,7 @@ import pytest
 
 import convgrad as cg
 from convgrad.dtypes import DATA_DTYPES
-from convgrad.graph import GraphError, load_graph, parse_op_kind, plan_graph, rewrite
+from convgrad.graph import GraphError, load_graph, parse_op_attrs, parse_op_kind, plan_graph, rewrite
 from convgrad.graph.run import relative_error
 from convgrad.opdefs import ops_of
 from oracle import fresh_rng
@@ -197,6 +197,17 @@ def test_op_kind_swaps_within_a_family_and_refuses_others():
             rewrite(graph, op_kind=parse_op_kind(text))
     with pytest.raises(ValueError, match="is not ID:VALUE"):
         parse_op_kind("ReLU")
+
+
+def test_op_attrs_reads_bool_and_f32_values():
+    graph = load_graph(EXAMPLES / "training_step_bias_relu_nxc_f32.json")
+    ops = rewrite(graph, op_kind=parse_op_kind("2:Elu+3:EluBackward"),
+                  op_attrs=parse_op_attrs("2:alpha:0.5+3:alpha:0.5*use_dst:FALSE")).ops
+    assert ops[3].kind == "EluBackward" and ops[3].attrs == {"alpha": 0.5, "use_dst": False}
+    for text, message in (("3:use_dst:maybe", "'use_dst' = 'maybe': expected true or false"),
+                          ("2:alpha:big", "'alpha' = 'big': expected a non-negative finite number")):
+        with pytest.raises(GraphError, match=re.escape(message)):
+            rewrite(graph, op_kind=parse_op_kind("2:Elu+3:EluBackward"), op_attrs=parse_op_attrs(text))
 
 
 def test_graph_errors_for_the_new_ops(tmp_path):
