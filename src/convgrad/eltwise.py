@@ -22,7 +22,7 @@ __all__ = ["FORWARD", "BACKWARD", "erf"]
 Attrs = dict[str, Any]
 
 
-@numba.vectorize(["float32(float32)", "float64(float64)"], cache=True)
+@numba.vectorize(cache=True)  # compiled per dtype on first use (GELU), not at import
 def erf(x: float) -> float:  # pragma: no cover - compiled
     """The error function, element-wise (NumPy has none)."""
     return math.erf(x)
