@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+import convgrad as cg
 from convgrad import engines
 from convgrad.cli import main
 from convgrad.engines.reference import ReferenceEngine
+from convgrad.opdefs import ops_of
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -41,15 +43,19 @@ def test_examples_cover_the_family():
     for path in EXAMPLES.glob("*.json"):
         for op in json.loads(path.read_text())["graph"]:
             ops.add(op["kind"])
-            formats.add(op["attrs"]["data_format"]["value"])
+            if cg.OPS[op["kind"]].family == "convolution":
+                formats.add(op["attrs"]["data_format"]["value"])
             dtypes.update(t["dtype"] for t in op["inputs"])
             shape_inputs += any(t["dtype"] == "s32" for t in op["inputs"])
-    assert len(ops) == 7 and formats == {"NCX", "NXC"} and {"f32", "bf16", "f16"} <= dtypes and shape_inputs >= 3
+    assert set(ops_of("convolution")) <= ops and formats == {"NCX", "NXC"} and {"f32", "bf16", "f16"} <= dtypes
+    assert shape_inputs >= 3
+    assert {"BiasAdd", "BiasAddBackward", "ReLU", "ReLUBackward", "Add", "GELU", "TypeCast", "Reorder",
+            "StaticTranspose", "StaticReshape", "Multiply"} <= ops
 
 
 def test_example_batches():
     code, out, summary = run("graph", f"--batch={EXAMPLES / 'graph_all.batch'}")
-    assert code == 0 and summary == (19, 19, 0), out
+    assert code == 0 and summary == (28, 28, 0), out
     code, out, summary = run("conv", f"--batch={EXAMPLES / 'conv_small.batch'}")
     assert code == 0 and summary == (19, 19, 0), out
     assert "--dir=BWD_D --dt=bf16 --tag=ncx" in out  # options persist within a line's nested batch
@@ -68,8 +74,9 @@ def test_performance_mode_csv_and_plot(tmp_path):
     rows = [r for r in csv.reader(line for line in out.splitlines() if line.startswith("perf,"))]
     assert rows[0][:6] == ["perf", "engine", "impl", "name", "prb", "Gops"] and len(rows) == 3
     gops, best_ms, best_gflops = float(rows[1][5]), float(rows[1][6]), float(rows[1][7])
-    assert gops == pytest.approx(2 * 2 * 8 * 8 * 9 * 100 / 1e9) and best_gflops == pytest.approx(gops / best_ms * 1e3,
-                                                                                                  rel=1e-4)
+    # GFLOP/s over the time spent in the convolution, which is all of this one-op graph but its loop
+    assert gops == pytest.approx(2 * 2 * 8 * 8 * 9 * 100 / 1e9) and best_gflops >= gops / best_ms * 1e3
+    assert best_gflops == pytest.approx(gops / best_ms * 1e3, rel=0.5)
     assert png.stat().st_size > 1000
 
 
@@ -82,7 +89,7 @@ def test_custom_perf_template():
 def test_bad_files_and_lines_are_counted_and_the_rest_runs(tmp_path):
     good = EXAMPLES / "conv_fwd_nxc_f32.json"
     doc = json.loads(good.read_text())
-    doc["graph"][0]["kind"] = "ReLU"
+    doc["graph"][0]["kind"] = "MaxPool"
     (tmp_path / "relu.json").write_text(json.dumps(doc))
     doc = json.loads(good.read_text())
     doc["graph"][0]["inputs"][0]["stride"] = [1, 1, 1]
@@ -106,7 +113,7 @@ def test_bad_files_and_lines_are_counted_and_the_rest_runs(tmp_path):
     assert code == 1 and summary == (10, 1, 9), out
     batch = f"{tmp_path / 'cases.batch'}"
     for expected in (f"{batch}:1: --in-shapes: --in-shapes: '2xAx3'", f"{batch}:2: '--nonsense=1': unknown option",
-                     "missing.json: cannot read the case file", "kind 'ReLU'", "inputs[0].stride: = [1, 1, 1]",
+                     "missing.json: cannot read the case file", "kind 'MaxPool'", "inputs[0].stride: = [1, 1, 1]",
                      "attrs.strides.type: = 's32[]'", "broken.json:1:3: not valid JSON",
                      "attribute 'groups' = 3: expected a divisor", "includes itself"):
         assert expected in out, expected
@@ -140,8 +147,9 @@ def test_help_is_complete():
     code, out, _ = run("--help")
     assert code == 0 and all(word in out for word in ("demo", "graph", "conv", "Exit codes"))
     code, out, _ = run("graph", "--help")
-    for word in ("--case", "--batch", "--dt", "--in-shapes", "--op-attrs", "--mb", "--mode", "--engine", "--seed",
-                 "--perf-template", "--plot", "--reset", "Exit codes"):
+    for word in ("--case", "--batch", "--dt", "--in-shapes", "--op-attrs", "--op-kind", "--mb", "--mode", "--engine",
+                 "--seed", "--perf-template", "--plot", "--reset", "Exit codes", "--expected-n-partitions",
+                 "ignored"):
         assert word in out, word
     code, out, _ = run("conv", "--help")
     assert all(word in out for word in ("--dir", "--tag", "DESCRIPTOR", "BWD_W"))

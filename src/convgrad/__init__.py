@@ -3,7 +3,9 @@
 Seven ops (Convolution, ConvolutionBackwardData, ConvolutionBackwardWeights,
 ConvolutionBackpropFilters, ConvTranspose, ConvTransposeBackwardData, ConvTransposeBackwardWeights)
 as functions (``convgrad.convolution_backward_weights(src, diff_dst, weights_shape, strides=...)``)
-and as oneDNN-style op objects (``convgrad.Op(kind, **attrs)``).
+and as oneDNN-style op objects (``convgrad.Op(kind, **attrs)``), and the ops that sit around them in
+real graphs (element-wise ops and their backward ops, binary ops, BiasAdd, TypeCast, Reorder,
+StaticReshape, StaticTranspose), also as functions (``convgrad.relu``, ``convgrad.bias_add``, ...).
 """
 
 from __future__ import annotations
@@ -32,10 +34,17 @@ from .functional import (
     convolution_backward_data,
     convolution_backward_weights,
 )
+from .functional import __all__ as _FUNCTIONS
 from .limits import memory_budget, set_memory_budget
 from .op import Op
 from .opdefs import OPS
 from .problem import ConvGeometry, Problem
+
+from . import functional as _functional
+
+# The other ops' functions (relu, add, bias_add, ...), generated from the op table like the seven above.
+_AROUND = [name for name in _FUNCTIONS if name not in globals()]
+globals().update({name: getattr(_functional, name) for name in _AROUND})
 
 __version__ = "0.1.0"
 
@@ -46,4 +55,5 @@ __all__ = [
     "available_engines", "get_engine", "set_default_engine", "memory_budget", "set_memory_budget",
     "ConvgradError", "UnknownOpError", "AttributeValueError", "UnknownAttributeError", "MissingAttributeError",
     "AttributeTypeError", "InputError", "ShapeError", "InputTypeError", "DTypeError", "ResourceError", "EngineError",
+    *_AROUND,
 ]

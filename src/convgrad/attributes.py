@@ -1,5 +1,8 @@
 """Attribute parsing and validation, driven entirely by the tables in :mod:`convgrad.opdefs`.
 
+Types: s64 (integers), s64[] (lists of integers), string (one of the choices), f32 (finite numbers,
+held as the nearest f32 value) and bool.
+
 Two stages: :func:`parse_attributes` checks names, types, ranges and choices as soon as an op is
 built (no inputs needed); :func:`per_axis` then fits list attributes to the spatial rank once the
 inputs are known.
@@ -7,6 +10,7 @@ inputs are known.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Mapping
 from typing import Any
@@ -39,7 +43,28 @@ def _as_int(op: str, spec: AttrSpec, value: Any, whole: Any) -> int:
     return number
 
 
+def _as_float(op: str, spec: AttrSpec, value: Any) -> float:
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise AttributeTypeError(op, spec.name, value, f"a number ({spec.expected()})")
+    with np.errstate(over="ignore"):
+        number = float(np.float32(value))  # an f32 attribute holds the f32 nearest the value given
+    if (not math.isfinite(number) or (spec.minimum is not None and number < spec.minimum)
+            or (spec.nonzero and number == 0)):
+        raise AttributeValueError(op, spec.name, value, spec.expected())
+    return number
+
+
 def _parse_one(op: str, spec: AttrSpec, value: Any) -> Any:
+    if spec.type == "f32":
+        return _as_float(op, spec, value)
+    if spec.type == "bool":
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value[()]
+        if not isinstance(value, (bool, np.bool_)):
+            raise AttributeTypeError(op, spec.name, value, "true or false (a bool)")
+        return bool(value)
     if spec.type == "string":
         if not isinstance(value, str):
             raise AttributeTypeError(op, spec.name, value, f"a string, {spec.expected()}")

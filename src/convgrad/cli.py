@@ -91,7 +91,8 @@ def _run_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Seed of the random inputs (case N uses SEED+N; default: fresh each run)."),
         click.option("--perf-template", default="def", show_default=True, metavar="def|csv|TEXT",
                      help="Perf line format: def (benchdnn's), csv (quoted, with a header row) or a text with "
-                          "%engine% %impl% %name% %prb% %Gops% %-time% %-Gflops% %0time% %0Gflops%."),
+                          "%engine% %impl% %name% %prb% %Gops% %-time% %-Gflops% %0time% %0Gflops% %-other% %0other% "
+                          "(times: the whole graph; GFLOP/s: its convolutions; other: the rest of the graph)."),
         click.option("--max-ms-per-prb", "max_ms", type=click.FloatRange(0), default=1000.0, show_default=True,
                      help="P mode: time each case for about this long (at least 3 runs)."),
         click.option("--fix-times-per-prb", "times", type=click.IntRange(0), default=0, show_default=True,
@@ -165,12 +166,17 @@ _GRAPH_HELP = """Run oneDNN Graph JSON cases as benchdnn's graph driver does.
 
 \b
 convgrad graph --case=FILE.json [--dt=f32|bf16|f16] [--in-shapes=ID:AxBxC[*tag][+ID:...]]
-               [--op-attrs=OPID:name:value[*name:value]] [--mb=N] [--mode=C|P] [--engine=...]
+               [--op-attrs=OPID:name:value[*name:value]] [--op-kind=OPID:KIND[+...]] [--mb=N]
+               [--mode=C|P] [--engine=...]
 convgrad graph --batch=FILE
 
-The graph's ops (Convolution, ConvolutionBackwardData, ConvolutionBackwardWeights,
-ConvolutionBackpropFilters, ConvTranspose, ConvTransposeBackwardData, ConvTransposeBackwardWeights)
-run in dependency order; graph inputs get random non-zero data laid out with their strides.
+The graph's ops (the seven convolution ops and the ops around them: element-wise ops such as ReLU,
+GELU, Sigmoid and their backward ops, binary ops such as Add and Multiply, BiasAdd,
+BiasAddBackward, TypeCast, Reorder, StaticReshape, StaticTranspose; see docs/ops.md) run in
+dependency order; graph inputs get random non-zero data laid out with their strides. C mode checks
+every op against the reference engine on the same inputs; P mode times the whole graph and
+reports the GFLOP/s of its convolutions and the time of the other ops. oneDNN's partitioning
+options (--expected-n-partitions) are accepted and ignored.
 Rewritten shapes and attributes flow to the outputs by shape inference. A shape given as input 2
 (dst_shape, weights_shape, filter_shape) takes its spatial/kernel sizes from the op's attribute,
 else from the op's output shape in the file (a diff_src size that no longer fits diff_dst becomes

@@ -23,7 +23,15 @@ _EXAMPLES = {
     "ConvTranspose": ("y, w", _PADS),
     "ConvTransposeBackwardData": ("x, w", _PADS),
     "ConvTransposeBackwardWeights": ("y, x, w.shape", _PADS),
+    "BiasAdd": ("y, y[0, 0, 0]", ""),
+    "BiasAddBackward": ("y", ""),
+    "TypeCast": ("y", 'dtype="f16"'),
+    "StaticReshape": ("y", "shape=[0, -1, 1, 6], special_zero=True"),
+    "StaticTranspose": ("y", "order=[0, 3, 1, 2]"),
 }
+# The other ops' examples: inputs by family, the attributes each op requires.
+_FAMILY_INPUTS = {"eltwise": "y", "eltwise_backward": "y, y", "binary": "y, y[0]", "reorder": "y"}
+_REQUIRED = {"alpha": "alpha=0.5", "beta": "beta=2.0", "min": "min=-0.5, max=0.5"}
 _SETUP = """import numpy as np
 import convgrad as cg
 
@@ -55,11 +63,20 @@ def render_op(d: OpDef) -> str:
         lines.append(f"| `{a.name}` | {a.type} | {_default(a)} | {'required' if a.required else 'optional'} | "
                      f"{_cell(a.expected())} | {_cell(a.description)} |")
     function = getattr(functional, d.function)
-    inputs, attrs = _EXAMPLES[d.kind]
+    inputs, attrs = _example(d)
     lines += ["", "### Function", "", "```python", f"convgrad.{d.function}{inspect.signature(function)}", "```",
               "", "### Example", "", "```python", _SETUP, "",
-              f"out = cg.{d.function}({inputs}, {attrs})", "print(out.shape, out.dtype)", "```", ""]
+              f"out = cg.{d.function}({', '.join(filter(None, (inputs, attrs)))})", "print(out.shape, out.dtype)",
+              "```", ""]
     return "\n".join(lines)
+
+
+def _example(d: OpDef) -> tuple[str, str]:
+    """(inputs, keyword attributes) of the op's example."""
+    if d.kind in _EXAMPLES:
+        return _EXAMPLES[d.kind]
+    attrs = [_REQUIRED[a.name] for a in d.attributes if a.required and a.name in _REQUIRED]
+    return _FAMILY_INPUTS[d.family], ", ".join(attrs)
 
 
 def render() -> str:
@@ -67,9 +84,15 @@ def render() -> str:
     head = ["# convgrad ops", "",
             "Generated from `convgrad.opdefs.OPS` by `python -m convgrad.docs > docs/ops.md`; do not edit by hand.",
             "", "Every op is available as a function (inputs positional in the specification's index order, "
-            "attributes by keyword; omitted pads mean 0 and omitted dilations 1) and as "
-            "`convgrad.Op(kind, **attrs)` (attributes as the specification requires them).", ""]
-    head += [f"- [{d.kind}](#{d.kind.lower()}) — `convgrad.{d.function}`" for d in OPS.values()]
+            "attributes by keyword; for the convolutions omitted pads mean 0 and omitted dilations 1) and as "
+            "`convgrad.Op(kind, **attrs)` (attributes as the specification requires them).", "",
+            "The convolutions:", ""]
+    others = [d for d in OPS.values() if d.family != "convolution"]
+    head += [f"- [{d.kind}](#{d.kind.lower()}) — `convgrad.{d.function}`" for d in OPS.values() if d not in others]
+    head += ["", "The ops around them (element-wise, binary, bias, type and layout; results rounded once to the "
+             "output dtype, computed in f64 by the reference engine and in f32 otherwise):", ""]
+    head += [f"- [{d.kind}](#{d.kind.lower()}) — `convgrad.{d.function}` ({d.family.replace('_', ' ')})"
+             for d in others]
     return "\n".join(head) + "\n\n" + "\n".join(render_op(d) for d in OPS.values())
 
 

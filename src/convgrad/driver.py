@@ -18,7 +18,7 @@ from .batch import BatchReader, Case, Knob
 from .descriptor import parse_descriptor
 from .errors import ConvgradError
 from .graph import DIRECTIONS, Graph, check, descriptor_graph, load_graph, make_inputs, plan_graph
-from .graph import parse_dt, parse_in_shapes, parse_mb, parse_op_attrs, rewrite, time_plan
+from .graph import parse_dt, parse_in_shapes, parse_mb, parse_op_attrs, parse_op_kind, rewrite, time_plan
 from .graph.rewrite import FLOAT_DTYPES
 from .graph.run import OpCheck
 
@@ -58,7 +58,8 @@ def _build_graph(case: Case) -> tuple[Graph, str]:
     graph = load_graph(case.target)
     graph = rewrite(graph, in_shapes=parse_in_shapes(case.knob("in-shapes")) if case.knob("in-shapes") else None,
                     op_attrs=parse_op_attrs(case.knob("op-attrs")) if case.knob("op-attrs") else None,
-                    mb=parse_mb(case.knob("mb", "0")), dt=parse_dt(case.knob("dt")) if case.knob("dt") else None)
+                    mb=parse_mb(case.knob("mb", "0")), dt=parse_dt(case.knob("dt")) if case.knob("dt") else None,
+                    op_kind=parse_op_kind(case.knob("op-kind")) if case.knob("op-kind") else None)
     return graph, Path(case.target).stem
 
 
@@ -86,9 +87,12 @@ GRAPH = Driver("graph", {
                       "ID:TAG alone changes only the order.", parse_in_shapes),
     "op-attrs": Knob("op-attrs", "Op attributes: OPID:NAME:VALUE[*NAME:VALUE][+OPID:...], lists as 2x2.",
                      parse_op_attrs),
+    "op-kind": Knob("op-kind", "Op kinds: OPID:KIND[+OPID:KIND], another element-wise or binary kind of the same "
+                    "family, e.g. 1:GELU+2:Multiply (attributes it needs via --op-attrs).", parse_op_kind),
     "mb": _MB,
-    "expected-n-partitions": Knob("expected-n-partitions", "Accepted for benchdnn compatibility; ignored "
-                                  "(convgrad runs the ops one by one).", parse_mb, "0"),
+    "expected-n-partitions": Knob("expected-n-partitions", "oneDNN's partition count check: accepted for benchdnn "
+                                  "compatibility and ignored (convgrad does not partition: it runs the ops one by "
+                                  "one).", parse_mb, "0"),
 }, "case", _build_graph)
 
 CONV = Driver("conv", {
@@ -124,7 +128,8 @@ class Result:
     flops: int = 0
     reason: str = ""
     checks: list[OpCheck] = field(default_factory=list)
-    times: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # seconds per run of the whole graph
+    convolution_times: list[float] = field(default_factory=list)  # of which in its convolutions
 
     @property
     def ok(self) -> bool:
@@ -156,7 +161,9 @@ def run_case(driver: Driver, settings: RunSettings, case: Case, index: int) -> R
         result.flops = plan.flops
         inputs = make_inputs(plan, np.random.default_rng(seed))
         if settings.mode == "P":
-            result.times = time_plan(plan, settings.engine, inputs, settings.max_ms, settings.times)
+            timings = time_plan(plan, settings.engine, inputs, settings.max_ms, settings.times)
+            result.times = [t.seconds for t in timings]
+            result.convolution_times = [t.convolution_seconds for t in timings]
         else:
             result.checks = check(plan, settings.engine, inputs)
             result.reason = "; ".join(c.describe() for c in result.checks if not c.ok)

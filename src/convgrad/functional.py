@@ -4,7 +4,10 @@
 pads_end=None, dilations=None, auto_pad="none", groups=1, data_format="NXC",
 weights_format="XIO", output_padding=None, engine=None)`` and its six siblings take the op's
 inputs positionally (spec index order) and its attributes by keyword. Omitted pads mean 0 and
-omitted dilations mean 1. Signatures and docstrings come from :mod:`convgrad.opdefs`.
+omitted dilations mean 1. The other ops' functions (``relu(src)``, ``elu_backward(src_or_dst,
+diff_dst, *, alpha, use_dst=True)``, ``add(src_0, src_1, *, auto_broadcast="numpy")``, ...) take
+their attributes with the table's defaults; a required one (``alpha``) has none. Signatures and
+docstrings come from :mod:`convgrad.opdefs`.
 """
 
 from __future__ import annotations
@@ -17,11 +20,21 @@ import numpy as np
 
 from .errors import InputError, InputTypeError, MissingAttributeError, UnknownAttributeError
 from .op import Op
-from .opdefs import OPS, OpDef
+from .opdefs import OPS, AttrSpec, OpDef
 
 __all__ = [d.function for d in OPS.values()]
 
 _P = inspect.Parameter
+
+
+def _keyword_default(d: OpDef, a: AttrSpec) -> Any:
+    """The keyword's default: convolutions are lenient (only strides is required; omitted pads and
+    dilations are None), the other ops take the table's default or, when required, none."""
+    if d.family != "convolution":
+        return _P.empty if a.required else a.default
+    if a.name == "strides":
+        return _P.empty
+    return a.default if a.name in ("auto_pad", "groups", "data_format") or a.choices else None
 
 
 def _signature(d: OpDef) -> inspect.Signature:
@@ -29,9 +42,7 @@ def _signature(d: OpDef) -> inspect.Signature:
     for a in d.attributes:
         if a.full_shape:
             continue  # given as the positional shape input
-        default = _P.empty if a.name == "strides" else (a.default if a.name in ("auto_pad", "groups", "data_format")
-                                                       or a.choices else None)
-        params.append(_P(a.name, _P.KEYWORD_ONLY, default=default))
+        params.append(_P(a.name, _P.KEYWORD_ONLY, default=_keyword_default(d, a)))
     params.append(_P("engine", _P.KEYWORD_ONLY, default=None))
     return inspect.Signature(params, return_annotation=np.ndarray)
 
@@ -45,7 +56,8 @@ def docstring(d: OpDef) -> str:
     for a in d.attributes:
         if a.full_shape:
             continue
-        default = "required" if a.name == "strides" else f"default {a.default!r}"
+        default = _keyword_default(d, a)
+        default = "required" if default is _P.empty else f"default {default!r}"
         lines.append(f"    {a.name}: {a.expected()}; {default}. {a.description}")
     lines.append("    engine: name of the engine ('fast', 'reference'); default: the default engine.")
     return "\n".join(lines)

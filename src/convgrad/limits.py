@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .engines import Engine
     from .problem import Problem
 
-__all__ = ["DEFAULT_FRACTION", "parse_size", "format_size", "available_memory", "memory_budget",
+__all__ = ["DEFAULT_FRACTION", "parse_size", "format_size", "available_memory", "memory_budget", "check_bytes",
            "set_memory_budget", "check_sizes", "estimate_bytes", "check_memory"]
 
 #: Share of the available memory one call may use when no budget is configured.
@@ -140,6 +140,12 @@ def _over_budget(op: str, what: str, needed: int) -> ResourceError:
                          f"budget of {format_size(budget)} ({budget} bytes). Raise it with "
                          f"convgrad.set_memory_budget('...GiB') or the {_ENV} environment variable "
                          "(default: half of the available memory), or split the problem (e.g. the batch)")
+
+
+def check_bytes(op: str, what: str, needed: int) -> None:
+    """Raise :class:`ResourceError` if ``what`` of ``op`` needs more than the memory budget."""
+    if needed > memory_budget():
+        raise _over_budget(op, what, needed)
 
 
 def check_sizes(problem: Problem) -> None:

@@ -15,12 +15,13 @@ from .layout import data_from_canonical, data_to_canonical, weights_in_format, w
 from .limits import check_memory
 from .opdefs import OpDef, get_opdef
 from .problem import Problem, TensorInfo, build_problem
+from .tensor_ops import TensorProblem, build_tensor_problem, run_tensor_problem
 
 __all__ = ["Op", "execute"]
 
 
 class Op:
-    """One op of the family with its attributes, e.g.
+    """One op of the table with its attributes, e.g.
     ``Op("ConvolutionBackwardWeights", strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1],
     dilations=[1, 1], weights_shape=[3, 3, 16, 32])``.
 
@@ -53,20 +54,24 @@ class Op:
         return f"Op({self.kind!r}{', ' if attrs else ''}{attrs})"
 
     # -- inference ---------------------------------------------------------------------------
-    def infer(self, *inputs: Any, dtype: Any = "f32") -> Problem:
-        """Output shape and dtype and the resolved pads (a :class:`~convgrad.problem.Problem`),
-        without computing. Each data input may be an array or just its shape (a tuple of ints,
+    def infer(self, *inputs: Any, dtype: Any = "f32") -> Problem | TensorProblem:
+        """Output shape and dtype and, for a convolution, the resolved pads (a
+        :class:`~convgrad.problem.Problem`; a :class:`~convgrad.tensor_ops.TensorProblem` for the
+        other ops), without computing. Each data input may be an array or just its shape (a tuple of ints,
         taken as ``dtype``); a shape input (index 2) gives its values."""
         return self._resolve(inputs, parse_dtype(dtype))[0]
 
     # -- execution -----------------------------------------------------------------------------
-    def prepare(self, *inputs: Any) -> tuple[Problem, dict[str, np.ndarray]]:
-        """Convert and check the inputs: the resolved problem and the data arrays by role."""
+    def prepare(self, *inputs: Any) -> tuple[Problem | TensorProblem, dict[str, np.ndarray]]:
+        """Convert and check the inputs: the resolved problem and the data arrays by role
+        (convolutions) or by input name (the other ops, where roles repeat)."""
         return self._resolve(inputs, None)
 
-    def _resolve(self, inputs: tuple[Any, ...], shapes_as: np.dtype | None) -> tuple[Problem, dict[str, np.ndarray]]:
+    def _resolve(self, inputs: tuple[Any, ...],
+                 shapes_as: np.dtype | None) -> tuple[Problem | TensorProblem, dict[str, np.ndarray]]:
         """Problem and data arrays from the inputs; with ``shapes_as``, a tuple or list stands for a
         data input of that shape and dtype."""
+        convolution = self.definition.family == "convolution"
         infos: list[TensorInfo | None] = []
         arrays: dict[str, np.ndarray] = {}
         for spec, value in zip(self.definition.inputs, inputs):
@@ -79,14 +84,15 @@ class Op:
             else:
                 array = as_array(value, self.kind, spec.name)
                 infos.append(TensorInfo(shape=array.shape, dtype=check_data_dtype(array, self.kind, spec.name)))
-                arrays[spec.role] = array
+                arrays[spec.role if convolution else spec.name] = array
         infos.extend([TensorInfo()] * max(0, len(inputs) - len(infos)))
         # Shape inference is a pure function of these: an op called again on inputs of the same
         # shapes, dtypes and shape values (a training loop) reuses its last resolution.
         key = (tuple(infos), tuple(self.attrs.items()), self.lenient)
         last = self._last  # one read: another thread may replace it meanwhile
         if last is None or last[0] != key:
-            last = (key, build_problem(self.definition, self.attrs, infos, self.lenient))
+            last = (key, build_problem(self.definition, self.attrs, infos, self.lenient) if convolution
+                    else build_tensor_problem(self.definition, self.attrs, infos))
             self._last = last
         return last[1], arrays
 
@@ -126,9 +132,12 @@ def _shape_of(value: Sequence[Any], op: str, name: str) -> tuple[int, ...]:
     return shape
 
 
-def execute(problem: Problem, arrays: dict[str, np.ndarray], engine: Engine) -> np.ndarray:
-    """Run a resolved problem: canonical views in, one engine call, bias, one rounding, user layout out.
-    The memory guard runs first; NaN and Inf propagate as IEEE arithmetic does, without warnings."""
+def execute(problem: Problem | TensorProblem, arrays: dict[str, np.ndarray], engine: Engine) -> np.ndarray:
+    """Run a resolved problem: canonical views in, one engine call, bias, one rounding, user layout out
+    (the other ops: :func:`~convgrad.tensor_ops.run_tensor_problem`). The memory guard runs first;
+    NaN and Inf propagate as IEEE arithmetic does, without warnings."""
+    if isinstance(problem, TensorProblem):
+        return run_tensor_problem(problem, [arrays[s.name] for s in problem.definition.inputs], engine)
     check_memory(problem, engine)
     with np.errstate(all="ignore"):  # IEEE arithmetic: NaN and Inf propagate, overflow gives Inf
         return _run(problem, arrays, engine)

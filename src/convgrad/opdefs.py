@@ -1,11 +1,18 @@
-"""Declarative definitions of the seven ops: the single source of truth.
+"""Declarative definitions of every op: the single source of truth.
 
 Each :class:`OpDef` lists the op's inputs in the specification's index order, its output, and its
 attributes with type, default, range and required status. Attribute validation
-(:mod:`convgrad.attributes`), shape inference (:mod:`convgrad.problem`), the functional API, the
-generated docs and the CLI's attribute parsing all read these tables; nothing repeats them.
+(:mod:`convgrad.attributes`), shape inference (:mod:`convgrad.problem` for the convolutions,
+:mod:`convgrad.tensor_ops` for the rest), the functional API, the generated docs and the CLI's
+attribute parsing all read these tables; nothing repeats them.
 
-Every op reduces to one canonical problem on an underlying forward convolution
+Ops come in families (:data:`FAMILIES`): the seven convolution ops, and the ops that sit around
+convolutions in real graphs: element-wise ops and their backward ops, binary ops, BiasAdd and its
+backward op, TypeCast, and the layout ops Reorder, StaticReshape and StaticTranspose. An op's
+``algorithm`` names its math in :mod:`convgrad.eltwise`, :mod:`convgrad.binary` or
+:mod:`convgrad.layout_ops`.
+
+Every convolution op reduces to one canonical problem on an underlying forward convolution
 ``y = conv(x, w)`` (see :mod:`convgrad.problem`):
 
 ============================  ==================  ===============================================
@@ -28,11 +35,21 @@ from typing import Literal
 
 from .errors import UnknownOpError
 
-AttrType = Literal["s64", "s64[]", "string"]
-Role = Literal["x", "y", "w", "bias", "shape"]
+AttrType = Literal["s64", "s64[]", "string", "f32", "bool"]
+#: Convolution roles (x, y, w, bias, shape) and the other ops' (data: a data tensor with a batch axis,
+#: operand: a binary op's second input, which may broadcast).
+Role = Literal["x", "y", "w", "bias", "shape", "data", "operand"]
 Task = Literal["forward", "backward_data", "backward_weights"]
+Family = Literal["convolution", "eltwise", "eltwise_backward", "binary", "bias_add", "bias_add_backward",
+                 "typecast", "reorder", "reshape", "transpose"]
 
-__all__ = ["AttrSpec", "InputSpec", "OpDef", "OPS", "get_opdef", "AUTO_PAD_VALUES"]
+__all__ = ["AttrSpec", "InputSpec", "OpDef", "OPS", "FAMILIES", "SWAPPABLE_FAMILIES", "get_opdef", "ops_of",
+           "AUTO_PAD_VALUES"]
+
+#: Families whose ops share inputs, output and shape rule, so benchdnn's --op-kind may swap one kind
+#: of the family for another.
+SWAPPABLE_FAMILIES = ("eltwise", "eltwise_backward", "binary")
+FAMILIES: tuple[str, ...] = Family.__args__  # type: ignore[attr-defined]
 
 AUTO_PAD_VALUES = ("none", "same_upper", "same_lower", "valid")
 
@@ -41,9 +58,10 @@ AUTO_PAD_VALUES = ("none", "same_upper", "same_lower", "valid")
 class AttrSpec:
     """One attribute: oneDNN name, type, default, and the rule its values follow.
 
-    ``minimum`` bounds every integer (1 = positive, 0 = non-negative). ``per_axis`` lists hold one
-    value per spatial axis; ``full_shape`` lists are a whole tensor shape (rank + 2 values).
-    ``choices`` are matched case-insensitively and normalised to the spelling given here.
+    ``minimum`` bounds every number (1 = positive, 0 = non-negative); ``nonzero`` refuses 0 (a
+    divisor). ``per_axis`` lists hold one value per spatial axis; ``full_shape`` lists are a whole
+    tensor shape (rank + 2 values); other lists say what they hold in ``meaning``. ``choices`` are
+    matched case-insensitively and normalised to the spelling given here.
     """
 
     name: str
@@ -55,35 +73,49 @@ class AttrSpec:
     choices: tuple[str, ...] = ()
     per_axis: bool = False
     full_shape: bool = False
+    nonzero: bool = False
+    meaning: str = ""
 
     def expected(self) -> str:
         """Human-readable description of the accepted values (used in errors, docs, CLI)."""
         if self.choices:
             return "one of " + ", ".join(repr(c) for c in self.choices) + " (any letter case)"
+        if self.type == "bool":
+            return "true or false"
         sign = {1: "positive", 0: "non-negative", None: ""}[self.minimum]
+        if self.type == "f32":
+            number = "a non-zero finite number" if self.nonzero else f"a {sign} finite number"
+            return number.replace("a  ", "a ")
         if self.type == "s64":
             return f"a {sign} integer".replace("a  ", "a ")
-        what = "one per spatial axis" if self.per_axis else "the full tensor shape"
+        what = self.meaning or ("one per spatial axis" if self.per_axis else "the full tensor shape")
         return f"a list of {sign} integers, {what}".replace("of  ", "of ")
 
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One input or output tensor of an op, and its role in the canonical convolution."""
+    """One input or output tensor of an op, and its role (in the canonical convolution for those).
+
+    ``positive``: the op's math needs positive values there (Log, Sqrt, Pow): the graph runner's
+    random data for such a graph input is positive."""
 
     name: str
     role: Role
     required: bool = True
     description: str = ""
+    positive: bool = False
 
 
 @dataclass(frozen=True)
 class OpDef:
-    """The complete definition of one op kind."""
+    """The complete definition of one op kind.
+
+    ``task`` and ``transposed`` describe a convolution op's canonical problem (``None``/False for
+    the other families); ``algorithm`` names the math of the other families' ops."""
 
     kind: str
     function: str
-    task: Task
+    task: Task | None
     transposed: bool
     summary: str
     math: str
@@ -91,6 +123,8 @@ class OpDef:
     output: InputSpec
     attributes: tuple[AttrSpec, ...] = field(default=())
     versioned_name: str | None = None
+    family: Family = "convolution"
+    algorithm: str = ""
 
     @property
     def attr_names(self) -> list[str]:
@@ -215,6 +249,141 @@ OPS: dict[str, OpDef] = {
     )
 }
 
+# ---------------------------------------------------------------------------------------------
+# The ops around convolutions (oneDNN's doc/graph/operations pages and src/graph/interface/op_def.hpp;
+# where those differ, docs/semantics.md says which is followed)
+# ---------------------------------------------------------------------------------------------
+AUTO_BROADCAST = AttrSpec("auto_broadcast", "string", "How the two inputs' shapes are matched: numpy "
+                          "(multi-directional broadcasting) or none (the shapes must be equal).",
+                          default="numpy", choices=("none", "numpy"))
+BIAS_DATA_FORMAT = AttrSpec("data_format", "string", "Where the channel axis is: axis 1 (NCX) or the last "
+                            "axis (NXC).", default="NXC", choices=("NCX", "NXC"))
+USE_DST = AttrSpec("use_dst", "bool", "If true, input 0 is the forward op's dst; else its src.", default=True)
+_SRC = InputSpec("src", "data")
+
+
+def _alpha(description: str, minimum: int | None = None) -> AttrSpec:
+    return AttrSpec("alpha", "f32", description, required=True, minimum=minimum)
+
+
+def _beta(description: str, required: bool = True, default: float | None = None, nonzero: bool = False) -> AttrSpec:
+    return AttrSpec("beta", "f32", description, required=required, default=default, nonzero=nonzero)
+
+
+_CLAMP = (AttrSpec("min", "f32", "Lower bound of the output.", required=True),
+          AttrSpec("max", "f32", "Upper bound of the output (at least min).", required=True))
+_HARD_SIGMOID = (_alpha("alpha in the formula."), _beta("beta in the formula."))
+_ELU_ALPHA = _alpha("Scale for the negative factor.", minimum=0)
+_SOFTPLUS_BETA = _beta("beta in the formula.", required=False, default=1.0, nonzero=True)
+_GELU_MODE = AttrSpec("mode", "string", "gelu_erf: the exact GELU; gelu_tanh: its tanh approximation.",
+                      default="gelu_erf", choices=("gelu_erf", "gelu_tanh"))
+
+
+def _eltwise(kind: str, function: str, summary: str, math: str, *attributes: AttrSpec,
+             positive: bool = False) -> OpDef:
+    return OpDef(kind, function, None, False, summary, math, (InputSpec("src", "data", positive=positive),),
+                 InputSpec("dst", "data"), attributes, family="eltwise", algorithm=function)
+
+
+def _eltwise_backward(forward: str, function: str, math: str, *attributes: AttrSpec, use_dst: bool = False,
+                      positive: bool = False) -> OpDef:
+    first = (InputSpec("src_or_dst", "data", positive=positive,
+                       description="the forward op's dst if use_dst (the default), else its src") if use_dst
+             else InputSpec("src", "data", positive=positive))
+    return OpDef(f"{forward}Backward", f"{function}_backward", None, False, f"Gradient of {forward} with respect "
+                 "to its src" + (" (from its src or, with use_dst, its dst)." if use_dst else "."), math,
+                 (first, InputSpec("diff_dst", "data")), InputSpec("diff_src", "data"),
+                 attributes + ((USE_DST,) if use_dst else ()), family="eltwise_backward", algorithm=function)
+
+
+def _binary(kind: str, function: str, math: str) -> OpDef:
+    return OpDef(kind, function, None, False, f"Element-wise {function.replace('_', ' ')} of two tensors, with "
+                 "numpy broadcasting unless auto_broadcast is none.", math,
+                 (InputSpec("src_0", "data"), InputSpec("src_1", "operand")), InputSpec("dst", "data"),
+                 (AUTO_BROADCAST,), family="binary", algorithm=function)
+
+
+def _layout(kind: str, function: str, family: Family, summary: str, math: str, *attributes: AttrSpec) -> OpDef:
+    return OpDef(kind, function, None, False, summary, math, (_SRC,), InputSpec("dst", "data"), attributes,
+                 family=family, algorithm=function)
+
+
+_DD = "diff_src = diff_dst * "
+AROUND_CONVOLUTIONS: tuple[OpDef, ...] = (
+    _eltwise("ReLU", "relu", "Rectified linear unit.", "dst = src if src > 0 else 0"),
+    _eltwise_backward("ReLU", "relu", _DD + "(1 if v > 0 else 0), v = src or dst", use_dst=True),
+    _eltwise("LeakyReLU", "leaky_relu", "ReLU with a slope alpha for negative inputs.",
+             "dst = src if src >= 0 else alpha * src", _alpha("The coefficient of leakage.")),
+    _eltwise("Sigmoid", "sigmoid", "Logistic sigmoid.", "dst = 1 / (1 + exp(-src))"),
+    _eltwise_backward("Sigmoid", "sigmoid", _DD + "d * (1 - d), d = dst or sigmoid(src)", use_dst=True),
+    _eltwise("Tanh", "tanh", "Hyperbolic tangent.", "dst = tanh(src)"),
+    _eltwise_backward("Tanh", "tanh", _DD + "(1 - d) * (1 + d), d = dst or tanh(src)", use_dst=True),
+    _eltwise("Elu", "elu", "Exponential linear unit.", "dst = src if src > 0 else alpha * (exp(src) - 1)",
+             _ELU_ALPHA),
+    _eltwise_backward("Elu", "elu", _DD + "(1 if src > 0 else alpha * exp(src)); from dst: "
+                      "(1 if dst > 0 else dst + alpha)", _ELU_ALPHA, use_dst=True),
+    _eltwise("GELU", "gelu", "Gaussian error linear unit, exact (gelu_erf) or its tanh approximation (gelu_tanh).",
+             "gelu_erf: dst = 0.5 * src * (1 + erf(src / sqrt(2))); gelu_tanh: dst = 0.5 * src * "
+             "(1 + tanh(sqrt(2 / pi) * (src + 0.044715 * src^3)))", _GELU_MODE),
+    _eltwise_backward("GELU", "gelu", _DD + "d GELU(src) / d src (of the mode's formula)", _GELU_MODE),
+    _eltwise("HardSigmoid", "hard_sigmoid", "Piecewise-linear sigmoid.", "dst = max(0, min(1, alpha * src + beta))",
+             *_HARD_SIGMOID),
+    _eltwise_backward("HardSigmoid", "hard_sigmoid", _DD + "(alpha if 0 < alpha * src + beta < 1 else 0)",
+                      *_HARD_SIGMOID),
+    _eltwise("HardSwish", "hard_swish", "Hard swish.", "dst = src * min(max(src + 3, 0), 6) / 6"),
+    _eltwise_backward("HardSwish", "hard_swish", _DD + "(0 if src <= -3 else 1 if src >= 3 else src / 3 + 0.5)"),
+    _eltwise("Mish", "mish", "Mish activation.", "dst = src * tanh(ln(1 + exp(src)))"),
+    _eltwise_backward("Mish", "mish", _DD + "(t + src * sigmoid(src) * (1 - t^2)), t = tanh(ln(1 + exp(src)))"),
+    _eltwise("SoftPlus", "soft_plus", "Smooth ReLU.", "dst = ln(1 + exp(beta * src)) / beta", _SOFTPLUS_BETA),
+    _eltwise_backward("SoftPlus", "soft_plus", _DD + "sigmoid(beta * src)", _SOFTPLUS_BETA),
+    _eltwise("Clamp", "clamp", "Clipping to [min, max].", "dst = min(max(src, min), max)", *_CLAMP),
+    _eltwise_backward("Clamp", "clamp", _DD + "(1 if min < v < max else 0), v = src or dst", *_CLAMP, use_dst=True),
+    _eltwise("Abs", "abs", "Absolute value.", "dst = |src|"),
+    _eltwise_backward("Abs", "abs", _DD + "sign(src) (0 at src = 0)"),
+    _eltwise("Square", "square", "Square.", "dst = src^2"),
+    _eltwise("Sqrt", "sqrt", "Square root.", "dst = sqrt(src)", positive=True),
+    _eltwise_backward("Sqrt", "sqrt", _DD + "1 / (2 * d), d = dst or sqrt(src)", use_dst=True, positive=True),
+    _eltwise("Exp", "exp", "Exponential.", "dst = exp(src)"),
+    _eltwise("Log", "log", "Natural logarithm.", "dst = ln(src)", positive=True),
+    _eltwise("Pow", "pow", "Power with a constant exponent.", "dst = src^beta",
+             _beta("The exponent, beta in the formula."), positive=True),
+    _eltwise("Round", "round", "Rounding to the nearest integer, ties to even.", "dst = round_half_even(src)"),
+    _eltwise("Reciprocal", "reciprocal", "Reciprocal (Inf at 0).", "dst = 1 / src"),
+    _binary("Add", "add", "dst = src_0 + src_1"),
+    _binary("Subtract", "subtract", "dst = src_0 - src_1"),
+    _binary("Multiply", "multiply", "dst = src_0 * src_1"),
+    _binary("Divide", "divide", "dst = src_0 / src_1"),
+    _binary("Maximum", "maximum", "dst = max(src_0, src_1)"),
+    _binary("Minimum", "minimum", "dst = min(src_0, src_1)"),
+    _binary("SquaredDifference", "squared_difference", "dst = (src_0 - src_1)^2"),
+    OpDef("BiasAdd", "bias_add", None, False, "Adds a 1-D bias along the channel axis.",
+          "dst[n, c, x] = src[n, c, x] + bias[c] (channel axis per data_format)",
+          (_SRC, InputSpec("bias", "bias")), InputSpec("dst", "data"), (BIAS_DATA_FORMAT,),
+          family="bias_add", algorithm="bias_add"),
+    OpDef("BiasAddBackward", "bias_add_backward", None, False, "Gradient of BiasAdd with respect to its bias.",
+          "diff_bias[c] = sum over every other axis of diff_dst[n, c, x] (channel axis per data_format)",
+          (InputSpec("diff_dst", "data"),), InputSpec("diff_bias", "bias"), (BIAS_DATA_FORMAT,),
+          family="bias_add_backward", algorithm="bias_add_backward"),
+    _layout("TypeCast", "type_cast", "typecast", "Converts src to another data type, rounding to nearest even.",
+            "dst = round_to_dtype(src)",
+            AttrSpec("dtype", "string", "convgrad's name for dst's data type, which oneDNN takes from the dst "
+                     "logical tensor (graph files need no attribute).", required=True,
+                     choices=("f32", "bf16", "f16", "f64"))),
+    _layout("Reorder", "reorder", "reorder", "Copies src into dst's memory layout (same shape and data type).",
+            "dst = src"),
+    _layout("StaticReshape", "static_reshape", "reshape", "Gives src a new shape with the same number of elements.",
+            "dst = src viewed in row-major order with the new shape",
+            AttrSpec("shape", "s64[]", "The shape of dst: -1 (at most once) is inferred from the element count; "
+                     "0 copies src's size on that axis if special_zero, else is a size of 0.", required=True,
+                     meaning="the dst shape, -1 at most once"),
+            AttrSpec("special_zero", "bool", "Whether a 0 in shape copies src's size on that axis.", required=True)),
+    _layout("StaticTranspose", "static_transpose", "transpose", "Permutes the axes of src.",
+            "dst.shape[i] = src.shape[order[i]]; dst[..., i_k, ...] = src[..., i_order[k], ...]",
+            AttrSpec("order", "s64[]", "dst axis i is src axis order[i]; negative values count from the end.",
+                     required=True, meaning="a permutation of the axes (negative: counting from the end)")),
+)
+OPS.update((d.kind, d) for d in AROUND_CONVOLUTIONS)
+
 _ALIASES = {d.versioned_name: d.kind for d in OPS.values() if d.versioned_name}
 
 
@@ -226,3 +395,8 @@ def get_opdef(kind: str) -> OpDef:
     if definition is None:
         raise UnknownOpError(None, f"unknown op kind {kind!r}: expected one of {', '.join(OPS)}")
     return definition
+
+
+def ops_of(*families: str) -> list[str]:
+    """The op kinds of the given families, in table order."""
+    return [d.kind for d in OPS.values() if d.family in families]

@@ -130,6 +130,10 @@ class Problem:
     def output_dtype(self) -> np.dtype:
         return self.dtype
 
+    @property
+    def flops(self) -> int:
+        return self.geometry.flops
+
     def __repr__(self) -> str:
         g = self.geometry
         return (f"Problem({self.op}: {self.definition.output.name} {self.output_shape} {dtype_name(self.dtype)}, "

@@ -17,14 +17,15 @@ from rich.text import Text
 from .driver import Result
 
 __all__ = ["PERF_TEMPLATES", "check_template", "case_line", "perf_line", "csv_header", "summary_line",
-           "summary_table", "gemm_ceiling", "plot"]
+           "summary_table", "gemm_ceiling", "plot", "best_gflops"]
 
 _DEF = "perf,%engine%,%impl%,%name%,%prb%,%Gops%,%-time%,%-Gflops%,%0time%,%0Gflops%"
 #: Named templates; ``csv`` has the same fields as ``def``, quoted, under a header row.
 PERF_TEMPLATES = {"def": _DEF, "csv": _DEF}
 _FIELD = re.compile(r"%([-+0]?\w+)%")
 _HEADERS = {"engine": "engine", "impl": "impl", "name": "name", "prb": "prb", "Gops": "Gops",
-            "-time": "min_ms", "-Gflops": "min_Gflops", "0time": "avg_ms", "0Gflops": "avg_Gflops"}
+            "-time": "min_ms", "-Gflops": "min_Gflops", "0time": "avg_ms", "0Gflops": "avg_Gflops",
+            "-other": "min_other_ms", "0other": "avg_other_ms"}
 
 
 def check_template(template: str) -> str:
@@ -37,12 +38,29 @@ def check_template(template: str) -> str:
     return text
 
 
+def _gflops(gops: float, seconds: float) -> float:
+    return gops / seconds if seconds > 0 else 0.0
+
+
+def best_gflops(result: Result) -> float:
+    """GFLOP/s of the case's convolutions in its fastest run of the whole graph."""
+    best = min(range(len(result.times)), key=result.times.__getitem__)
+    return _gflops(result.flops / 1e9, result.convolution_times[best])
+
+
 def _fields(result: Result) -> dict[str, str]:
-    best, mean = min(result.times), sum(result.times) / len(result.times)
+    """Times are the whole graph's; GFLOP/s are its convolutions' FLOPs over the time spent in them,
+    "other" the time of the rest of the graph (element-wise, binary, layout ops)."""
+    runs = len(result.times)
+    best = min(range(runs), key=result.times.__getitem__)
+    mean = sum(result.times) / runs
+    mean_conv = sum(result.convolution_times) / runs
     gops = result.flops / 1e9
     return {"engine": "cpu", "impl": result.engine, "name": result.name, "prb": result.prb, "Gops": f"{gops:.6g}",
-            "-time": f"{best * 1e3:.6g}", "-Gflops": f"{gops / best:.6g}",
-            "0time": f"{mean * 1e3:.6g}", "0Gflops": f"{gops / mean:.6g}"}
+            "-time": f"{result.times[best] * 1e3:.6g}", "-Gflops": f"{best_gflops(result):.6g}",
+            "0time": f"{mean * 1e3:.6g}", "0Gflops": f"{_gflops(gops, mean_conv):.6g}",
+            "-other": f"{(result.times[best] - result.convolution_times[best]) * 1e3:.6g}",
+            "0other": f"{(mean - mean_conv) * 1e3:.6g}"}
 
 
 def perf_line(result: Result, template: str) -> str:
@@ -76,7 +94,7 @@ def summary_table(results: Sequence[Result], mode: str) -> Table:
     table = Table()
     for column in ("#", "name", "ops", "status"):
         table.add_column(column, overflow="fold")
-    numbers = ("Gops", "min ms", "avg ms", "GFLOP/s") if mode == "P" else ("error / limit",)
+    numbers = ("Gops", "min ms", "avg ms", "GFLOP/s", "other ops ms") if mode == "P" else ("error / limit",)
     for column in numbers:
         table.add_column(column, justify="right")
     for r in results:
@@ -85,7 +103,8 @@ def summary_table(results: Sequence[Result], mode: str) -> Table:
             cells = ("",) * len(numbers)
         elif mode == "P":
             f = _fields(r)
-            cells = (f"{float(f['Gops']):.4g}", f"{float(f['-time']):.3f}", f"{float(f['0time']):.3f}", f"{float(f['-Gflops']):.2f}")
+            cells = (f"{float(f['Gops']):.4g}", f"{float(f['-time']):.3f}", f"{float(f['0time']):.3f}",
+                     f"{float(f['-Gflops']):.2f}", f"{float(f['-other']):.3f}")
         else:
             cells = (f"{r.max_error:.2g}",)
         table.add_row(str(r.index), Text(r.name), r.kinds.replace("+", "\n"), status, *cells)  # no markup
@@ -116,7 +135,7 @@ def plot(results: Sequence[Result], path: str | Path, ceiling: float) -> None:
     timed = [r for r in results if r.ok and r.times]
     labels = [f"{r.index}: {r.name} ({r.kinds if '+' not in r.kinds else str(r.kinds.count('+') + 1) + ' ops'})"
               .replace("$", r"\$") for r in timed]  # a name is not mathtext
-    values = [r.flops / min(r.times) / 1e9 for r in timed]
+    values = [best_gflops(r) for r in timed]
     fig, ax = plt.subplots(figsize=(9, 1.6 + 0.35 * max(len(timed), 1)))
     ax.barh(labels, values, color="tab:blue", label=f"{timed[0].engine if timed else ''} engine, best run")
     ax.axvline(ceiling, color="tab:red", linestyle="--", label=f"numpy sgemm 2048x2048: {ceiling:.0f} GFLOP/s")

@@ -201,8 +201,8 @@ class _Reader:
         outputs = tuple(self.tensor(t, f"{where}.outputs[{i}]")
                         for i, t in enumerate(self.get(obj, "outputs", where, (list,))))
         if len(outputs) != 1:
-            raise self.fail(f"{where}.outputs", f"has {len(outputs)} tensors: expected 1 (every op of the "
-                            "convolution family has one output)")
+            raise self.fail(f"{where}.outputs", f"has {len(outputs)} tensors: expected 1 (every supported "
+                            "op has one output)")
         return GraphOp(op_id, name, kind, attrs, inputs, outputs)
 
 

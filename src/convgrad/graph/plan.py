@@ -14,12 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..dtypes import DATA_DTYPES
+from ..dtypes import DATA_DTYPES, dtype_name
 from ..attributes import parse_attributes, per_axis
 from ..errors import ConvgradError, ShapeError
 from ..op import Op
 from ..opdefs import OpDef, get_opdef
-from ..problem import Problem, data_shape, split_data_shape, split_weights_shape, weights_shape
+from ..problem import Problem, TensorInfo, data_shape, split_data_shape, split_weights_shape, weights_shape
+from ..tensor_ops import TensorProblem, build_tensor_problem
 from .model import Graph, GraphError, GraphOp, LogicalTensor
 from .rewrite import restride
 
@@ -34,7 +35,11 @@ class Step:
     op: Op
     input_ids: tuple[int, ...]
     output: LogicalTensor
-    problem: Problem
+    problem: Problem | TensorProblem
+
+    @property
+    def is_convolution(self) -> bool:
+        return isinstance(self.problem, Problem)
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,8 @@ class Plan:
 
     @property
     def flops(self) -> int:
-        return sum(step.problem.geometry.flops for step in self.steps)
+        """FLOPs of the plan's convolutions (the other ops count none)."""
+        return sum(step.problem.flops for step in self.steps)
 
 
 def _order(graph: Graph) -> list[GraphOp]:
@@ -117,12 +123,39 @@ def _infer(op: GraphOp, d: OpDef, attrs: dict[str, Any], current: list[LogicalTe
     return convop, convop.infer(*args, dtype=DATA_DTYPES.get(dtype, "f32"))
 
 
+def _plan_tensor_step(op: GraphOp, d: OpDef, tensors: dict[int, LogicalTensor]) -> Step:
+    """A step of an op around the convolutions: output shape and dtype inferred from the inputs."""
+    if len(op.inputs) != len(d.inputs):
+        raise GraphError(f"{op.label}: has {len(op.inputs)} input{'s' * (len(op.inputs) != 1)}: expected "
+                         f"{len(d.inputs)} ({', '.join(s.name for s in d.inputs)})")
+    current = [tensors[t.id] for t in op.inputs]
+    declared = op.outputs[0]
+    for spec, t in zip(d.inputs, current):
+        if t.dtype not in DATA_DTYPES:
+            raise GraphError(f"{op.label}: input '{spec.name}' (tensor {t.id}) has dtype {t.dtype}: expected one "
+                             f"of {', '.join(DATA_DTYPES)}")
+    attrs = {"dtype": declared.dtype, **op.attrs} if d.family == "typecast" else op.attrs
+    try:
+        tensor_op = Op(op.kind, **attrs)
+        problem = build_tensor_problem(d, tensor_op.attrs, [TensorInfo(t.shape, DATA_DTYPES[t.dtype]) for t in current])
+    except ConvgradError as exc:
+        raise GraphError(f"{op.label}: {exc}") from None
+    produced = dtype_name(problem.output_dtype)
+    if declared.dtype != produced:
+        raise GraphError(f"{op.label}: output tensor {declared.id} has dtype {declared.dtype}: expected {produced}, "
+                         f"the dtype {d.kind} produces" + ("" if d.family == "typecast" else " (its inputs')"))
+    output = declared if declared.shape == problem.output_shape else restride(declared, problem.output_shape)
+    return Step(op, tensor_op, tuple(t.id for t in op.inputs), output, problem)
+
+
 def _plan_step(op: GraphOp, tensors: dict[int, LogicalTensor], inputs: set[int],
                shape_values: dict[int, tuple[int, ...]]) -> Step:
     try:
         d = get_opdef(op.kind)
     except ConvgradError as exc:
         raise GraphError(f"{op.label}: {exc}") from None
+    if d.family != "convolution":
+        return _plan_tensor_step(op, d, tensors)
     if len(op.inputs) > len(d.inputs):
         raise GraphError(f"{op.label}: has {len(op.inputs)} inputs: expected at most {len(d.inputs)} "
                          f"({', '.join(s.name for s in d.inputs)})")

@@ -8,6 +8,9 @@
 - ``--mb=N``: the batch (axis 0) of every graph input that is an op's data tensor (not weights,
   bias or shape tensors); applied after ``--in-shapes``, so it takes precedence. 0: as in the file.
 - ``--dt=DT`` every floating-point tensor, or ``--dt=ID:DT[+ID:DT]`` single tensors.
+- ``--op-kind=OPID:KIND[+OPID:KIND]``: another kind for an element-wise, element-wise backward or
+  binary op, of the same family (ReLU -> GELU, Add -> Multiply); attributes the new kind lacks are
+  dropped, ones it requires come from ``--op-attrs`` (applied after the swap).
 
 Shapes of inner tensors and outputs are not touched here: :mod:`convgrad.graph.plan` re-infers
 them, so a rewritten input flows through the graph.
@@ -20,11 +23,11 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import ConvgradError
-from ..opdefs import get_opdef
+from ..opdefs import SWAPPABLE_FAMILIES, get_opdef, ops_of
 from .model import Graph, GraphError, GraphOp, LogicalTensor, axis_order, dense_strides
 
-__all__ = ["InShape", "parse_in_shapes", "parse_op_attrs", "parse_dt", "parse_mb", "rewrite", "restride",
-           "FLOAT_DTYPES"]
+__all__ = ["InShape", "parse_in_shapes", "parse_op_attrs", "parse_op_kind", "parse_dt", "parse_mb", "rewrite",
+           "restride", "FLOAT_DTYPES"]
 
 FLOAT_DTYPES = ("f32", "bf16", "f16")
 _TAG = re.compile(r"[a-l]+")
@@ -78,6 +81,11 @@ def parse_op_attrs(text: str) -> dict[int, dict[str, str]]:
     return out
 
 
+def parse_op_kind(text: str) -> dict[int, str]:
+    """``--op-kind`` value -> {op id: kind} (kinds are checked against the graph by :func:`rewrite`)."""
+    return {int(op_id): kind for op_id, kind in _pairs(text, "--op-kind")}
+
+
 def parse_dt(text: str) -> dict[int | None, str]:
     """``--dt`` value -> {tensor id or None (= every floating-point tensor): dtype}."""
     items = [(None, text)] if ":" not in text else [(int(t), d) for t, d in _pairs(text, "--dt")]
@@ -116,28 +124,56 @@ def _attr_value(op: GraphOp, name: str, text: str) -> Any:
     try:
         if spec.type == "s64":
             return int(text)
+        if spec.type == "f32":
+            return float(text)
+        if spec.type == "bool":
+            return {"true": True, "1": True, "false": False, "0": False}[text.lower()]
         return [int(v) for v in text.split("x")] if text else []
-    except ValueError:
+    except (ValueError, KeyError):
         raise GraphError(f"--op-attrs: {op.label}: attribute '{name}' = {text!r}: expected {spec.expected()}"
                          + (", written like 2x2" if spec.type == "s64[]" else "")) from None
 
 
 def _data_input_ids(graph: Graph) -> set[int]:
-    """Graph inputs that some op uses as a data tensor (the ones ``--mb`` changes)."""
+    """Graph inputs that some op uses as a data tensor (the ones ``--mb`` changes): a binary op's
+    src_1 only when it has src_0's rank and batch (a residual, not a broadcast operand)."""
     ids = set()
     for op in graph.ops:
         try:
             specs = get_opdef(op.kind).inputs
         except ConvgradError:
             continue  # reported when the graph is planned
-        ids.update(t.id for spec, t in zip(specs, op.inputs) if spec.role in ("x", "y"))
+        first = op.inputs[0].shape if op.inputs else ()
+        ids.update(t.id for spec, t in zip(specs, op.inputs) if spec.role in ("x", "y", "data")
+                   or (spec.role == "operand" and len(t.shape) == len(first) and t.shape[:1] == first[:1]))
     return ids & set(graph.input_ids())
+
+
+def _swap_kind(op: GraphOp, kind: str) -> GraphOp:
+    """``op`` as ``kind`` (--op-kind), keeping the attributes the new kind has."""
+    try:
+        old, new = get_opdef(op.kind), get_opdef(kind)
+    except ConvgradError as exc:
+        raise GraphError(f"--op-kind: {op.label}: {exc}") from None
+    if old.family not in SWAPPABLE_FAMILIES:
+        raise GraphError(f"--op-kind: {op.label}: only element-wise, element-wise backward and binary ops can "
+                         "change kind")
+    if new.family != old.family:
+        raise GraphError(f"--op-kind: {op.label} -> {kind}: expected a kind of the same family "
+                         f"({old.family.replace('_', ' ')}): one of {', '.join(ops_of(old.family))}")
+    return replace(op, kind=new.kind, attrs={k: v for k, v in op.attrs.items() if k in new.attr_names})
 
 
 def rewrite(graph: Graph, *, in_shapes: dict[int, InShape] | None = None,
             op_attrs: dict[int, dict[str, str]] | None = None, mb: int = 0,
-            dt: dict[int | None, str] | None = None) -> Graph:
-    """The graph with the rewrites applied to its inputs, attributes and dtypes."""
+            dt: dict[int | None, str] | None = None, op_kind: dict[int, str] | None = None) -> Graph:
+    """The graph with the rewrites applied to its op kinds, inputs, attributes and dtypes."""
+    kinds = op_kind or {}
+    unknown_kind_ops = set(kinds) - {op.id for op in graph.ops}
+    if unknown_kind_ops:
+        raise GraphError(f"--op-kind: op {sorted(unknown_kind_ops)[0]} is not in the graph: expected one of "
+                         f"{[op.id for op in graph.ops]}")
+    graph = replace(graph, ops=tuple(_swap_kind(op, kinds[op.id]) if op.id in kinds else op for op in graph.ops))
     inputs = graph.input_ids()
     changed: dict[int, LogicalTensor] = {}
     for tid, (shape, tag) in (in_shapes or {}).items():

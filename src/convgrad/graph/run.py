@@ -1,15 +1,21 @@
 """Running a plan: random inputs laid out with their strides, dependency-ordered execution, the
 check of an engine against the reference engine, and timing.
 
-Inputs are random non-zero multiples of 1/8 in [-1, 1] (exact in f32, bf16 and f16). A tensor with
-non-dense strides is a real strided view into a larger buffer whose gaps hold NaN, so an engine
+Inputs are random non-zero multiples of 1/8 in [-1, 1] (exact in f32, bf16 and f16), positive for
+a graph input that an op needs positive (Log, Sqrt, Pow). A tensor with non-dense strides is a real strided view into a larger buffer whose gaps hold NaN, so an engine
 that reads outside the logical elements produces NaN and fails the check.
 
 The check runs every op on the graph's values with the engine under test and again with the
-reference engine, on the same inputs, and compares elementwise relative to the largest reference
-magnitude: ``max |got - ref| / max |ref| <= eps(out) + 8 * eps(acc) * sqrt(R)``, where eps(out)
-covers the one final rounding, eps(acc) is the engine's accumulation precision (f32, or f64 for
-f64 data) and R the reduction length (ICg*K forward, OCg*K backward-data, N*O backward-weights).
+reference engine, on the same inputs, and compares elementwise relative to the largest finite
+reference magnitude: ``max |got - ref| / max |ref| <= eps(out) + 8 * eps(acc) * sqrt(R)``, where
+eps(out) covers the one final rounding, eps(acc) is the engine's accumulation precision (f32, or
+f64 for f64 data) and R the reduction length (ICg*K forward, OCg*K backward-data, N*O
+backward-weights, N*spatial for BiasAddBackward, 1 for the other element-wise ops). NaN where the
+reference has NaN and the same infinity where it has one (Log of a negative conv output, 1/0) agree;
+any other non-finite value fails.
+
+Timing runs the whole plan and also clocks its convolutions, so a perf line's GFLOP/s is that of
+the convolutions and the rest of the graph's time is reported beside it.
 """
 
 from __future__ import annotations
@@ -26,11 +32,12 @@ from ..engines import Engine, get_engine
 from ..errors import ConvgradError
 from ..limits import memory_budget
 from ..problem import Problem
+from ..tensor_ops import TensorProblem
 from .model import GraphError, LogicalTensor, storage_size
 from .plan import Plan, Step
 
-__all__ = ["OpCheck", "check_size", "make_inputs", "execute", "check", "time_plan", "tolerance",
-           "reduction_length", "strided"]
+__all__ = ["OpCheck", "Timing", "check_size", "make_inputs", "execute", "check", "time_plan", "tolerance",
+           "reduction_length", "strided", "relative_error"]
 
 
 def strided(values: np.ndarray, stride: tuple[int, ...] | None) -> np.ndarray:
@@ -43,15 +50,21 @@ def strided(values: np.ndarray, stride: tuple[int, ...] | None) -> np.ndarray:
     return view
 
 
-def _fill(rng: np.random.Generator, tensor: LogicalTensor) -> np.ndarray:
+def _fill(rng: np.random.Generator, tensor: LogicalTensor, positive: bool = False) -> np.ndarray:
     magnitude = rng.integers(1, 9, size=tensor.shape) / 8.0
-    sign = np.where(rng.random(tensor.shape) < 0.5, -1.0, 1.0)
+    sign = np.where(rng.random(tensor.shape) < 0.5, -1.0, 1.0) if not positive else 1.0
     values = (magnitude * sign).astype(DATA_DTYPES[tensor.dtype])
     return strided(values, None if tensor.is_dense else tensor.stride)
 
 
 def _gib(nbytes: int) -> str:
     return f"{nbytes / 2**30:.3g} GiB"
+
+
+def _positive_inputs(plan: Plan) -> set[int]:
+    """Tensor ids some op reads through an input that must be positive (Log's src, ...)."""
+    return {tid for step in plan.steps for spec, tid in zip(step.op.definition.inputs, step.input_ids)
+            if spec.positive}
 
 
 def _padded_shape(step: Step) -> tuple[int, ...]:
@@ -66,14 +79,15 @@ def check_size(plan: Plan, limit: int | None = None) -> None:
     every tensor with its strides' gaps, and the largest padded input."""
     limit = memory_budget() if limit is None else limit
     shapes = {f"tensor {tid} ({t.dtype})": t.shape for tid, t in plan.tensors.items()}
-    shapes.update({f"{step.source.label}: padded input (f64)": _padded_shape(step) for step in plan.steps})
+    convolutions = [step for step in plan.steps if step.is_convolution]
+    shapes.update({f"{step.source.label}: padded input (f64)": _padded_shape(step) for step in convolutions})
     for name, shape in shapes.items():
         if any(size >= 2**63 for size in shape):
             raise GraphError(f"{plan.graph.source}: {name} has shape {list(shape)}: expected sizes below 2^63")
     needs = {f"tensor {tid} {list(t.shape)} ({t.dtype})":
              storage_size(t.shape, t.strides) * DATA_DTYPES.get(t.dtype, np.dtype(np.int32)).itemsize
              for tid, t in plan.tensors.items()}
-    padded = {f"{step.source.label}: padded input (f64)": 8 * math.prod(_padded_shape(step)) for step in plan.steps}
+    padded = {f"{step.source.label}: padded input (f64)": 8 * math.prod(_padded_shape(step)) for step in convolutions}
     total = sum(needs.values()) + max(padded.values(), default=0)
     if total > limit:
         name, nbytes = max({**needs, **padded}.items(), key=lambda item: item[1])
@@ -85,8 +99,9 @@ def make_inputs(plan: Plan, rng: np.random.Generator) -> dict[int, np.ndarray]:
     """Fresh data for every graph input (shape tensors get their resolved values), after
     :func:`check_size`."""
     check_size(plan)
+    positive = _positive_inputs(plan)
     return {tid: np.array(plan.shape_values[tid], dtype=np.int32) if tid in plan.shape_values
-            else _fill(rng, plan.tensors[tid]) for tid in plan.inputs}
+            else _fill(rng, plan.tensors[tid], tid in positive) for tid in plan.inputs}
 
 
 def _run_step(step: Step, values: dict[int, np.ndarray], engine: Engine) -> np.ndarray:
@@ -94,23 +109,30 @@ def _run_step(step: Step, values: dict[int, np.ndarray], engine: Engine) -> np.n
     return result.astype(DATA_DTYPES[step.output.dtype], copy=False)
 
 
-def execute(plan: Plan, engine: Engine | str | None, inputs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+def execute(plan: Plan, engine: Engine | str | None, inputs: dict[int, np.ndarray],
+            convolution_seconds: list[float] | None = None) -> dict[int, np.ndarray]:
     """Every tensor's value after running the plan's ops in order; outputs are laid out with
-    their tensor's strides when those are not dense (so consumers see them as written)."""
+    their tensor's strides when those are not dense (so consumers see them as written). With
+    ``convolution_seconds``, the time spent in convolution ops is added to its first entry."""
     engine = get_engine(engine)
     values = dict(inputs)
     for step in plan.steps:
         out = step.output
+        start = time.perf_counter()
         try:
             result = _run_step(step, values, engine)
         except ConvgradError as exc:  # e.g. inputs whose dtypes differ (--dt=ID:DT)
             raise GraphError(f"{step.source.label}: {exc}") from None
         values[out.id] = strided(result, None if out.is_dense else out.stride)
+        if convolution_seconds is not None and step.is_convolution:
+            convolution_seconds[0] += time.perf_counter() - start
     return values
 
 
-def reduction_length(problem: Problem) -> int:
+def reduction_length(problem: Problem | TensorProblem) -> int:
     """Number of products summed into one output element of the op's canonical problem."""
+    if isinstance(problem, TensorProblem):
+        return problem.reduction
     g = problem.geometry
     if problem.task == "forward":
         return g.icg * math.prod(g.kernel)
@@ -119,9 +141,9 @@ def reduction_length(problem: Problem) -> int:
     return g.n * math.prod(g.out_size)
 
 
-def tolerance(problem: Problem, out_dtype: np.dtype) -> float:
+def tolerance(problem: Problem | TensorProblem, out_dtype: np.dtype) -> float:
     """Largest accepted error, relative to max |reference| (see the module docstring)."""
-    eps_out = max(float(ml_dtypes.finfo(out_dtype).eps), float(ml_dtypes.finfo(problem.dtype).eps))
+    eps_out = max(float(ml_dtypes.finfo(out_dtype).eps), float(ml_dtypes.finfo(problem.output_dtype).eps))
     eps_acc = float(np.finfo(compute_dtype(problem.dtype)).eps)
     return eps_out + 8 * eps_acc * math.sqrt(max(reduction_length(problem), 1))
 
@@ -151,23 +173,41 @@ def check(plan: Plan, engine: Engine | str | None, inputs: dict[int, np.ndarray]
     for step in plan.steps:
         got = values[step.output.id].astype(np.float64)
         want = _run_step(step, values, reference).astype(np.float64)
-        scale = float(np.max(np.abs(want))) if want.size else 1.0
-        error = float(np.max(np.abs(got - want))) / (scale or 1.0) if want.size else 0.0
-        if not np.all(np.isfinite(got)):
-            error = math.nan
-        checks.append(OpCheck(step, error, tolerance(step.problem, DATA_DTYPES[step.output.dtype])))
+        checks.append(OpCheck(step, relative_error(got, want), tolerance(step.problem, DATA_DTYPES[step.output.dtype])))
     return checks
 
 
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| / max |want| over the finite reference values; NaN (a failure) where a
+    non-finite value disagrees (NaN against NaN and an infinity against the same one agree)."""
+    finite = np.isfinite(want)
+    agree = np.where(finite, np.isfinite(got), (got == want) | (np.isnan(got) & np.isnan(want)))
+    if not np.all(agree):
+        return math.nan
+    if not finite.any():
+        return 0.0
+    scale = float(np.max(np.abs(want[finite])))
+    return float(np.max(np.abs(got[finite] - want[finite]))) / (scale or 1.0)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One timed run of a plan: its seconds, and those spent in its convolutions."""
+
+    seconds: float
+    convolution_seconds: float
+
+
 def time_plan(plan: Plan, engine: Engine | str | None, inputs: dict[int, np.ndarray], max_ms: float,
-              times: int = 0) -> list[float]:
-    """Seconds per run of the whole plan: one warm-up run, then ``times`` runs, or (``times`` = 0)
+              times: int = 0) -> list[Timing]:
+    """Timed runs of the whole plan: one warm-up run, then ``times`` runs, or (``times`` = 0)
     at least 3 runs and more while the total stays under ``max_ms``."""
     engine = get_engine(engine)
     execute(plan, engine, inputs)
-    runs: list[float] = []
-    while (len(runs) < times) if times else (len(runs) < 3 or sum(runs) * 1e3 < max_ms):
+    runs: list[Timing] = []
+    while (len(runs) < times) if times else (len(runs) < 3 or sum(r.seconds for r in runs) * 1e3 < max_ms):
+        convolution = [0.0]
         start = time.perf_counter()
-        execute(plan, engine, inputs)
-        runs.append(time.perf_counter() - start)
+        execute(plan, engine, inputs, convolution)
+        runs.append(Timing(time.perf_counter() - start, convolution[0]))
     return runs
