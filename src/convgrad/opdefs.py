@@ -32,9 +32,12 @@ AttrType = Literal["s64", "s64[]", "string"]
 Role = Literal["x", "y", "w", "bias", "shape"]
 Task = Literal["forward", "backward_data", "backward_weights"]
 
-__all__ = ["AttrSpec", "InputSpec", "OpDef", "OPS", "get_opdef", "AUTO_PAD_VALUES"]
+__all__ = ["AttrSpec", "InputSpec", "OpDef", "OPS", "get_opdef", "AUTO_PAD_VALUES", "MAX_NDIMS"]
 
 AUTO_PAD_VALUES = ("none", "same_upper", "same_lower", "valid")
+#: The most dimensions oneDNN has (DNNL_MAX_NDIMS): no list attribute or shape given to an op is
+#: longer (oneDNN writes unset lists as this many zeros).
+MAX_NDIMS = 12
 
 
 @dataclass(frozen=True)
