@@ -151,9 +151,9 @@ def _describe(name: str, shape: tuple[int, ...]) -> str:
 def check_sizes(problem: Problem) -> None:
     """Reject a resolved problem whose sizes overflow int64 (at shape inference). O(rank) work."""
     g = problem.geometry
-    tensors = problem.tensor_shapes()
+    tensors = {f"'{name}'": shape for name, shape in problem.tensor_shapes().items()}
     x_name = next(spec.name for spec in (*problem.definition.inputs, problem.definition.output) if spec.role == "x")
-    tensors[f"zero-padded {x_name}"] = (g.n, *g.padded_size, g.ic)
+    tensors[f"zero-padded '{x_name}'"] = (g.n, *g.padded_size, g.ic)
     itemsize = max(problem.dtype.itemsize, 8)
     for name, shape in tensors.items():  # NumPy refuses such shapes even with a 0 among them
         if math.prod(max(d, 1) for d in shape) * itemsize > _INT64_MAX:
