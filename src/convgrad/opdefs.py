@@ -131,6 +131,11 @@ DATA_FORMAT = AttrSpec("data_format", "string", "Layout of every data tensor: NX
                        default="NXC", choices=("NCX", "NXC"))
 OUTPUT_PADDING = AttrSpec("output_padding", "s64[]", "Extra size added at the end of each spatial axis of "
                           "the transposed convolution's output.", default=None, minimum=0, per_axis=True)
+#: On the ConvTranspose gradients: validated only; diff_dst may have any size of the range.
+GRADIENT_OUTPUT_PADDING = AttrSpec(
+    "output_padding", "s64[]", "The forward ConvTranspose's output_padding: validated, but diff_dst may have "
+    "any size D with floor((D + PB + PE - EK) / S) + 1 = I, up to S - 1 more than S*(I-1) + EK - PB - PE, "
+    "whatever it says (the extra rows get no gradient).", default=None, minimum=0, per_axis=True)
 
 
 def _weights_format(name: str, pair: tuple[str, str]) -> AttrSpec:
@@ -204,7 +209,7 @@ OPS: dict[str, OpDef] = {
             "diff_src = conv(diff_dst, W) with the same attributes",
             (InputSpec("diff_dst", "x"), InputSpec("weights", "w")),
             InputSpec("diff_src", "y"),
-            _GEOMETRY + (OUTPUT_PADDING, GROUPS, DATA_FORMAT, CONVT_WEIGHTS_FORMAT),
+            _GEOMETRY + (GRADIENT_OUTPUT_PADDING, GROUPS, DATA_FORMAT, CONVT_WEIGHTS_FORMAT),
         ),
         OpDef(
             "ConvTransposeBackwardWeights", "conv_transpose_backward_weights", "backward_weights", True,
@@ -212,7 +217,7 @@ OPS: dict[str, OpDef] = {
             "diff_weights = d<conv_transpose(src, W), diff_dst>/d W = conv_backward_weights(x=diff_dst, dy=src)",
             (InputSpec("src", "y"), InputSpec("diff_dst", "x"), InputSpec("weights_shape", "shape", required=False)),
             InputSpec("diff_weights", "w"),
-            _GEOMETRY + (OUTPUT_PADDING, GROUPS, DATA_FORMAT, CONVT_WEIGHTS_FORMAT,
+            _GEOMETRY + (GRADIENT_OUTPUT_PADDING, GROUPS, DATA_FORMAT, CONVT_WEIGHTS_FORMAT,
                          _shape_attr("weights_shape", "diff_weights")),
         ),
     )
