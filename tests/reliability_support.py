@@ -66,17 +66,23 @@ def assert_close(got: np.ndarray, want: np.ndarray, dtype_name: str) -> None:
 # Valid random problems
 # ---------------------------------------------------------------------------------------------
 @dataclass
-class Case:
-    """A valid invocation of one op: attributes, inputs (spec order) and the expected output shape."""
+class Call:
+    """One op's attributes and inputs (spec order)."""
 
     kind: str
     attrs: dict[str, Any]
     inputs: list[Any]
-    output_shape: tuple[int, ...]
-    dtype: str
 
     def op(self) -> cg.Op:
         return cg.Op(self.kind, **self.attrs)
+
+
+@dataclass
+class Case(Call):
+    """A valid invocation of one op, with the expected output shape and dtype."""
+
+    output_shape: tuple[int, ...]
+    dtype: str
 
 
 LAYOUTS = ("c", "fortran", "strided", "reversed", "readonly")
@@ -274,18 +280,12 @@ _BROADCAST_DTYPES = ("f32", "f16", "bf16", "f64", ">f4")  # >f4: a byte-swapped 
 
 
 @dataclass
-class HugeCase:
+class HugeCase(Call):
     """A consistent call whose result or working set cannot fit: ``names`` are the op's tensors
-    (and shape), one of which the error must name."""
+    (and shape), one of which the error must name; ``way`` says which tensor is absurd."""
 
-    kind: str
-    attrs: dict[str, Any]
-    inputs: list[Any]
     names: tuple[str, ...]
     way: str
-
-    def op(self) -> cg.Op:
-        return cg.Op(self.kind, **self.attrs)
 
 
 def _spread(draw: Any, total: int, axes: int) -> list[int]:
