@@ -296,7 +296,7 @@ class _Inference:
         attribute (r values, see :func:`fits_rank`) must agree, else one error names every piece
         and its rank, in argument order (an :class:`AttributeValueError` if only attributes
         disagree). A tensor of rank outside 3 to 5 is malformed whatever the others say."""
-        first_spec, first = next(iter(self.given.values()))
+        first = next(iter(self.given.values()))[1]
         for spec, info in self.given.values():
             ndim = None if spec.role in ("bias", "shape") else len(info.shape)
             if ndim is not None and not 3 <= ndim <= 5:
