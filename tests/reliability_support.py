@@ -7,6 +7,7 @@ input fingerprints and the result comparison.
 from __future__ import annotations
 
 import hashlib
+import math
 import numbers
 import os
 from collections.abc import Iterator, Mapping
@@ -43,8 +44,9 @@ def fingerprint(value: Any, seen: frozenset[int] = frozenset()) -> Any:
     if id(value) in seen:
         return "<cycle>"
     if isinstance(value, np.ndarray):
+        distinct = value[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in value.strides)]
         data = repr(value.tolist()) if value.dtype.hasobject else \
-            hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()
+            hashlib.sha256(np.ascontiguousarray(distinct).tobytes()).hexdigest()  # broadcast: its values once
         return (data, value.shape, value.strides, value.dtype.str, value.flags.writeable,
                 value.flags.c_contiguous, value.flags.f_contiguous)
     if isinstance(value, (list, tuple)):
@@ -65,17 +67,23 @@ def assert_close(got: np.ndarray, want: np.ndarray, dtype_name: str) -> None:
 # Valid random problems
 # ---------------------------------------------------------------------------------------------
 @dataclass
-class Case:
-    """A valid invocation of one op: attributes, inputs (spec order) and the expected output shape."""
+class Call:
+    """One op's attributes and inputs (spec order)."""
 
     kind: str
     attrs: dict[str, Any]
     inputs: list[Any]
-    output_shape: tuple[int, ...]
-    dtype: str
 
     def op(self) -> cg.Op:
         return cg.Op(self.kind, **self.attrs)
+
+
+@dataclass
+class Case(Call):
+    """A valid invocation of one op, with the expected output shape and dtype."""
+
+    output_shape: tuple[int, ...]
+    dtype: str
 
 
 LAYOUTS = ("c", "fortran", "strided", "reversed", "readonly")
@@ -128,8 +136,9 @@ def random_case(rng: np.random.Generator, kind: str | None = None, max_rank: int
         "pads_begin": list(pb) + [0] * pick([0, 12 - rank]), "pads_end": list(pe) + [0] * pick([0, 12 - rank]),
         "auto_pad": pick([mode, mode.upper()]), d.weights_format_attr: wfmt,  # oneDNN writes 12-entry lists
     }
-    if "output_padding" in d.attr_names:
-        attrs["output_padding"] = out_pad if d.transposed else [0] * rank
+    if "output_padding" in d.attr_names:  # the ConvTranspose gradients accept any (SEMANTICS.md)
+        attrs["output_padding"] = out_pad if kind == "ConvTranspose" else ints(0, 2, rank) if d.transposed \
+            else [0] * rank
     np_dtype = DATA_DTYPES[dtype]
     inputs: list[Any] = []
     for spec in d.inputs:
@@ -259,3 +268,87 @@ hostile = st.recursive(
     max_leaves=8,
 )
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Absurdly large problems (issue 14): every call must fail at once, naming a tensor and its size
+# ---------------------------------------------------------------------------------------------
+#: At least this many values in the huge tensor: beyond any memory budget (40 TB in f32).
+HUGE = 10**13
+#: Values whose bytes (8 a value at least) pass int64: shape inference itself must refuse.
+ASTRONOMIC = 2 * 10**18
+_HUGE_WAYS = ("output", "weights", "channels", "shape_length", "beyond_int64")
+_BROADCAST_DTYPES = ("f32", "f16", "bf16", "f64", ">f4")  # >f4: a byte-swapped view, swapped compactly
+
+
+@dataclass
+class HugeCase(Call):
+    """A consistent call whose result or working set cannot fit: ``names`` are the op's tensors
+    (and shape), one of which the error must name; ``way`` says which tensor is absurd."""
+
+    names: tuple[str, ...]
+    way: str
+
+
+def _spread(draw: Any, total: int, axes: int) -> list[int]:
+    """``axes`` sizes whose product is at least ``total``, each a random bit above the even share."""
+    base = math.ceil(total ** (1 / axes))
+    while base**axes < total:
+        base += 1
+    return [base + draw(st.integers(0, base // 2)) for _ in range(axes)]
+
+
+def _broadcast(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """A read-only zero-stride view of one non-zero value: any size, no memory."""
+    dt = np.dtype(DATA_DTYPES[dtype] if dtype in DATA_DTYPES else dtype)
+    return np.broadcast_to(np.full((), 0.5, dt), shape)
+
+
+@st.composite
+def huge_cases(draw: Any) -> HugeCase:
+    """One op on a consistent problem (stride S, kernel K, pads 0, I = S*(O-1) + K) in which one
+    tensor is absurd: the output (huge declared shape, or a huge kernel for the weights
+    gradients), the weights input (a huge kernel), huge channel counts, a shape tensor of
+    millions of values, or a declared shape past int64. Data inputs are zero-stride broadcast
+    views; shapes come as attribute or s32 tensor (attribute where a value passes s32)."""
+    kind = draw(st.sampled_from(sorted(cg.OPS)), label="kind")
+    d = cg.OPS[kind]
+    rank = draw(st.integers(1, 3), label="rank")
+    way = draw(st.sampled_from(_HUGE_WAYS), label="way")
+    if way == "weights" and all(s.role != "w" for s in d.inputs):
+        way = "output"
+    if way == "shape_length" and d.shape_attr is None or way == "beyond_int64" and d.output.role != "x":
+        way = "channels"
+    small = st.integers(1, 3)
+    n, icg, ocg = draw(small), draw(small), draw(small)
+    kernel, strides, out = [draw(small) for _ in range(rank)], [1] * rank, [draw(st.integers(1, 2)) for _ in range(rank)]
+    role = d.output.role if way in ("output", "beyond_int64") else "w" if way == "weights" else None
+    if role == "x":  # a huge input side from huge strides: y and w stay small
+        out = [draw(st.integers(2, 3)) for _ in range(rank)]
+        strides = _spread(draw, (ASTRONOMIC if way == "beyond_int64" else HUGE) // (n * icg), rank)
+    elif role == "y":
+        out = _spread(draw, HUGE // (n * ocg), rank)
+    elif role == "w":
+        kernel = _spread(draw, HUGE // (icg * ocg), rank)
+    elif way == "channels":
+        icg = ocg = _spread(draw, HUGE // math.prod(kernel), 2)[0]
+    in_size = [s * (o - 1) + k for s, o, k in zip(strides, out, kernel)]
+    dtype = draw(st.sampled_from(_BROADCAST_DTYPES), label="dtype")
+    shapes = {"x": data_shape(n, icg, tuple(in_size), "NXC"), "y": data_shape(n, ocg, tuple(out), "NXC"),
+              "w": weights_shape(ocg, icg, tuple(kernel), "XIO" if not d.transposed else "XOI")}
+    attrs: dict[str, Any] = {"strides": strides, "dilations": [1] * rank, "pads_begin": [0] * rank,
+                             "pads_end": [0] * rank}
+    inputs: list[Any] = []
+    for spec in d.inputs:
+        if spec.role == "shape":
+            values = list(shapes[d.output.role])
+            if way == "shape_length":
+                inputs.append(np.broadcast_to(np.int32(1), (draw(st.integers(13, 10**9), label="length"),)))
+            elif max(values) > 2**31 - 1 or draw(st.booleans(), label="shape as attribute"):
+                attrs[d.shape_attr] = values
+            else:
+                inputs.append(np.array(values, dtype=np.int32))
+        elif spec.role != "bias":
+            inputs.append(_broadcast(shapes[spec.role], dtype))
+    names = tuple(s.name for s in (*d.inputs, d.output))
+    return HugeCase(kind, attrs, inputs, names, way)

@@ -80,8 +80,8 @@ ERRORS = [  # (id, kind, mutation, exception, words the message must contain, AP
      ["'diff_dst'", "[3, 3]", "[3, 4]"], BOTH),
     ("padded_diff_dst", "ConvTransposeBackwardWeights", set_input(1, lambda a: np.pad(a, [(0, 0), (0, 1), (0, 0),
      (0, 0)])), E.ShapeError, ["'diff_dst'", "[8, 5]", "[7, 5]"], BOTH),
-    ("unreachable_size", "ConvTransposeBackwardData", set_attr("output_padding", [0, 0]), E.ShapeError,
-     ["'diff_dst'", "[7, 5]", "output_padding=[0, 0]"], BOTH),
+    ("short_diff_dst", "ConvTransposeBackwardWeights", set_input(1, lambda a: a[:, :-2]), E.ShapeError,
+     ["'diff_dst'", "[5, 5]", "from [6, 5] to [7, 5]"], BOTH),
     ("weights_channels", "ConvolutionBackwardData", set_input(1, lambda w: w[..., :-1]), E.ShapeError,
      ["'weights'", "[3, 2, 2, 5]", "O axis is 5, expected 6"], BOTH),
     ("weights_in_channels", "ConvTransposeBackwardData", set_input(1, lambda w: w[..., :1, :]), E.ShapeError,
@@ -160,3 +160,77 @@ def test_every_error_class_is_triggered():
     # ResourceError belongs to memory budgets, which the core does not have yet
     classes = {getattr(E, n) for n in E.__all__ if n not in ("ConvgradError", "describe", "ResourceError")}
     assert classes <= raised, classes - raised
+
+
+_RANK_ATTRS = ("strides", "pads_begin", "pads_end", "dilations", "output_padding")
+
+
+def _rank_pieces(kind: str, attrs: dict, inputs: list) -> list[tuple[str, int | None]]:
+    """(name, spatial axes of a tensor or shape, or None for a list attribute) in argument order."""
+    pieces = []
+    for spec, value in zip(cg.OPS[kind].inputs, inputs):
+        if spec.role != "bias":
+            pieces.append((spec.name, len(value) - 2 if spec.role == "shape" else value.ndim - 2))
+    return pieces + [(name, None) for name in _RANK_ATTRS if name in attrs]
+
+
+def _rank_variants(kind: str) -> list[tuple[str, int]]:
+    """Each piece that can be given one spatial axis more or fewer than the others."""
+    attrs, inputs = _base(kind)
+    return [(name, delta) for name, _ in _rank_pieces(kind, attrs, inputs) for delta in (-1, 1)]
+
+
+@pytest.mark.parametrize("kind,piece,delta", [(kind, *v) for kind in cg.OPS for v in _rank_variants(kind)])
+def test_rank_mismatch_names_every_piece_once(kind, piece, delta):
+    """Issue 14: whichever piece disagrees on the spatial rank (first input, weights, shape, a list
+    attribute), one error names every piece and its rank in argument order: a ShapeError when the
+    inputs disagree, an AttributeValueError naming the attribute when only an attribute does."""
+    attrs, inputs = _base(kind)
+    d = cg.OPS[kind]
+    names = [s.name for s in d.inputs]
+    if piece in names:
+        i = names.index(piece)
+        value, role = inputs[i], d.inputs[i].role
+        if role == "shape":
+            inputs[i] = np.insert(value, 1, 3) if delta > 0 else np.delete(value, 1)  # a kernel or spatial axis
+        elif role == "w":  # XIO / XOI: the kernel axes come first
+            inputs[i] = value[None] if delta > 0 else value[0]
+        else:  # NXC data
+            inputs[i] = value[:, None] if delta > 0 else value[:, 0]
+    else:
+        attrs[piece] = list(attrs[piece]) + [1] if delta > 0 else list(attrs[piece])[:1]
+    pieces = _rank_pieces(kind, attrs, inputs)
+    for api in ("op", "functional"):
+        with pytest.raises((E.ShapeError, E.AttributeValueError)) as info:
+            _call(api, kind, dict(attrs), list(inputs))
+        message = str(info.value)
+        assert isinstance(info.value, E.AttributeValueError if piece in _RANK_ATTRS else E.ShapeError), message
+        assert "disagree on the spatial rank: " in message, message
+        listing = message.split("disagree on the spatial rank: ")[1]
+        (first, first_rank), rest = pieces[0], pieces[1:]
+        assert listing.startswith(f"'{first}' has {first_rank} spatial ax"), message
+        position = 0
+        for name, rank in rest:
+            text = f"'{name}' {rank}" if rank is not None else f"'{name}' {len(attrs[name])} value"
+            assert text in listing[position:], f"{text!r} after position {position} in {message!r}"
+            position = listing.index(text, position)
+
+
+def test_rank_mismatch_of_the_issue():
+    """A 3-D diff_dst with 2-D attributes and 4-D weights."""
+    with pytest.raises(E.ShapeError) as info:
+        cg.convolution_backward_data(np.ones((1, 3, 4), np.float32), np.ones((3, 3, 2, 4), np.float32), (1, 5, 5, 2),
+                                     strides=[1, 1])
+    assert ("inputs and attributes disagree on the spatial rank: 'diff_dst' has 1 spatial axis, 'weights' 2, "
+            "'dst_shape' 2 ([1, 5, 5, 2]), 'strides' 2 values ([1, 1])") in str(info.value)
+
+
+def test_ignored_pads_take_no_part_in_the_rank():
+    """With auto_pad other than none the pads are ignored, whatever their length (SEMANTICS.md)."""
+    x, dy = np.ones((1, 5, 5, 2), np.float32), np.ones((1, 5, 5, 3), np.float32)
+    got = cg.Op("ConvolutionBackwardWeights", strides=[1, 1], dilations=[1, 1], auto_pad="same_upper",
+                pads_begin=[1, 2, 3], pads_end=[4])(x, dy, [3, 3, 2, 3])
+    assert got.shape == (3, 3, 2, 3)
+    with pytest.raises(E.AttributeValueError, match="'pads_begin' 3 values"):
+        cg.Op("ConvolutionBackwardWeights", strides=[1, 1], dilations=[1, 1], pads_begin=[1, 2, 3],
+              pads_end=[1, 1])(x, dy, [3, 3, 2, 3])

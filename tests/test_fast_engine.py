@@ -471,3 +471,24 @@ def test_pointwise_low_precision_blocks(kind, dtype, strides, monkeypatch, rng):
     got, want = op(*inputs, engine="fast"), op(*inputs, engine="reference")
     assert len(calls) == 1 and got.dtype == want.dtype == DATA_DTYPES[dtype]
     _close(got, want, _tolerance(DATA_DTYPES[dtype]), f"{kind} {dtype}")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 3), st.data())
+def test_frame_planning_in_closed_form_matches_its_tables(rank, data):
+    """What the memory estimate asks of a frame (phase count, largest shift) is a closed form, equal
+    to what the per-offset tables built at run time give; and a frame of a 10^12-tap kernel is
+    planned at once (issue 14)."""
+    from convgrad.engines.fast import Frame
+    ints = lambda lo, hi: data.draw(st.lists(st.integers(lo, hi), min_size=rank, max_size=rank))  # noqa: E731
+    kernel, dilations, strides, in_size = ints(1, 5), ints(1, 4), ints(1, 6), ints(1, 30)
+    g = _geometry(data.draw(st.integers(1, 3)), 1, 1, 1, in_size, kernel, strides, dilations, [1] * rank, [0] * rank)
+    assume(g is not None)
+    frame = Frame.of(g, data.draw(st.booleans()), data.draw(st.booleans()))
+    assert frame.phase_count == len(frame.phases)
+    for n in (1, 2, 5):
+        assert frame.max_shift(n) == max(shift for _, shift in frame.taps(n))
+    huge = _geometry(1, 1, 1, 1, (10**6, 10**6), (10**6, 10**6), (1, 1), (1, 1), (0, 0), (0, 0))
+    frame = Frame.of(huge)
+    assert frame.phase_count == 1 and frame.max_shift(1) == (10**6 - 1) * 10**6 + 10**6 - 1
+    assert get_engine("fast").workspace_bytes(huge, "backward_weights", np.dtype(np.float32)) > 10**12

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convgrad.graph import (GraphError, load_graph, make_inputs, parse_dt, parse_in_shapes, parse_op_attrs, plan_graph,
-                            rewrite)
+from convgrad.graph import (GraphError, check, load_graph, make_inputs, parse_dt, parse_in_shapes, parse_op_attrs,
+                            plan_graph, rewrite)
 from convgrad.graph.model import dense_strides
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -87,3 +87,24 @@ def test_rewrite_errors_name_the_problem():
         rewrite(graph, op_attrs=parse_op_attrs("7:groups:1"))
     with pytest.raises(GraphError, match="attribute 'strides' = 'a': expected a list"):
         rewrite(graph, op_attrs=parse_op_attrs("0:strides:a"))
+
+
+def test_conv_transpose_gradients_take_every_diff_dst_size_of_the_range():
+    """oneDNN's own graph case (auto_pad valid, stride 2, 3x3): diff_src 7 from a diff_dst of 16,
+    one more than S*(I-1) + EK; rewritten diff_dst sizes re-infer diff_src, and the fast engine
+    matches the reference on them."""
+    plan = _plan("conv_transpose_bwd_data_ncx_bf16_3d.json", in_shapes=parse_in_shapes("0:2x6x16x5x16"),
+                 op_attrs=parse_op_attrs("0:auto_pad:VALID"))
+    assert plan.steps[0].output.shape == (2, 4, 7, 4, 7)
+    for diff_dst in ("0:2x6x5x5x5", "0:2x6x6x5x6"):  # S*(I-1) + EK - PB - PE and one more: I = 3
+        plan = _plan("conv_transpose_bwd_data_ncx_bf16_3d.json", in_shapes=parse_in_shapes(diff_dst))
+        assert plan.steps[0].output.shape == (2, 4, 3, 4, 3)
+        assert all(c.ok for c in check(plan, "fast", make_inputs(plan, np.random.default_rng(1))))
+    for size in (9, 10):  # src 5x5, stride 2, 3x3, pads 1: 9 and 10 (the file's, with output_padding 1)
+        plan = _plan("conv_transpose_bwd_weights_nxc_f16_shape_input.json",
+                     in_shapes=parse_in_shapes(f"1:2x{size}x{size}x4"))
+        assert plan.shape_values[2] == (3, 3, 4, 6)
+        assert all(c.ok for c in check(plan, "fast", make_inputs(plan, np.random.default_rng(2))))
+    with pytest.raises(GraphError, match=r"'diff_dst' has spatial size \[11, 11\]: expected a size from \[9, 9\] "
+                                         r"to \[10, 10\]"):
+        _plan("conv_transpose_bwd_weights_nxc_f16_shape_input.json", in_shapes=parse_in_shapes("1:2x11x11x4"))

@@ -18,6 +18,7 @@ from reliability_support import LAYOUTS, Case, fingerprint, random_case, relayou
 import convgrad as cg
 from convgrad.opdefs import ops_of
 from convgrad import limits
+from convgrad.dtypes import as_array
 from convgrad.engines.reference import ReferenceEngine
 
 OPS = sorted(ops_of("convolution"))
@@ -226,6 +227,59 @@ def test_absurd_output_is_inferred_but_not_run_and_nothing_is_allocated() -> Non
     assert time.perf_counter() - start < 1 and peak < 2**20
 
 
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_weights_gradient_of_a_huge_broadcast_view_fails_at_once(engine: str) -> None:
+    """Issue 14: a 1x10^6x10^6x1 broadcast src, a 1x1x1x1 diff_dst and weights_shape
+    [10^6, 10^6, 1, 1] (a 10^12-tap kernel) used to hang planning the kernel's taps."""
+    x = np.broadcast_to(np.float32(1), (1, 10**6, 10**6, 1))
+    start = time.perf_counter()
+    with pytest.raises(cg.ResourceError, match=r"'diff_weights' \[1000000, 1000000, 1, 1\] \(1e\+12 values\)"):
+        cg.convolution_backward_weights(x, np.ones((1, 1, 1, 1), np.float32), [10**6, 10**6, 1, 1], strides=[1, 1],
+                                        engine=engine)
+    assert time.perf_counter() - start < 1
+
+
+def test_huge_weights_input_fails_at_once_naming_every_tensor() -> None:
+    """A small result from a 10^12-tap broadcast kernel: the engine's working set (its weights
+    converted) is over budget, and the estimate costs no per-tap work."""
+    w = np.broadcast_to(np.float32(1), (10**6, 10**6, 1, 1))
+    x = np.broadcast_to(np.float32(1), (1, 10**6, 10**6, 1))
+    start = time.perf_counter()
+    for engine in ("fast", "reference"):
+        with pytest.raises(cg.ResourceError, match=r"on the \w+ engine \(tensors 'src' \[1, 1000000, 1000000, 1\] "
+                                                   r"\(1e\+12 values\), 'weights' .*'dst' \[1, 1, 1, 1\] \(1 value\)"):
+            cg.convolution(x, w, strides=[1, 1], engine=engine)
+    assert time.perf_counter() - start < 1
+
+
+def test_huge_lists_and_shape_tensors_are_refused_before_reading() -> None:
+    huge = np.broadcast_to(np.int64(1), (10**9,))
+    start = time.perf_counter()
+    with pytest.raises(cg.AttributeValueError, match="'strides'.*at most 12 values"):
+        cg.Op("Convolution", strides=huge)
+    with pytest.raises(cg.ShapeError, match="'dst_shape' has 1000000000 values"):
+        cg.Op("ConvolutionBackwardData", **_ATTRS)(np.ones((1, 2, 2, 3), np.float32),
+                                                   np.ones((1, 1, 3, 3), np.float32), huge)
+    assert time.perf_counter() - start < 1
+
+
+def test_byte_swapped_broadcast_view_is_converted_compactly() -> None:
+    """A big-endian zero-stride view is swapped once per distinct value, not per element (10^12
+    elements here), and stays a broadcast view; the op then refuses it for memory at once."""
+    x = np.broadcast_to(np.arange(3, dtype=">f4").reshape(1, 1, 3), (2, 5 * 10**11, 3))
+    tracemalloc.start()
+    try:
+        native = as_array(x, "Convolution", "src")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert native.dtype == np.float32 and native.shape == x.shape and native.strides[:2] == (0, 0)
+    np.testing.assert_array_equal(native[1, -1], [0, 1, 2])
+    assert peak < 2**16
+    with pytest.raises(cg.ResourceError, match="'dst' \\[2, 500000000000, 2\\]"):
+        cg.convolution(x, np.ones((1, 3, 2), np.float32), strides=[1])
+
+
 @pytest.mark.parametrize("values,error,match", [
     ([2**31, 1, 1, 1], cg.InputError, "fit in s32"),
     ([-(2**31) - 1, 1, 1, 1], cg.InputError, "fit in s32"),
@@ -414,7 +468,7 @@ def test_no_warnings_or_floating_point_errors_whatever_numpy_settings() -> None:
 def test_nan_in_any_op_gives_nan_not_an_exception(kind: str) -> None:
     case = _case(kind)
     inputs = [a.copy() if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a for a in case.inputs]
-    inputs[0].flat[0] = np.nan
+    inputs[0][...] = np.nan  # every element: one alone may sit where no window reads (a stride's gap)
     result = case.op()(*inputs)
     assert np.isnan(result).any() or not result.size
 

@@ -9,12 +9,15 @@ Bounded in the suite; ``make fuzz`` (``CONVGRAD_FUZZ_EXAMPLES=5000``) runs it lo
 from __future__ import annotations
 
 import faulthandler
+import re
+import time
 from typing import Any
 
 import numpy as np
 from hypothesis import event, given
 from hypothesis import strategies as st
-from reliability_support import Case, assert_close, fingerprint, fuzz_settings, hostile, valid_cases
+from reliability_support import (Case, HugeCase, assert_close, fingerprint, fuzz_settings, hostile, huge_cases,
+                                 valid_cases)
 
 import convgrad as cg
 
@@ -144,3 +147,34 @@ def test_hostile_op_kinds_engines_and_dtypes(kind: Any, engine: Any, shapes: lis
     op = cg.Op("ConvolutionBackwardWeights", strides=[1], pads_begin=[0], pads_end=[0], dilations=[1])
     _outcome(lambda: op.infer(*shapes, dtype=engine))
     _outcome(lambda: op(np.ones((1, 3, 2), np.float32), np.ones((1, 3, 2), np.float32), [1, 2, 2], engine=engine))
+
+
+#: A refusal of an absurd problem must come well within this (it takes milliseconds).
+REFUSAL_SECONDS = 1.0
+
+
+def _timed(call: Any) -> tuple[Any, float]:
+    """The call's result or convgrad error, and its seconds (a hang fails via ``_outcome``)."""
+    start = time.perf_counter()
+    outcome = _outcome(call)
+    return outcome, time.perf_counter() - start
+
+
+@fuzz_settings(300)
+@given(huge_cases(), st.sampled_from(["fast", "reference"]))
+def test_absurd_sizes_fail_at_once_naming_the_tensor(case: HugeCase, engine: str) -> None:
+    """Huge kernels, huge declared shapes and channel counts on zero-stride broadcast views, huge
+    shape tensors: the call fails in well under a second with a size error (ShapeError) or a memory
+    error (ResourceError) that names one of the op's tensors and gives numbers; shape inference
+    alone (``infer``) is as quick, and the inputs are untouched."""
+    event(f"way: {case.way}")
+    before = [fingerprint(v) for v in case.inputs]
+    outcome, seconds = _timed(lambda: case.op()(*case.inputs, engine=engine))
+    assert isinstance(outcome, (cg.ResourceError, cg.ShapeError)), f"{case.way}: {outcome!r}"
+    message = str(outcome)
+    assert any(f"'{name}'" in message for name in case.names) and re.search(r"\[\d|\d values", message), message
+    assert seconds < REFUSAL_SECONDS, f"{seconds:.2f} s to refuse: {message}"
+    inferred, seconds = _timed(lambda: case.op().infer(*case.inputs))
+    assert seconds < REFUSAL_SECONDS, f"{seconds:.2f} s to infer"
+    assert isinstance(inferred, (cg.Problem, cg.ShapeError)), repr(inferred)
+    assert [fingerprint(v) for v in case.inputs] == before, "an input was modified"

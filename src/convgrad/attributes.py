@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from .errors import AttributeTypeError, AttributeValueError, MissingAttributeError, UnknownAttributeError
-from .opdefs import AttrSpec, OpDef
+from .opdefs import MAX_NDIMS, AttrSpec, OpDef
 
-__all__ = ["parse_attributes", "per_axis", "Attrs"]
+__all__ = ["parse_attributes", "per_axis", "fits_rank", "Attrs"]
 
 Attrs = dict[str, Any]
 
@@ -103,6 +103,9 @@ def parse_attributes(definition: OpDef, attrs: Mapping[str, Any]) -> Attrs:
         if value is None:
             continue
         spec = definition.attr(name)
+        if _is_list(value) and len(value) > MAX_NDIMS:  # before reading the items: it may be huge
+            raise AttributeValueError(op, name, value, f"{spec.expected()}: at most {MAX_NDIMS} values "
+                                      "(oneDNN's DNNL_MAX_NDIMS)")
         if spec.full_shape and _is_list(value) and not any(_nonzero(v) for v in value):
             continue
         parsed[name] = _parse_one(op, spec, value)
@@ -134,9 +137,16 @@ def per_axis(definition: OpDef, attrs: Attrs, name: str, rank: int, lenient: boo
         if spec.required and not lenient:
             raise MissingAttributeError(definition.kind, name, f"{spec.expected()} ({rank} values)")
         return (max(spec.minimum or 0, 0),) * rank
-    if value == () and spec.minimum == 0:
-        return (0,) * rank
-    if len(value) >= rank and not any(value[rank:]):
-        return value[:rank]
-    raise AttributeValueError(definition.kind, name, list(value),
-                              f"{rank} values, one per spatial axis of the {rank}-D problem")
+    if not fits_rank(spec, value, rank):
+        raise AttributeValueError(definition.kind, name, list(value),
+                                  f"{rank} values, one per spatial axis of the {rank}-D problem")
+    return (0,) * rank if value == () else value[:rank]
+
+
+def fits_rank(spec: AttrSpec, value: tuple[int, ...], rank: int) -> bool:
+    """Whether the given list ``value`` of per-axis attribute ``spec`` fits ``rank`` spatial axes:
+    ``rank`` values, or more when every extra one is 0, or none at all for a list whose values
+    may be 0 (empty pads mean zeros)."""
+    if value == ():
+        return spec.minimum == 0
+    return len(value) >= rank and not any(value[rank:])

@@ -14,7 +14,8 @@ import ml_dtypes
 import numpy as np
 
 from . import casts
-from .errors import DTypeError, InputError, InputTypeError, describe
+from .errors import DTypeError, InputError, InputTypeError, ShapeError, describe
+from .opdefs import MAX_NDIMS
 
 __all__ = ["DATA_DTYPES", "dtype_name", "parse_dtype", "as_array", "as_shape_values", "round_to", "compute_dtype"]
 
@@ -66,7 +67,16 @@ def as_array(value: Any, op: str, name: str) -> np.ndarray:
         array = value.view(np.ndarray)  # subclasses (memmap, matrix) as plain arrays
     else:
         array = _convert(value, op, name)
-    return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
+    return array if array.dtype.isnative else _native(array)
+
+
+def _native(array: np.ndarray) -> np.ndarray:
+    """``array`` in native byte order: a copy of its distinct elements only, broadcast back along
+    the axes it repeats (stride 0), so a huge broadcast view costs no more than its data."""
+    repeated = tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None)
+                     for stride, size in zip(array.strides, array.shape))
+    compact = array[repeated].astype(array.dtype.newbyteorder("="))
+    return compact if compact.shape == array.shape else np.broadcast_to(compact, array.shape)
 
 
 def _convert(value: Any, op: str, name: str) -> np.ndarray:
@@ -108,6 +118,9 @@ def as_shape_values(value: Any, op: str, name: str) -> tuple[int, ...]:
                          "shape tensor")
     if array.ndim != 1:
         raise InputError(op, name, f"has shape {array.shape}: expected a 1-D integer (s32) shape tensor")
+    if array.shape[0] > MAX_NDIMS:  # before reading the values: it may be a huge (broadcast) array
+        raise ShapeError(op, name, f"has {array.shape[0]} values: expected a tensor shape, 3 to 5 values "
+                         f"(at most {MAX_NDIMS}, oneDNN's DNNL_MAX_NDIMS)")
     values = tuple(int(v) for v in array.tolist())
     if any(v < _S32.min or v > _S32.max for v in values):
         raise InputError(op, name, f"= {describe(list(values))}: values must fit in s32")

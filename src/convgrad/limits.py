@@ -148,10 +148,18 @@ def check_bytes(op: str, what: str, needed: int) -> None:
         raise _over_budget(op, what, needed)
 
 
+def _describe(name: str, shape: tuple[int, ...]) -> str:
+    """``'src' [1, 1000000, 1000000, 1] (1e+12 values)``."""
+    count = math.prod(shape)
+    return f"'{name}' {list(shape)} ({count if count < 10**6 else f'{count:.3g}'} value{'s' if count != 1 else ''})"
+
+
 def check_sizes(problem: Problem) -> None:
-    """Reject a resolved problem whose sizes overflow int64 (at shape inference)."""
+    """Reject a resolved problem whose sizes overflow int64 (at shape inference). O(rank) work."""
     g = problem.geometry
-    tensors = {"x": g.x_shape, "y": g.y_shape, "w": g.w_shape, "padded x": (g.n, *g.padded_size, g.ic)}
+    tensors = {f"'{name}'": shape for name, shape in problem.tensor_shapes().items()}
+    x_name = next(spec.name for spec in (*problem.definition.inputs, problem.definition.output) if spec.role == "x")
+    tensors[f"zero-padded '{x_name}'"] = (g.n, *g.padded_size, g.ic)
     itemsize = max(problem.dtype.itemsize, 8)
     for name, shape in tensors.items():  # NumPy refuses such shapes even with a 0 among them
         if math.prod(max(d, 1) for d in shape) * itemsize > _INT64_MAX:
@@ -173,13 +181,25 @@ def estimate_bytes(problem: Problem, engine: Engine) -> int:
     workspace = getattr(engine, "workspace_bytes", None)
     engine_bytes = (workspace(problem.geometry, problem.task, problem.dtype) if callable(workspace)
                     else _fallback_workspace(problem))
-    return int(engine_bytes) + math.prod(problem.output_shape) * (8 + 2 * problem.dtype.itemsize)
+    return int(engine_bytes) + _result_bytes(problem)
+
+
+def _result_bytes(problem: Problem) -> int:
+    """The API layer's copies of the result: one in f64, two in the output dtype."""
+    return math.prod(problem.output_shape) * (8 + 2 * problem.dtype.itemsize)
 
 
 def check_memory(problem: Problem, engine: Engine) -> None:
-    """Raise :class:`ResourceError` if running ``problem`` on ``engine`` would exceed the budget."""
+    """Raise :class:`ResourceError` if running ``problem`` on ``engine`` would exceed the budget.
+
+    The result's own copies are checked first, then the engine's estimate; both are closed forms
+    of the sizes (O(rank) work whatever the sizes), and the error names the tensors and sizes."""
+    name = problem.definition.output.name
+    result = _result_bytes(problem)
+    if result > memory_budget():
+        raise _over_budget(problem.op, f"the result {_describe(name, problem.output_shape)} alone", result)
     needed = estimate_bytes(problem, engine)
     if needed > memory_budget():
-        raise _over_budget(problem.op, f"running this problem on the {getattr(engine, 'name', '?')} engine",
-                           needed)
-
+        tensors = ", ".join(_describe(*item) for item in problem.tensor_shapes().items())
+        raise _over_budget(problem.op, f"running this problem on the {getattr(engine, 'name', '?')} engine "
+                           f"(tensors {tensors})", needed)

@@ -44,7 +44,7 @@ Family = Literal["convolution", "eltwise", "eltwise_backward", "binary", "bias_a
                  "typecast", "reorder", "reshape", "transpose"]
 
 __all__ = ["AttrSpec", "InputSpec", "OpDef", "OPS", "FAMILIES", "SWAPPABLE_FAMILIES", "get_opdef", "ops_of",
-           "AUTO_PAD_VALUES"]
+           "AUTO_PAD_VALUES", "MAX_NDIMS"]
 
 #: Families whose ops share inputs, output and shape rule, so benchdnn's --op-kind may swap one kind
 #: of the family for another.
@@ -52,6 +52,9 @@ SWAPPABLE_FAMILIES = ("eltwise", "eltwise_backward", "binary")
 FAMILIES: tuple[str, ...] = Family.__args__  # type: ignore[attr-defined]
 
 AUTO_PAD_VALUES = ("none", "same_upper", "same_lower", "valid")
+#: The most dimensions oneDNN has (DNNL_MAX_NDIMS): no list attribute or shape given to an op is
+#: longer (oneDNN writes unset lists as this many zeros).
+MAX_NDIMS = 12
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,11 @@ DATA_FORMAT = AttrSpec("data_format", "string", "Layout of every data tensor: NX
                        default="NXC", choices=("NCX", "NXC"))
 OUTPUT_PADDING = AttrSpec("output_padding", "s64[]", "Extra size added at the end of each spatial axis of "
                           "the transposed convolution's output.", default=None, minimum=0, per_axis=True)
+#: On the ConvTranspose gradients: validated only; diff_dst may have any size of the range.
+GRADIENT_OUTPUT_PADDING = AttrSpec(
+    "output_padding", "s64[]", "The forward ConvTranspose's output_padding: validated, but diff_dst may have "
+    "any size D with floor((D + PB + PE - EK) / S) + 1 = I, up to S - 1 more than S*(I-1) + EK - PB - PE, "
+    "whatever it says (the extra rows get no gradient).", default=None, minimum=0, per_axis=True)
 
 
 def _weights_format(name: str, pair: tuple[str, str]) -> AttrSpec:
@@ -235,7 +243,7 @@ OPS: dict[str, OpDef] = {
             "diff_src = conv(diff_dst, W) with the same attributes",
             (InputSpec("diff_dst", "x"), InputSpec("weights", "w")),
             InputSpec("diff_src", "y"),
-            _GEOMETRY + (OUTPUT_PADDING, GROUPS, DATA_FORMAT, CONVT_WEIGHTS_FORMAT),
+            _GEOMETRY + (GRADIENT_OUTPUT_PADDING, GROUPS, DATA_FORMAT, CONVT_WEIGHTS_FORMAT),
         ),
         OpDef(
             "ConvTransposeBackwardWeights", "conv_transpose_backward_weights", "backward_weights", True,
@@ -243,7 +251,7 @@ OPS: dict[str, OpDef] = {
             "diff_weights = d<conv_transpose(src, W), diff_dst>/d W = conv_backward_weights(x=diff_dst, dy=src)",
             (InputSpec("src", "y"), InputSpec("diff_dst", "x"), InputSpec("weights_shape", "shape", required=False)),
             InputSpec("diff_weights", "w"),
-            _GEOMETRY + (OUTPUT_PADDING, GROUPS, DATA_FORMAT, CONVT_WEIGHTS_FORMAT,
+            _GEOMETRY + (GRADIENT_OUTPUT_PADDING, GROUPS, DATA_FORMAT, CONVT_WEIGHTS_FORMAT,
                          _shape_attr("weights_shape", "diff_weights")),
         ),
     )

@@ -9,10 +9,11 @@ Every op of the family is one of three problems on an underlying forward convolu
 - backward_data:    dx = d<y, dy>/dx from dy, w
 - backward_weights: dw = d<y, dy>/dw from x, dy
 
-Sizes per spatial axis: I (x), O (y), K, S, D, PB, PE, EK = (K-1)*D + 1. Convolution ops relate
-them by ``O = floor((I + PB + PE - EK) / S) + 1``; transposed ops (where the op's src is the
-convolution's y) by ``I = S*(O - 1) + EK - PB - PE + output_padding``. Either way every window
-lies inside the padded input: ``S*(O-1) + EK <= I + PB + PE``.
+Sizes per spatial axis: I (x), O (y), K, S, D, PB, PE, EK = (K-1)*D + 1. Every op relates them by
+``O = floor((I + PB + PE - EK) / S) + 1`` except ConvTranspose (whose src is the convolution's y),
+which sets ``I = S*(O - 1) + EK - PB - PE + output_padding``; so ConvTransposeBackwardData/Weights
+accept every diff_dst size I of that relation, up to S - 1 more than the formula without
+output_padding. Either way every window lies inside the padded input: ``S*(O-1) + EK <= I + PB + PE``.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ import math
 from dataclasses import dataclass
 import numpy as np
 
-from .attributes import Attrs, per_axis
+from .attributes import Attrs, fits_rank, per_axis
 from .dtypes import dtype_name
 from .errors import AttributeValueError, DTypeError, InputError, ShapeError
 from .limits import check_sizes
 from .opdefs import InputSpec, OpDef
 
-__all__ = ["ConvGeometry", "Problem", "TensorInfo", "build_problem", "auto_pads",
+__all__ = ["ConvGeometry", "Problem", "TensorInfo", "build_problem", "auto_pads", "input_size_range",
            "data_shape", "weights_shape", "split_data_shape", "split_weights_shape"]
 
 
@@ -134,6 +135,15 @@ class Problem:
     def flops(self) -> int:
         return self.geometry.flops
 
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The op's data and weights tensors, inputs then output, by name: their shapes in the op's
+        layouts (bias and shape inputs aside)."""
+        g, d = self.geometry, self.definition
+        by_role = {"x": data_shape(g.n, g.ic, g.in_size, self.data_format),
+                   "y": data_shape(g.n, g.oc, g.out_size, self.data_format),
+                   "w": weights_shape(g.oc, g.icg, g.kernel, self.weights_format)}
+        return {spec.name: by_role[spec.role] for spec in (*d.inputs, d.output) if spec.role in by_role}
+
     def __repr__(self) -> str:
         g = self.geometry
         return (f"Problem({self.op}: {self.definition.output.name} {self.output_shape} {dtype_name(self.dtype)}, "
@@ -198,6 +208,23 @@ def auto_pads(mode: str, in_size: tuple[int, ...] | None, strides: tuple[int, ..
     return tuple(begin), tuple(end)
 
 
+def input_size_range(out_size: tuple[int, ...], strides: tuple[int, ...], eff_kernel: tuple[int, ...],
+                     pads_begin: tuple[int, ...], pads_end: tuple[int, ...],
+                     mode: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(smallest, largest) convolution input size I per axis whose output size is ``out_size``:
+    ``floor((I + PB + PE - EK) / S) + 1 = O`` holds for I from ``S*(O-1) + EK - PB - PE`` up to
+    ``S - 1`` more (PB = PE = 0 for auto_pad valid). With same_* the pads follow I and
+    O = ceil(I / S), so I runs from ``S*(O-1) + 1`` to ``S*O``. The lower bound is raised to 1
+    where the upper one allows."""
+    if mode.startswith("same"):
+        return tuple(s * (o - 1) + 1 for s, o in zip(strides, out_size)), tuple(s * o for s, o in zip(strides, out_size))
+    if mode == "valid":
+        pads_begin = pads_end = (0,) * len(out_size)
+    lo = [s * (o - 1) + k - b - e for s, o, k, b, e in zip(strides, out_size, eff_kernel, pads_begin, pads_end)]
+    hi = [low + s - 1 for low, s in zip(lo, strides)]
+    return tuple(max(1, low) if high >= 1 else low for low, high in zip(lo, hi)), tuple(hi)
+
+
 # ---------------------------------------------------------------------------------------------
 # Inference
 # ---------------------------------------------------------------------------------------------
@@ -206,6 +233,16 @@ def _check_positive(op: str, name: str, shape: tuple[int, ...], allow_zero_batch
     if any(d < 1 for d in dims) or (allow_zero_batch and shape[0] < 0):
         raise ShapeError(op, name, f"has shape {list(shape)}: expected positive sizes"
                          + (" (a batch of 0 is allowed)" if allow_zero_batch else ""))
+
+
+def _rank_piece(index: int, name: str, value: int | tuple[int, ...], attribute: bool) -> str:
+    """One piece of the rank-disagreement message, e.g. "'src' has 2 spatial axes" (the first),
+    "'weights' 2", "'dst_shape' 1 ([2, 7, 5])", "'strides' 1 value ([2])"."""
+    if attribute:
+        return f"'{name}' {len(value)} value{'s' if len(value) != 1 else ''} ({list(value)})"
+    count = value if isinstance(value, int) else len(value) - 2
+    text = f"'{name}' has {count} spatial ax{'is' if count == 1 else 'es'}" if index == 0 else f"'{name}' {count}"
+    return text if isinstance(value, int) else f"{text} ({list(value)})"
 
 
 class _Inference:
@@ -235,7 +272,8 @@ class _Inference:
                 raise InputError(self.op, spec.name, "is required but was not given")
 
     def run(self) -> Problem:
-        rank, dtype = self._rank_and_dtype()
+        rank = self._rank()
+        dtype = self._dtype()
         shapes = self._role_shapes(rank)
         n, ic, oc, icg, kernel, in_size, out_size = self._channels(shapes)
         strides = per_axis(self.d, self.attrs, "strides", rank, self.lenient)
@@ -256,12 +294,43 @@ class _Inference:
         return Problem(self.d, geometry, self.data_format, self.weights_format, dtype, output_shape,
                        has_bias="bias" in self.given)
 
-    def _rank_and_dtype(self) -> tuple[int, np.dtype]:
-        first_spec, first = next((s, i) for s, i in self.given.values())
-        ndim = len(first.shape)
-        if not 3 <= ndim <= 5:
-            raise ShapeError(self.op, first_spec.name, f"has shape {list(first.shape)} (rank {ndim}): expected "
-                             "rank 3, 4 or 5 (N, C and 1, 2 or 3 spatial axes)")
+    def _rank(self) -> int:
+        """The spatial rank r, the one place that checks it: the first input (rank 3 to 5) gives r;
+        every other data input and the shape (r + 2 axes or values) and every per-axis list
+        attribute (r values, see :func:`fits_rank`) must agree, else one error names every piece
+        and its rank, in argument order (an :class:`AttributeValueError` if only attributes
+        disagree). A tensor of rank outside 3 to 5 is malformed whatever the others say."""
+        first = next(iter(self.given.values()))[1]
+        for spec, info in self.given.values():
+            ndim = None if spec.role in ("bias", "shape") else len(info.shape)
+            if ndim is not None and not 3 <= ndim <= 5:
+                raise ShapeError(self.op, spec.name, f"has shape {list(info.shape)} (rank {ndim}): expected "
+                                 "rank 3, 4 or 5 (N, C and 1, 2 or 3 spatial axes)")
+        rank = len(first.shape) - 2
+        # (name, spatial axes of a tensor or the values of a shape or list attribute, agrees, is an attribute)
+        pieces: list[tuple[str, int | tuple[int, ...], bool, bool]] = [
+            (spec.name, len(info.shape) - 2, len(info.shape) - 2 == rank, False)
+            for spec, info in self.given.values() if spec.role not in ("bias", "shape")]
+        shape = self.given["shape"][1].values if "shape" in self.given else self.attrs.get(self.d.shape_attr)
+        if shape is not None and len(shape) >= 3:  # shorter: not a shape at all (see _role_shapes)
+            name = self.given["shape"][0].name if "shape" in self.given else str(self.d.shape_attr)
+            pieces.append((name, tuple(shape), len(shape) - 2 == rank, False))
+        ignored = ("pads_begin", "pads_end") if self.attrs.get("auto_pad", "none") != "none" else ()
+        pieces += [(spec.name, self.attrs[spec.name], fits_rank(spec, self.attrs[spec.name], rank), True)
+                   for spec in self.d.attributes
+                   if spec.per_axis and spec.name in self.attrs and spec.name not in ignored]
+        if all(piece[2] for piece in pieces):
+            return rank
+        message = "inputs and attributes disagree on the spatial rank: " + ", ".join(
+            _rank_piece(i, name, value, attribute) for i, (name, value, _, attribute) in enumerate(pieces))
+        if all(agrees for _, _, agrees, attribute in pieces if not attribute):
+            name, value = next((name, value) for name, value, agrees, _ in pieces if not agrees)
+            raise AttributeValueError(self.op, name, list(value), f"{rank} values, one per spatial axis of the "
+                                      f"{rank}-D problem ({message})")
+        raise ShapeError(self.op, None, message)
+
+    def _dtype(self) -> np.dtype:
+        first_spec, first = next(iter(self.given.values()))
         dtype = first.dtype
         for spec, info in self.given.values():
             if spec.role == "shape":
@@ -269,11 +338,10 @@ class _Inference:
             if info.dtype != dtype:
                 raise DTypeError(self.op, spec.name, f"has dtype {dtype_name(info.dtype)}: expected "
                                  f"{dtype_name(dtype)} like input '{first_spec.name}' (all data inputs share a dtype)")
-            want = 1 if spec.role == "bias" else ndim
-            if len(info.shape) != want:
+            if spec.role == "bias" and len(info.shape) != 1:
                 raise ShapeError(self.op, spec.name, f"has shape {list(info.shape)} (rank {len(info.shape)}): "
-                                 f"expected rank {want}")
-        return ndim - 2, dtype
+                                 "expected rank 1")
+        return dtype
 
     def _role_shapes(self, rank: int) -> dict[str, tuple[int, ...]]:
         """Shapes of x, y, w as far as known (the shape input/attribute supplies one of them)."""
@@ -316,11 +384,6 @@ class _Inference:
             if n is not None and n_y != n:
                 raise ShapeError(self.op, names["y"], f"has batch {n_y}: expected {n}, the batch of '{names['x']}'")
             n = n_y
-        rank = len(kernel)
-        for role, spatial in (("x", in_size), ("y", out_size)):
-            if spatial is not None and len(spatial) != rank:
-                raise ShapeError(self.op, names[role], f"has {len(spatial)} spatial axes: expected {rank} like "
-                                 f"'{names['w']}'")
         wfmt = self.weights_format
         o_name, i_name = ("I", "O") if self.d.transposed else ("O", "I")
         if oc != w_oc:
@@ -347,42 +410,41 @@ class _Inference:
                 per_axis(self.d, self.attrs, "pads_end", rank, self.lenient))
 
     def _sizes(self, in_size, out_size, strides, eff, pb, pe, out_pad):
+        """(I, O) of the convolution. ConvTranspose: I from its formula. Every other op: O from
+        the convolution formula, checked against the given O; for ConvTransposeBackwardData/Weights
+        x is diff_dst, and every diff_dst size that gives the ConvTranspose input size O is
+        accepted (:func:`input_size_range`: up to S - 1 rows more than the formula without
+        output_padding; no window reads them)."""
         names = {spec.role: spec.name for spec, _ in self.given.values()}
         names.setdefault("x", self.d.shape_attr or self.d.output.name)
         names.setdefault("y", self.d.output.name)
-        if not self.d.transposed:
-            span = [i + b + e - k for i, b, e, k in zip(in_size, pb, pe, eff)]
-            if any(s < 0 for s in span):
-                raise ShapeError(self.op, names["x"], f"has spatial size {list(in_size)}: with pads_begin "
-                                 f"{list(pb)}, pads_end {list(pe)} and effective kernel {list(eff)} "
-                                 "(dilations applied) the output size would be below 1")
-            expected = tuple(s // st + 1 for s, st in zip(span, strides))
-            if out_size is not None and tuple(out_size) != expected:
-                raise ShapeError(self.op, names["y"], f"has spatial size {list(out_size)}: expected {list(expected)}"
-                                 f" = floor((I + PB + PE - EK) / S) + 1 for I={list(in_size)}, PB={list(pb)}, "
-                                 f"PE={list(pe)}, EK={list(eff)}, S={list(strides)}")
-            return tuple(in_size), expected
         if in_size is None:  # ConvTranspose: output size from the formula
             size = tuple(st * (o - 1) + k - b - e + p for o, st, k, b, e, p in zip(out_size, strides, eff, pb, pe, out_pad))
             if any(s < 1 for s in size):
                 raise ShapeError(self.op, names["y"], f"has spatial size {list(out_size)}: the output size "
                                  f"S*(I-1) + EK - PB - PE + output_padding = {list(size)} must be positive")
             return size, tuple(out_size)
-        if out_size is None:  # ConvTransposeBackwardData: solve the formula for the ConvTranspose input size
-            num = [i + b + e - k - p for i, b, e, k, p in zip(in_size, pb, pe, eff, out_pad)]
-            if any(v < 0 or v % st for v, st in zip(num, strides)):
-                raise ShapeError(self.op, names["x"], f"has spatial size {list(in_size)}: no ConvTranspose input "
-                                 "size O gives it as S*(O-1) + EK - PB - PE + output_padding with "
-                                 f"S={list(strides)}, EK={list(eff)}, PB={list(pb)}, PE={list(pe)}, "
-                                 f"output_padding={list(out_pad)}")
-            return tuple(in_size), tuple(v // st + 1 for v, st in zip(num, strides))
-        expected = tuple(st * (o - 1) + k - b - e + p for o, st, k, b, e, p in zip(out_size, strides, eff, pb, pe, out_pad))
-        if tuple(in_size) != expected:
-            raise ShapeError(self.op, names["x"], f"has spatial size {list(in_size)}: expected {list(expected)} = "
-                             f"S*(I-1) + EK - PB - PE + output_padding for the ConvTranspose input size "
-                             f"I={list(out_size)}, S={list(strides)}, EK={list(eff)}, PB={list(pb)}, PE={list(pe)}, "
-                             f"output_padding={list(out_pad)}")
-        return tuple(in_size), tuple(out_size)
+        span = [i + b + e - k for i, b, e, k in zip(in_size, pb, pe, eff)]
+        expected = tuple(s // st + 1 for s, st in zip(span, strides))
+        if self.d.transposed and out_size is not None and tuple(out_size) != expected:
+            mode = self.attrs.get("auto_pad", "none")
+            lo, hi = input_size_range(tuple(out_size), strides, eff, pb, pe, mode)
+            rule = (f"S*(I-1) + 1 to S*I with auto_pad {mode} (the pads follow D), S={list(strides)}"
+                    if mode.startswith("same") else "S*(I-1) + EK - PB - PE up to S - 1 more (the rows an "
+                    f"output_padding adds), S={list(strides)}, EK={list(eff)}, PB={list(pb)}, PE={list(pe)}")
+            raise ShapeError(self.op, names["x"], f"has spatial size {list(in_size)}: expected a size from {list(lo)} "
+                             f"to {list(hi)} per axis, the sizes D whose convolution gives the ConvTranspose input "
+                             f"size I={list(out_size)} of '{names['y']}' (floor((D + PB + PE - EK) / S) + 1 = I): "
+                             f"{rule}")
+        if any(s < 0 for s in span):
+            raise ShapeError(self.op, names["x"], f"has spatial size {list(in_size)}: with pads_begin "
+                             f"{list(pb)}, pads_end {list(pe)} and effective kernel {list(eff)} "
+                             "(dilations applied) the output size would be below 1")
+        if out_size is not None and tuple(out_size) != expected:
+            raise ShapeError(self.op, names["y"], f"has spatial size {list(out_size)}: expected {list(expected)}"
+                             f" = floor((I + PB + PE - EK) / S) + 1 for I={list(in_size)}, PB={list(pb)}, "
+                             f"PE={list(pe)}, EK={list(eff)}, S={list(strides)}")
+        return tuple(in_size), expected
 
 
 def build_problem(definition: OpDef, attrs: Attrs, inputs: list[TensorInfo | None], lenient: bool = False) -> Problem:

@@ -7,7 +7,8 @@ engine (GPU, distributed) needs only these three methods.
 
 An engine may also have ``workspace_bytes(g, task, dtype) -> int``: the peak bytes one call of
 ``task`` allocates, its result included. The memory guard (:mod:`convgrad.limits`) uses it before
-the engine runs, and a conservative estimate for engines without it.
+the engine runs, and a conservative estimate for engines without it. It must be a closed form of
+the sizes (no loop over taps, rows or elements), so that an absurd problem fails at once.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from ..attributes import parse_attributes, per_axis
 from ..errors import ConvgradError, ShapeError
 from ..op import Op
 from ..opdefs import OpDef, get_opdef
-from ..problem import Problem, TensorInfo, data_shape, split_data_shape, split_weights_shape, weights_shape
+from ..problem import (Problem, TensorInfo, data_shape, input_size_range, split_data_shape,
+                       split_weights_shape, weights_shape)
 from ..tensor_ops import TensorProblem, build_tensor_problem
 from .model import Graph, GraphError, GraphOp, LogicalTensor
 from .rewrite import restride
@@ -77,17 +78,17 @@ def _order(graph: Graph) -> list[GraphOp]:
 
 def _data_spatial(d: OpDef, attrs: dict[str, Any], y_spatial: tuple[int, ...],
                   kernel: tuple[int, ...]) -> tuple[int, ...]:
-    """A forward input size whose output size is ``y_spatial``: the smallest, S*(O-1) + EK - PB - PE,
-    with explicit pads (PB = PE = 0 with valid); S*O with a same_* auto_pad (O = ceil(I / S))."""
+    """A forward input size whose output size is ``y_spatial`` (:func:`input_size_range`): the
+    smallest, S*(O-1) + EK - PB - PE, with explicit pads (PB = PE = 0 with valid); the largest,
+    S*O, with a same_* auto_pad (O = ceil(I / S): 56 from 28, as such files have it)."""
     parsed = parse_attributes(d, attrs)
     rank = len(y_spatial)
     strides, dilations = (per_axis(d, parsed, name, rank) for name in ("strides", "dilations"))
     mode = parsed.get("auto_pad", "none")
-    if mode.startswith("same"):
-        return tuple(s * o for s, o in zip(strides, y_spatial))
-    pads = [(0,) * rank] * 2 if mode == "valid" else [per_axis(d, parsed, p, rank) for p in ("pads_begin", "pads_end")]
-    return tuple(s * (o - 1) + (k - 1) * dl + 1 - b - e
-                 for s, o, k, dl, b, e in zip(strides, y_spatial, kernel, dilations, *pads))
+    pads = [(0,) * rank] * 2 if mode != "none" else [per_axis(d, parsed, p, rank) for p in ("pads_begin", "pads_end")]
+    eff = tuple((k - 1) * dl + 1 for k, dl in zip(kernel, dilations))
+    smallest, largest = input_size_range(y_spatial, strides, eff, *pads, mode)
+    return largest if mode.startswith("same") else smallest
 
 
 def _resolve_shape(d: OpDef, attrs: dict[str, Any], shapes: dict[str, tuple[int, ...]], base: tuple[int, ...],

@@ -200,7 +200,7 @@ class FastEngine:
         if task == "backward_weights" and kernels.taps_per_gemm(math.prod(g.kernel), g.icg, reduces=True) > 1:
             widened = dtype != acc and frame.output_major  # 16-bit NCX dy, widened along memory
             output = math.prod(g.out_size) * g.oc if widened else 0
-        return ((0 if own_input else len(frame.phases) * rows * g.ic) + output) * acc.itemsize
+        return ((0 if own_input else frame.phase_count * rows * g.ic) + output) * acc.itemsize
 
     def _images_per_chunk(self, g: ConvGeometry, frame: Frame, task: str, dtype: np.dtype) -> int:
         """Images per batch chunk: frame buffers of at most ``CHUNK_BYTES`` and at most half the

@@ -58,29 +58,50 @@ def empty_like_data(shape: tuple[int, ...], dtype: np.dtype, like: np.ndarray, f
 
 @dataclass(frozen=True)
 class Frame:
-    """Phase decomposition of one convolution geometry (see the module docstring)."""
+    """Phase decomposition of one convolution geometry (see the module docstring).
+
+    Building one, and everything the memory estimate asks of it (``size``, ``phase_count``,
+    ``max_shift``), costs O(rank) whatever the kernel; the per-offset tables are built when the
+    engine first runs it."""
 
     g: ConvGeometry
     size: tuple[int, ...]                    #: Q per axis
-    phases: tuple[tuple[int, ...], ...]      #: the phase combinations some offset reads, in order
-    tap_phase: tuple[int, ...]               #: per kernel offset (C order): index into ``phases``
-    tap_steps: tuple[tuple[int, ...], ...]   #: per kernel offset: its shift in frame positions per axis
     input_major: bool = False                #: input-side buffers (x, dx) stored channel by channel
     output_major: bool = False               #: output-side buffers (y, dy) stored channel by channel
 
     @classmethod
     @functools.lru_cache(maxsize=256)
     def of(cls, g: ConvGeometry, input_major: bool = False, output_major: bool = False) -> Frame:
-        axes = list(zip(g.kernel, g.dilations, g.strides))
-        size = tuple(o + (k - 1) * d // s for o, (k, d, s) in zip(g.out_size, axes))
-        used = [sorted({kk * d % s for kk in range(k)}) for k, d, s in axes]
-        phases = tuple(itertools.product(*used))
-        index = {p: i for i, p in enumerate(phases)}
-        tap_phase, tap_steps = [], []
-        for offset in itertools.product(*(range(k) for k in g.kernel)):
-            tap_phase.append(index[tuple(kk * d % s for kk, (_, d, s) in zip(offset, axes))])
-            tap_steps.append(tuple(kk * d // s for kk, (_, d, s) in zip(offset, axes)))
-        return cls(g, size, phases, tuple(tap_phase), tuple(tap_steps), input_major, output_major)
+        size = tuple(o + (k - 1) * d // s for o, k, d, s in zip(g.out_size, g.kernel, g.dilations, g.strides))
+        return cls(g, size, input_major, output_major)
+
+    @property
+    def _axes(self) -> list[tuple[int, int, int]]:
+        return list(zip(self.g.kernel, self.g.dilations, self.g.strides))
+
+    @functools.cached_property
+    def phases(self) -> tuple[tuple[int, ...], ...]:
+        """The phase combinations some offset reads, in order."""
+        return tuple(itertools.product(*(sorted({kk * d % s for kk in range(k)}) for k, d, s in self._axes)))
+
+    @property
+    def phase_count(self) -> int:
+        """``len(phases)`` in closed form: per axis the residues k*D mod S are the multiples of
+        gcd(D, S), so an axis has min(K, S / gcd(D, S)) phases."""
+        return math.prod(min(k, s // math.gcd(d, s)) for k, d, s in self._axes)
+
+    @functools.cached_property
+    def tap_phase(self) -> tuple[int, ...]:
+        """Per kernel offset (C order): index into ``phases``."""
+        index = {p: i for i, p in enumerate(self.phases)}
+        return tuple(index[tuple(kk * d % s for kk, (_, d, s) in zip(offset, self._axes))]
+                     for offset in itertools.product(*(range(k) for k in self.g.kernel)))
+
+    @functools.cached_property
+    def tap_steps(self) -> tuple[tuple[int, ...], ...]:
+        """Per kernel offset: its shift in frame positions per axis."""
+        return tuple(tuple(kk * d // s for kk, (_, d, s) in zip(offset, self._axes))
+                     for offset in itertools.product(*(range(k) for k in self.g.kernel)))
 
     # -- rows -----------------------------------------------------------------------------------
     @property
@@ -112,7 +133,9 @@ class Frame:
         return image, self.g.out_size, strides
 
     def max_shift(self, n: int) -> int:
-        return max(shift for _, shift in self.taps(n))
+        """The largest flat row shift of an offset, that of the last one (steps grow with k)."""
+        _, strides = self._strides(n)
+        return sum((k - 1) * d // s * rs for (k, d, s), rs in zip(self._axes, strides))
 
     def span(self, n: int) -> int:
         """Frame rows up to and including the last output of ``n`` images."""

@@ -81,8 +81,7 @@ def workspace_bytes(g: ConvGeometry, task: str, data: np.dtype) -> int:
     image, taps = math.prod(g.in_size) * g.ic * acc.itemsize, math.prod(g.kernel)
     if task == "backward_data":
         sums = image if data.itemsize < acc.itemsize else 0
-        share = max((last - first) / total for total in (taps, max(1, g.ocg))
-                    for first, last in _blocks(g, data, acc, total))
+        share = max(_block_size(g, data, acc, total) / total for total in (taps, max(1, g.ocg)))
         worst = 0
         for block in (math.ceil(share * taps), taps):  # Z per block of taps (XIO weights), or all (OIX)
             n, rows = _chunk_size(g, block * g.ic * acc.itemsize, data, sums)
@@ -146,11 +145,16 @@ def _blocks(g: ConvGeometry, data: np.dtype, dtype: np.dtype, total: int) -> lis
     are widened to ``dtype`` together: one block, except for bf16/f16 weights whose f32 copy would
     take more bytes than dx and dy (ResNet-50's res5 3x3 layers: 9 MiB on 4 MiB); then as many
     blocks as keep each within that."""
+    size = _block_size(g, data, dtype, total)
+    return [(k, min(total, k + size)) for k in range(0, total, size)] or [(0, 0)]
+
+
+def _block_size(g: ConvGeometry, data: np.dtype, dtype: np.dtype, total: int) -> int:
+    """The size of the (first, largest) block of :func:`_blocks`, in closed form."""
     widened = math.prod(g.w_shape) * dtype.itemsize
     limit = (math.prod(g.x_shape) + math.prod(g.y_shape)) * data.itemsize
     count = 1 if data.itemsize >= dtype.itemsize else min(total, -(-widened // max(1, limit)))
-    size = -(-total // max(1, count))
-    return [(k, min(total, k + size)) for k in range(0, total, size)] or [(0, 0)]
+    return -(-total // max(1, count))
 
 
 def _oix(w: np.ndarray) -> bool:
