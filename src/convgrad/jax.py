@@ -89,23 +89,23 @@ def _call(kind: str, arrays: tuple[Any, ...], attrs: dict[str, Any]) -> jax.Arra
 def convolution(src: Any, weights: Any, bias: Any = None, *, strides: Sequence[int],
                 pads_begin: Sequence[int] | None = None, pads_end: Sequence[int] | None = None,
                 dilations: Sequence[int] | None = None, groups: int = 1, auto_pad: str = "none",
-                data_format: str = "NXC", weights_format: str = "XIO") -> jax.Array:
+                data_format: str = "NXC", weights_format: str = "XIO", **unknown: Any) -> jax.Array:
     """Convolution (oneDNN Graph ``Convolution``) of jax arrays, differentiable in src, weights and
     bias (``jax.grad``, ``jax.jit``, ``jax.vmap``). Attributes, defaults and errors as
     :func:`convgrad.convolution`; gradients are ConvolutionBackwardData / ConvolutionBackwardWeights."""
     return _call("Convolution", (src, weights, bias), dict(
         strides=strides, pads_begin=pads_begin, pads_end=pads_end, dilations=dilations, groups=groups,
-        auto_pad=auto_pad, data_format=data_format, weights_format=weights_format))
+        auto_pad=auto_pad, data_format=data_format, weights_format=weights_format, **unknown))
 
 
 def conv_transpose(src: Any, weights: Any, bias: Any = None, *, strides: Sequence[int],
                    pads_begin: Sequence[int] | None = None, pads_end: Sequence[int] | None = None,
                    dilations: Sequence[int] | None = None, groups: int = 1, auto_pad: str = "none",
                    data_format: str = "NXC", weights_format: str = "XOI",
-                   output_padding: Sequence[int] | None = None) -> jax.Array:
+                   output_padding: Sequence[int] | None = None, **unknown: Any) -> jax.Array:
     """Transposed convolution (oneDNN Graph ``ConvTranspose``) of jax arrays, differentiable in src,
     weights and bias. Attributes, defaults and errors as :func:`convgrad.conv_transpose`; gradients
     are ConvTransposeBackwardData / ConvTransposeBackwardWeights."""
     return _call("ConvTranspose", (src, weights, bias), dict(
         strides=strides, pads_begin=pads_begin, pads_end=pads_end, dilations=dilations, groups=groups,
-        auto_pad=auto_pad, data_format=data_format, weights_format=weights_format, output_padding=output_padding))
+        auto_pad=auto_pad, data_format=data_format, weights_format=weights_format, output_padding=output_padding, **unknown))

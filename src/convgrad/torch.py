@@ -148,28 +148,28 @@ def convolution(src: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | N
                 strides: Sequence[int], pads_begin: Sequence[int] | None = None,
                 pads_end: Sequence[int] | None = None, dilations: Sequence[int] | None = None,
                 groups: int = 1, auto_pad: str = "none", data_format: str = "NXC",
-                weights_format: str = "XIO") -> torch.Tensor:
+                weights_format: str = "XIO", **unknown: Any) -> torch.Tensor:
     """Convolution (oneDNN Graph ``Convolution``) of CPU tensors, differentiable in src, weights
     and bias. Attributes, defaults and errors as :func:`convgrad.convolution`: omitted pads mean 0,
-    omitted dilations 1; ``data_format`` NXC or NCX, ``weights_format`` XIO or OIX; bias has one
-    value per output channel. Gradients: ConvolutionBackwardData / ConvolutionBackwardWeights."""
+    omitted dilations 1, an unknown keyword is an UnknownAttributeError; ``data_format`` NXC or NCX,
+    ``weights_format`` XIO or OIX; bias has one value per output channel. Gradients: ConvolutionBackwardData / ConvolutionBackwardWeights."""
     return _call("Convolution", (src, weights, bias), dict(
         strides=strides, pads_begin=pads_begin, pads_end=pads_end, dilations=dilations, groups=groups,
-        auto_pad=auto_pad, data_format=data_format, weights_format=weights_format))
+        auto_pad=auto_pad, data_format=data_format, weights_format=weights_format, **unknown))
 
 
 def conv_transpose(src: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | None = None, *,
                    strides: Sequence[int], pads_begin: Sequence[int] | None = None,
                    pads_end: Sequence[int] | None = None, dilations: Sequence[int] | None = None,
                    groups: int = 1, auto_pad: str = "none", data_format: str = "NXC",
-                   weights_format: str = "XOI", output_padding: Sequence[int] | None = None) -> torch.Tensor:
+                   weights_format: str = "XOI", output_padding: Sequence[int] | None = None, **unknown: Any) -> torch.Tensor:
     """Transposed convolution (oneDNN Graph ``ConvTranspose``) of CPU tensors, differentiable in
     src, weights and bias. Attributes, defaults and errors as :func:`convgrad.conv_transpose`;
     ``weights_format`` XOI or IOX (IOX is PyTorch's ConvTranspose weight layout). Gradients:
     ConvTransposeBackwardData (a convolution) / ConvTransposeBackwardWeights."""
     return _call("ConvTranspose", (src, weights, bias), dict(
         strides=strides, pads_begin=pads_begin, pads_end=pads_end, dilations=dilations, groups=groups,
-        auto_pad=auto_pad, data_format=data_format, weights_format=weights_format, output_padding=output_padding))
+        auto_pad=auto_pad, data_format=data_format, weights_format=weights_format, output_padding=output_padding, **unknown))
 
 
 # ---------------------------------------------------------------------------------------------
