@@ -374,3 +374,21 @@ def test_import_convgrad_imports_neither_framework() -> None:
     code = "import sys, convgrad; print('torch' in sys.modules, 'jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_train_digits_example_curves_agree(tmp_path, capsys) -> None:
+    """examples/train_digits.py for one short epoch: both loss curves printed, plotted, equal."""
+    pytest.importorskip("sklearn")
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "train_digits.py"
+    spec = importlib.util.spec_from_file_location("train_digits", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    history = example.main(["--epochs", "1", "--batches", "6", "--plot", str(tmp_path / "curves.png")])
+    torch_loss, ours = np.array(history["torch_loss"]), np.array(history["convgrad_loss"])
+    assert len(ours) == 6 and np.isfinite(ours).all() and len(set(ours.tolist())) == 6
+    np.testing.assert_allclose(ours, torch_loss, rtol=0, atol=1e-5)
+    out = capsys.readouterr().out
+    assert "max |loss difference| over 6 steps" in out and (tmp_path / "curves.png").stat().st_size > 10_000
