@@ -199,3 +199,22 @@ def test_convgrad_errors_pass_through() -> None:
         cj.convolution(x.astype(jnp.int32), w.astype(jnp.int32), **attrs)
     # NumPy inputs are taken as jax arrays.
     assert_close(cj.convolution(np.asarray(x), np.asarray(w), **attrs), case.reference(x, w, 0 * b))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_readme_snippets_run() -> None:
+    """The README's "Inside PyTorch and JAX" examples run as printed."""
+    import re
+    from pathlib import Path
+
+    pytest.importorskip("torch")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Inside PyTorch and JAX"):]
+    section = section[:section.index("\n## ", 1)]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), namespace)
+    assert namespace["w"].grad.shape == (3, 3, 16, 32) and namespace["b"].grad.shape == (32,)
+    assert namespace["dweights"].shape == (3, 3, 16, 32) and namespace["per_example"].shape == (4, 3, 3, 16, 32)

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
-# opcheck scripts a test module with torch.jit, which warns about itself.
+# Importing parts of torch (opcheck, torch.compile) defines torch.jit script methods, which warn.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 
 import convgrad  # noqa: E402
