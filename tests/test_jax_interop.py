@@ -3,8 +3,6 @@ jax.lax.conv_general_dilated with the same padding pairs; vmap, low precision an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
 
@@ -13,96 +11,46 @@ jnp = jax.numpy
 
 import convgrad  # noqa: E402
 import convgrad.jax as cj  # noqa: E402
-from oracle import resolve_pads  # noqa: E402
+from interop_cases import CASES, GROUPED, IDS, Case  # noqa: E402
 
 
-@dataclass(frozen=True)
-class Case:
-    transposed: bool
-    size: tuple[int, ...]
-    kernel: tuple[int, ...]
-    cin: int = 2
-    cout: int = 3
-    strides: tuple[int, ...] | None = None
-    dilations: tuple[int, ...] | None = None
-    pads: tuple[tuple[int, ...], tuple[int, ...]] | None = None
-    auto_pad: str = "none"
-    groups: int = 1
-    data_format: str = "NXC"
-    weights_format: str | None = None
-    output_padding: tuple[int, ...] | None = None
-    n: int = 2
+def inputs(case: Case, dtype=jnp.float32):
+    """Random non-zero src, weights, bias in the case's layouts."""
+    return tuple(None if a is None else jnp.asarray(a, dtype) for a in case.arrays(np.random.default_rng()))
 
-    @property
-    def rank(self) -> int:
-        return len(self.kernel)
 
-    @property
-    def wformat(self) -> str:
-        return self.weights_format or ("XOI" if self.transposed else "XIO")
+def ours(case: Case):
+    function = cj.conv_transpose if case.transposed else cj.convolution
+    return lambda x, w, b=None: function(x, w, b, **case.attrs)
 
-    @property
-    def attrs(self) -> dict:
-        pb, pe = self.pads or (None, None)
-        attrs = dict(strides=self.strides or (1,) * self.rank, pads_begin=pb, pads_end=pe, dilations=self.dilations,
-                     groups=self.groups, auto_pad=self.auto_pad, data_format=self.data_format,
-                     weights_format=self.wformat)
-        return dict(attrs, output_padding=self.output_padding) if self.transposed else attrs
 
-    def inputs(self, dtype=jnp.float32):
-        rng = np.random.default_rng()
-        def draw(shape):
-            return jnp.asarray(rng.uniform(0.25, 1.0, shape) * rng.choice([-1.0, 1.0], shape), dtype)
-        cin_w, cout_w = (self.cin, self.cout // self.groups) if self.transposed else (self.cout, self.cin // self.groups)
-        x = draw((self.n, self.cin, *self.size) if self.data_format == "NCX" else (self.n, *self.size, self.cin))
-        w = draw((*self.kernel, cout_w, cin_w) if self.wformat[0] == "X" else (cin_w, cout_w, *self.kernel))
-        return x, w, draw((self.cout,))
+def reference(case: Case):
+    """jax.lax.conv_general_dilated with explicit padding pairs; a ConvTranspose as the convolution
+    of the src dilated by the strides (lhs_dilation) with the flipped, per-group transposed weights."""
+    strides, dilations, pb, pe = case.geometry()
+    spatial = "DHW"[3 - case.rank:]
+    data = "NC" + spatial if case.data_format == "NCX" else "N" + spatial + "C"
+    numbers = (data, "OI" + spatial, data)
 
-    def ours(self, x, w, b):
-        return (cj.conv_transpose if self.transposed else cj.convolution)(x, w, b, **self.attrs)
-
-    def reference(self, x, w, b):
-        """jax.lax.conv_general_dilated with explicit padding pairs; a ConvTranspose as the
-        convolution of the src dilated by the strides (lhs_dilation) with the flipped, per-group
-        transposed weights."""
-        strides = self.strides or (1,) * self.rank
-        dilations = self.dilations or (1,) * self.rank
-        pb, pe = resolve_pads("ConvTranspose" if self.transposed else "Convolution", self.auto_pad, self.size,
-                              self.kernel, strides, dilations, *(self.pads or ((0,) * self.rank,) * 2))
-        spatial = "DHW"[3 - self.rank:]
-        data = "NC" + spatial if self.data_format == "NCX" else "N" + spatial + "C"
-        if self.wformat[0] == "X":  # (*K, B, A) -> (A, B, *K)
-            w = jnp.transpose(w, (self.rank + 1, self.rank, *range(self.rank)))
-        if not self.transposed:
+    def run(x, w, b=None):
+        if case.wformat[0] == "X":  # (*K, B, A) -> (A, B, *K)
+            w = jnp.transpose(w, (case.rank + 1, case.rank, *range(case.rank)))
+        if not case.transposed:
             y = jax.lax.conv_general_dilated(x, w, strides, list(zip(pb, pe)), rhs_dilation=dilations,
-                                             dimension_numbers=(data, "OI" + spatial, data),
-                                             feature_group_count=self.groups)
+                                             dimension_numbers=numbers, feature_group_count=case.groups)
         else:
-            g = self.groups
+            g = case.groups
             w = w.reshape(g, w.shape[0] // g, *w.shape[1:]).swapaxes(1, 2)  # (G, O/G, I/G, *K)
-            w = jnp.flip(w.reshape(-1, *w.shape[2:]), axis=tuple(range(2, 2 + self.rank)))
-            extra = self.output_padding or (0,) * self.rank
-            eff = [(k - 1) * d + 1 for k, d in zip(self.kernel, dilations)]
+            w = jnp.flip(w.reshape(-1, *w.shape[2:]), axis=tuple(range(2, 2 + case.rank)))
+            extra = case.output_padding or (0,) * case.rank
+            eff = [(k - 1) * d + 1 for k, d in zip(case.kernel, dilations)]
             padding = [(e - 1 - b_, e - 1 - a + p) for e, b_, a, p in zip(eff, pb, pe, extra)]
-            y = jax.lax.conv_general_dilated(x, w, (1,) * self.rank, padding, lhs_dilation=strides,
-                                             rhs_dilation=dilations, dimension_numbers=(data, "OI" + spatial, data),
-                                             feature_group_count=g)
-        return y + (b.reshape(-1, *(1,) * self.rank) if self.data_format == "NCX" else b)
-
-
-CASES = [
-    Case(False, (7,), (3,), strides=(2,), pads=((1,), (0,))),
-    Case(False, (5, 6), (2, 3), cin=4, cout=4, groups=2, dilations=(2, 1), pads=((0, 2), (1, 0)),
-         data_format="NCX", weights_format="OIX"),
-    Case(False, (4, 3, 5), (2, 2, 3), strides=(2, 1, 2), auto_pad="same_upper", n=1),
-    Case(False, (6, 5), (3, 2), strides=(2, 2), dilations=(1, 2), auto_pad="same_lower", data_format="NCX"),
-    Case(True, (4,), (3,), strides=(2,), output_padding=(1,), pads=((0,), (1,))),
-    Case(True, (3, 4), (2, 3), cin=4, cout=2, groups=2, dilations=(2, 1), pads=((1, 0), (0, 2)),
-         data_format="NCX", weights_format="IOX"),
-    Case(True, (2, 3, 2), (3, 2, 2), strides=(2, 1, 2), auto_pad="same_upper", n=1),
-    Case(True, (3, 3), (3, 3), strides=(2, 2), auto_pad="same_lower", data_format="NCX", output_padding=(1, 0)),
-]
-IDS = [f"{'T' if c.transposed else 'C'}{c.rank}d-{c.data_format}-{c.wformat}-{c.auto_pad}-g{c.groups}" for c in CASES]
+            y = jax.lax.conv_general_dilated(x, w, (1,) * case.rank, padding, lhs_dilation=strides,
+                                             rhs_dilation=dilations, dimension_numbers=numbers, feature_group_count=g)
+        if b is None:
+            return y
+        return y + (b.reshape(-1, *(1,) * case.rank) if case.data_format == "NCX" else b)
+    return run
 
 
 def assert_close(got, want, rtol=1e-5):
@@ -113,38 +61,39 @@ def assert_close(got, want, rtol=1e-5):
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_grad_under_jit_equals_the_vjp_of_lax_conv(case: Case) -> None:
-    x, w, b = case.inputs()
-    shape = jax.eval_shape(case.reference, x, w, b).shape
+    args = tuple(a for a in inputs(case) if a is not None)  # src, weights (, bias)
+    shape = jax.eval_shape(reference(case), *args).shape
     cot = jnp.asarray(np.random.default_rng().uniform(-1, 1, shape), jnp.float32)
+    numbers = tuple(range(len(args)))
 
     @jax.jit  # one compilation for both sides (JAX compiles every eager op on its own)
-    def both(x, w, b, cot):
-        want, vjp = jax.vjp(case.reference, x, w, b)
-        grads = jax.grad(lambda *a: jnp.sum(case.ours(*a) * cot), argnums=(0, 1, 2))(x, w, b)
-        return (case.ours(x, w, b), *grads), (want, *vjp(cot))
+    def both(args, cot):
+        want, vjp = jax.vjp(reference(case), *args)
+        grads = jax.grad(lambda *a: jnp.sum(ours(case)(*a) * cot), argnums=numbers)(*args)
+        return (ours(case)(*args), *grads), (want, *vjp(cot))
 
-    for got, expected in zip(*both(x, w, b, cot)):
+    for got, expected in zip(*both(args, cot)):
         assert got.dtype == expected.dtype
         assert_close(got, expected)
 
 
-@pytest.mark.parametrize("case", [CASES[1], CASES[5]], ids=[IDS[1], IDS[5]])
+@pytest.mark.parametrize("case", GROUPED, ids=[c.id for c in GROUPED])
 def test_second_order_gradients_equal_lax(case: Case) -> None:
-    x, w, b = case.inputs()
+    x, w, b = inputs(case)
 
     def curvature(function):
         loss = lambda x, w: jnp.sum(jnp.tanh(function(x, w, b)))  # noqa: E731
         return jax.grad(lambda x, w: jnp.sum(jax.grad(loss, argnums=1)(x, w) ** 2), argnums=(0, 1))(x, w)
 
-    got, want = jax.jit(lambda: (curvature(case.ours), curvature(case.reference)))()
+    got, want = jax.jit(lambda: (curvature(ours(case)), curvature(reference(case))))()
     for got, want in zip(got, want):
         assert_close(got, want, rtol=1e-4)
 
 
 def test_vmap_over_a_batch_of_calls() -> None:
     """vmap runs the callback once per element (vmap_method="sequential"), values and gradients."""
-    case = CASES[5]
-    x, w, b = case.inputs()
+    case = GROUPED[1]
+    x, w, b = inputs(case)
     xs, ws = jnp.stack([x, 2 * x, -x]), jnp.stack([w, w + 1, 3 * w])
 
     def batched(function):
@@ -152,7 +101,7 @@ def test_vmap_over_a_batch_of_calls() -> None:
         grads = jax.vmap(jax.grad(lambda x, w: jnp.sum(function(x, w, b) ** 2), argnums=1), in_axes=(0, None))(xs, w)
         return values, grads
 
-    got, want = jax.jit(lambda: (batched(case.ours), batched(case.reference)))()
+    got, want = jax.jit(lambda: (batched(ours(case)), batched(reference(case))))()
     for g, e in zip(got, want):
         assert g.shape[0] == 3
         assert_close(g, e)
@@ -161,12 +110,12 @@ def test_vmap_over_a_batch_of_calls() -> None:
 @pytest.mark.parametrize("dtype,tol", [(jnp.bfloat16, 2 ** -7), (jnp.float16, 2 ** -10)])
 def test_low_precision_follows_f32(dtype, tol) -> None:
     case = CASES[1]
-    low = case.inputs(dtype)
+    low = inputs(case, dtype)
     high = tuple(a.astype(jnp.float32) for a in low)
 
     @jax.jit
     def run(*inputs):
-        return case.ours(*inputs), *jax.grad(lambda *a: jnp.sum(case.ours(*a)), argnums=(0, 1, 2))(*inputs)
+        return ours(case)(*inputs), *jax.grad(lambda *a: jnp.sum(ours(case)(*a)), argnums=(0, 1, 2))(*inputs)
 
     for got, want in zip(run(*low), run(*high)):
         assert got.dtype == dtype
@@ -176,16 +125,16 @@ def test_low_precision_follows_f32(dtype, tol) -> None:
 def test_f64_with_x64_enabled() -> None:
     case = CASES[0]
     with jax.enable_x64(True):
-        x, w, b = case.inputs(jnp.float64)
-        got = jax.grad(lambda w: jnp.sum(case.ours(x, w, b) ** 2))(w)
-        want = jax.grad(lambda w: jnp.sum(case.reference(x, w, b) ** 2))(w)
+        x, w, b = inputs(case, jnp.float64)
+        got = jax.grad(lambda w: jnp.sum(ours(case)(x, w, b) ** 2))(w)
+        want = jax.grad(lambda w: jnp.sum(reference(case)(x, w, b) ** 2))(w)
         assert got.dtype == jnp.float64
         assert_close(got, want, rtol=1e-12)
 
 
 def test_convgrad_errors_pass_through() -> None:
     case = CASES[0]
-    x, w, b = case.inputs()
+    x, w, b = inputs(case)
     attrs = case.attrs
     with pytest.raises(convgrad.AttributeValueError, match="Convolution: attribute 'dilations' = \\[0\\]"):
         cj.convolution(x, w, b, **dict(attrs, dilations=[0]))
@@ -198,7 +147,7 @@ def test_convgrad_errors_pass_through() -> None:
     with pytest.raises(convgrad.DTypeError, match="has dtype int32: expected one of f32, bf16, f16, f64"):
         cj.convolution(x.astype(jnp.int32), w.astype(jnp.int32), **attrs)
     # NumPy inputs are taken as jax arrays.
-    assert_close(cj.convolution(np.asarray(x), np.asarray(w), **attrs), case.reference(x, w, 0 * b))
+    assert_close(cj.convolution(np.asarray(x), np.asarray(w), **attrs), reference(case)(x, w, 0 * b))
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -19,97 +18,42 @@ pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is dep
 
 import convgrad  # noqa: E402
 import convgrad.torch as ct  # noqa: E402
-from oracle import resolve_pads  # noqa: E402
+from interop_cases import CASES, GROUPED, IDS, Case  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------
-# Cases and PyTorch's own result
+# The op on a case, and PyTorch's own result
 # ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Case:
-    transposed: bool
-    size: tuple[int, ...]
-    kernel: tuple[int, ...]
-    cin: int = 2
-    cout: int = 3
-    strides: tuple[int, ...] | None = None
-    dilations: tuple[int, ...] | None = None
-    pads_begin: tuple[int, ...] | None = None
-    pads_end: tuple[int, ...] | None = None
-    auto_pad: str = "none"
-    groups: int = 1
-    data_format: str = "NXC"
-    weights_format: str | None = None
-    output_padding: tuple[int, ...] | None = None
-    bias: bool = True
-    n: int = 2
+def inputs(case: Case, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Random non-zero src, weights, bias in the case's layouts (contiguous leaves)."""
+    return tuple(None if a is None else torch.from_numpy(a).to(dtype) for a in case.arrays(np.random.default_rng()))
 
-    @property
-    def rank(self) -> int:
-        return len(self.kernel)
 
-    @property
-    def kind(self) -> str:
-        return "ConvTranspose" if self.transposed else "Convolution"
+def ours(case: Case):
+    function = ct.conv_transpose if case.transposed else ct.convolution
+    return lambda x, w, b=None: function(x, w, b, **case.attrs)
 
-    @property
-    def function(self):
-        return ct.conv_transpose if self.transposed else ct.convolution
 
-    @property
-    def attrs(self) -> dict:
-        attrs = dict(strides=self.strides or (1,) * self.rank, pads_begin=self.pads_begin, pads_end=self.pads_end,
-                     dilations=self.dilations, groups=self.groups, auto_pad=self.auto_pad,
-                     data_format=self.data_format)
-        if self.weights_format:
-            attrs["weights_format"] = self.weights_format
-        if self.output_padding:
-            attrs["output_padding"] = self.output_padding
-        return attrs
+def reference(case: Case):
+    """The same op with torch.nn.functional (NCX / PyTorch weights; asymmetric pads by F.pad and cropping)."""
+    strides, dilations, pb, pe = case.geometry()
 
-    @property
-    def wformat(self) -> str:
-        return self.weights_format or ("XOI" if self.transposed else "XIO")
-
-    def torch_weights_shape(self) -> tuple[int, ...]:
-        """PyTorch's layout: (out, in/groups, *K) for a convolution, (in, out/groups, *K) transposed."""
-        if self.transposed:
-            return (self.cin, self.cout // self.groups, *self.kernel)
-        return (self.cout, self.cin // self.groups, *self.kernel)
-
-    def inputs(self, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Random non-zero src, weights, bias in the case's layouts (contiguous leaves)."""
-        def draw(shape):
-            values = torch.rand(shape, dtype=torch.float64) * 0.75 + 0.25
-            return (values * (torch.randint(0, 2, shape) * 2 - 1)).to(dtype)
-        x = to_data(draw((self.n, self.cin, *self.size)), self.data_format).contiguous()
-        w = to_weights(draw(self.torch_weights_shape()), self.wformat).contiguous()
-        b = draw((self.cout,)) if self.bias else None
-        return x, w, b
-
-    def ours(self, x, w, b=None):
-        return self.function(x, w, b, **self.attrs)
-
-    def reference(self, x, w, b=None):
-        """The same op with torch.nn.functional (NCX / PyTorch weights; asymmetric pads by F.pad and cropping)."""
-        xs, ws = from_data(x, self.data_format), from_weights(w, self.wformat)
-        strides = self.strides or (1,) * self.rank
-        dilations = self.dilations or (1,) * self.rank
-        pb, pe = resolve_pads(self.kind, self.auto_pad, self.size, self.kernel, strides, dilations,
-                              self.pads_begin or (0,) * self.rank, self.pads_end or (0,) * self.rank)
-        if not self.transposed:
+    def run(x, w, b=None):
+        xs, ws = from_data(x, case.data_format), from_weights(w, case.wformat)
+        if not case.transposed:
             pad = [p for b_, e in zip(reversed(pb), reversed(pe)) for p in (b_, e)]
-            conv = (F.conv1d, F.conv2d, F.conv3d)[self.rank - 1]
-            y = conv(F.pad(xs, pad), ws, b, stride=strides, dilation=dilations, groups=self.groups)
+            conv = (F.conv1d, F.conv2d, F.conv3d)[case.rank - 1]
+            y = conv(F.pad(xs, pad), ws, b, stride=strides, dilation=dilations, groups=case.groups)
         else:
-            conv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[self.rank - 1]
-            full = conv(xs, ws, None, stride=strides, dilation=dilations, groups=self.groups)
-            extra = self.output_padding or (0,) * self.rank
+            conv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[case.rank - 1]
+            full = conv(xs, ws, None, stride=strides, dilation=dilations, groups=case.groups)
+            extra = case.output_padding or (0,) * case.rank
             full = F.pad(full, [p for e in reversed(extra) for p in (0, e)])
             y = full[(slice(None), slice(None), *(slice(b_, n - e) for b_, e, n in zip(pb, pe, full.shape[2:])))]
             if b is not None:
-                y = y + b.view(1, -1, *(1,) * self.rank)
-        return to_data(y, self.data_format)
+                y = y + b.view(1, -1, *(1,) * case.rank)
+        return to_data(y, case.data_format)
+    return run
 
 
 def to_data(t, data_format):
@@ -120,29 +64,9 @@ def from_data(t, data_format):
     return t if data_format == "NCX" else t.movedim(-1, 1)
 
 
-def to_weights(t, weights_format):
-    """PyTorch's (A, B, *K) weights in OIX/IOX (the same) or XIO/XOI: (*K, B, A)."""
-    return t if weights_format[0] != "X" else t.permute(*range(2, t.ndim), 1, 0)
-
-
 def from_weights(t, weights_format):
+    """OIX/IOX or XIO/XOI weights in PyTorch's (A, B, *K) layout (OIX and IOX are PyTorch's)."""
     return t if weights_format[0] != "X" else t.permute(t.ndim - 1, t.ndim - 2, *range(t.ndim - 2))
-
-
-CASES = [
-    Case(False, (7,), (3,), strides=(2,), pads_begin=(1,), pads_end=(0,)),
-    Case(False, (5, 6), (2, 3), cin=4, cout=4, groups=2, dilations=(2, 1), pads_begin=(0, 2), pads_end=(1, 0),
-         data_format="NCX", weights_format="OIX"),
-    Case(False, (4, 3, 5), (2, 2, 3), strides=(2, 1, 2), auto_pad="same_upper", weights_format="OIX", n=1),
-    Case(False, (6, 5), (3, 2), strides=(2, 2), dilations=(1, 2), auto_pad="same_lower", data_format="NCX"),
-    Case(False, (6, 6), (3, 3), cin=3, cout=6, groups=3, strides=(1, 2), auto_pad="valid", bias=False),
-    Case(True, (4,), (3,), strides=(2,), output_padding=(1,), pads_begin=(0,), pads_end=(1,)),
-    Case(True, (3, 4), (2, 3), cin=4, cout=2, groups=2, dilations=(2, 1), pads_begin=(1, 0), pads_end=(0, 2),
-         data_format="NCX", weights_format="IOX"),
-    Case(True, (2, 3, 2), (3, 2, 2), strides=(2, 1, 2), auto_pad="same_upper", weights_format="IOX", n=1),
-    Case(True, (3, 3), (3, 3), strides=(2, 2), auto_pad="same_lower", data_format="NCX", output_padding=(1, 0)),
-]
-IDS = [f"{'T' if c.transposed else 'C'}{c.rank}d-{c.data_format}-{c.wformat}-{c.auto_pad}-g{c.groups}" for c in CASES]
 
 
 def _cotangent(y):
@@ -154,9 +78,9 @@ def _cotangent(y):
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_matches_pytorch_values_and_gradients(case: Case) -> None:
-    x, w, b = (t.requires_grad_() if t is not None else None for t in case.inputs())
+    x, w, b = (t.requires_grad_() if t is not None else None for t in inputs(case))
     params = [t for t in (x, w, b) if t is not None]
-    got, want = case.ours(x, w, b), case.reference(x, w, b)
+    got, want = ours(case)(x, w, b), reference(case)(x, w, b)
     assert got.shape == want.shape and got.dtype == torch.float64
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     g = _cotangent(got)
@@ -166,17 +90,17 @@ def test_matches_pytorch_values_and_gradients(case: Case) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_gradcheck_and_gradgradcheck(case: Case) -> None:
-    inputs = tuple(t.requires_grad_() for t in case.inputs() if t is not None)
-    assert torch.autograd.gradcheck(case.ours, inputs, fast_mode=True)
-    assert torch.autograd.gradgradcheck(case.ours, inputs, fast_mode=True)
+    args = tuple(t.requires_grad_() for t in inputs(case) if t is not None)
+    assert torch.autograd.gradcheck(ours(case), args, fast_mode=True)
+    assert torch.autograd.gradgradcheck(ours(case), args, fast_mode=True)
 
 
 def test_gradgradcheck_slow_mode_against_every_element() -> None:
     """One small case with the full (slow-mode) Jacobians, first and second order."""
     case = Case(False, (4, 3), (2, 2), cin=2, cout=2, strides=(2, 1), pads_begin=(1, 0), pads_end=(0, 1), n=1)
-    inputs = tuple(t.requires_grad_() for t in case.inputs())
-    assert torch.autograd.gradcheck(case.ours, inputs)
-    assert torch.autograd.gradgradcheck(case.ours, inputs)
+    args = tuple(t.requires_grad_() for t in inputs(case))
+    assert torch.autograd.gradcheck(ours(case), args)
+    assert torch.autograd.gradgradcheck(ours(case), args)
 
 
 def test_the_gradient_ops_are_differentiable_too() -> None:
@@ -184,9 +108,9 @@ def test_the_gradient_ops_are_differentiable_too() -> None:
     cases = [Case(False, (5, 4), (3, 2), strides=(2, 1), dilations=(1, 2), pads_begin=(1, 0), pads_end=(0, 1), n=1),
              Case(True, (3, 2), (2, 3), strides=(2, 1), pads_begin=(0, 1), pads_end=(1, 0), output_padding=(1, 0), n=1)]
     for case in cases:
-        x, w, _ = case.inputs()
-        y = case.ours(x, w)
-        attrs = {k: v for k, v in case.attrs.items() if v is not None}
+        x, w, _ = inputs(case)
+        y = ours(case)(x, w)
+        attrs = case.attrs
         dy = torch.rand_like(y, requires_grad=True)
         ops = torch.ops.convgrad
         if case.transposed:
@@ -205,10 +129,10 @@ def test_the_gradient_ops_are_differentiable_too() -> None:
 def test_opcheck_every_registered_op() -> None:
     case = Case(False, (5, 4), (3, 2), strides=(2, 1), pads_begin=(1, 0), pads_end=(0, 1), n=1)
     tcase = Case(True, (3, 2), (2, 3), strides=(2, 1), pads_begin=(0, 1), pads_end=(1, 0), output_padding=(1, 0), n=1)
-    x, w, b = case.inputs(torch.float32)
-    tx, tw, tb = tcase.inputs(torch.float32)
-    y, ty = case.ours(x, w, b), tcase.ours(tx, tw, tb)
-    a, ta = ({k: v for k, v in c.attrs.items() if v is not None} for c in (case, tcase))
+    x, w, b = inputs(case, torch.float32)
+    tx, tw, tb = inputs(tcase, torch.float32)
+    y, ty = ours(case)(x, w, b), ours(tcase)(tx, tw, tb)
+    a, ta = case.attrs, tcase.attrs
     ops = torch.ops.convgrad
     samples = [
         (ops.convolution, (x, w, b), a),
@@ -227,11 +151,11 @@ def test_opcheck_every_registered_op() -> None:
 # Precisions, strides, zero-copy
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 2 ** -7), (torch.float16, 2 ** -10)])
-@pytest.mark.parametrize("case", [CASES[1], CASES[6]], ids=[IDS[1], IDS[6]])
+@pytest.mark.parametrize("case", GROUPED, ids=[c.id for c in GROUPED])
 def test_low_precision_forward_and_backward_follow_f32(case: Case, dtype, tol) -> None:
-    low = tuple(t.to(dtype).requires_grad_() for t in case.inputs())
+    low = tuple(t.to(dtype).requires_grad_() for t in inputs(case))
     high = tuple(t.detach().float().requires_grad_() for t in low)  # the same values, in f32
-    y_low, y_high = case.ours(*low), case.ours(*high)
+    y_low, y_high = ours(case)(*low), ours(case)(*high)
     assert y_low.dtype == dtype
     g = _cotangent(y_high).to(dtype)
     grads_low = torch.autograd.grad(y_low, low, g)
@@ -244,7 +168,7 @@ def test_low_precision_forward_and_backward_follow_f32(case: Case, dtype, tol) -
 
 def test_non_contiguous_inputs_give_the_same_result() -> None:
     case = CASES[1]
-    x, w, b = case.inputs()
+    x, w, b = inputs(case)
     x_odd = torch.empty(tuple(reversed(x.shape)), dtype=x.dtype).permute(*reversed(range(x.ndim)))
     x_odd.copy_(x)  # Fortran order
     w_wide = torch.zeros((*w.shape[:-1], 2 * w.shape[-1]), dtype=w.dtype)[..., ::2]
@@ -252,7 +176,7 @@ def test_non_contiguous_inputs_give_the_same_result() -> None:
     assert not x_odd.is_contiguous() and not w_wide.is_contiguous()
     x1, w1, x2, w2 = (t.clone().requires_grad_() if t.is_contiguous() else t.detach().requires_grad_()
                       for t in (x, w, x_odd, w_wide))
-    y1, y2 = case.ours(x1, w1, b), case.ours(x2, w2, b)
+    y1, y2 = ours(case)(x1, w1, b), ours(case)(x2, w2, b)
     torch.testing.assert_close(y1, y2, rtol=0, atol=0)
     g = _cotangent(y1).t() if y1.ndim == 2 else _cotangent(y1).movedim(1, -1).contiguous().movedim(-1, 1)
     assert not g.is_contiguous()
@@ -275,9 +199,9 @@ def test_zero_copy_in_and_out(dtype, monkeypatch) -> None:
     real_to, real_from = ct.to_numpy, ct.from_numpy
     monkeypatch.setattr(ct, "to_numpy", lambda t, *a: seen_in.append((t.data_ptr(), real_to(t, *a))) or seen_in[-1][1])
     monkeypatch.setattr(ct, "from_numpy", lambda a: seen_out.append((a, real_from(a))) or seen_out[-1][1])
-    x, w, _ = CASES[0].inputs(dtype)
+    x, w, _ = inputs(CASES[0], dtype)
     x = torch.cat([x, x], dim=-1)[..., ::2]  # NXC channels two elements apart
-    y = CASES[0].ours(x, w)
+    y = ours(CASES[0])(x, w)
     assert len(seen_in) == 2 and not x.is_contiguous()
     for pointer, arr in seen_in:
         assert arr.__array_interface__["data"][0] == pointer
@@ -290,7 +214,7 @@ def test_zero_copy_in_and_out(dtype, monkeypatch) -> None:
 # ---------------------------------------------------------------------------------------------
 def test_convgrad_errors_pass_through_with_their_message() -> None:
     case = CASES[0]
-    x, w, b = case.inputs(torch.float32)
+    x, w, b = inputs(case, torch.float32)
     attrs = case.attrs
     with pytest.raises(convgrad.AttributeValueError, match="Convolution: attribute 'strides' = \\[0\\]"):
         ct.convolution(x, w, b, **dict(attrs, strides=[0]))

@@ -219,11 +219,12 @@ class Conv(torch.nn.Module):
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, tuple(kernel)
         self.weight = torch.nn.Parameter(torch.empty(shape, dtype=dtype))
         self.bias = torch.nn.Parameter(torch.empty(out_channels, dtype=dtype)) if bias else None
-        self.reset_parameters(fan_in=b * math.prod(kernel))
+        self.fan_in = b * math.prod(kernel)  # as PyTorch counts it: weights axis 1 (B) times the taps
+        self.reset_parameters()
 
-    def reset_parameters(self, fan_in: int) -> None:
-        """Uniform in +-1/sqrt(fan_in), as torch.nn.ConvNd (fan_in as PyTorch counts it)."""
-        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+    def reset_parameters(self) -> None:
+        """Uniform in +-1/sqrt(fan_in), as torch.nn.ConvNd."""
+        bound = 1 / math.sqrt(self.fan_in) if self.fan_in > 0 else 0.0
         torch.nn.init.uniform_(self.weight, -bound, bound)
         if self.bias is not None:
             torch.nn.init.uniform_(self.bias, -bound, bound)
