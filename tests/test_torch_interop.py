@@ -266,6 +266,10 @@ def test_conv_module_layout_init_and_forward() -> None:
     torch.testing.assert_close(t(x), to_data(tref(from_data(x, "NXC")), "NXC"))
     with pytest.raises(convgrad.AttributeValueError, match="'weights_format' = 'OIX'"):
         ct.ConvTranspose(4, 6, 3, weights_format="OIX")
+    with pytest.raises(convgrad.AttributeValueError, match="'groups' = 4: expected a divisor of out_channels = 6"):
+        ct.Conv(4, 6, 3, groups=4)
+    with pytest.raises(convgrad.UnknownAttributeError, match="'output_padding'"):
+        ct.Conv(4, 6, 3, output_padding=1)
     assert "weights_format=XOI" in repr(t)
 
 

@@ -25,7 +25,7 @@ import torch
 
 from . import adjoints, interop
 from .dtypes import DATA_DTYPES, as_array, bfloat16
-from .errors import DTypeError, InputTypeError
+from .errors import AttributeValueError, DTypeError, InputTypeError
 from .opdefs import OPS, AttrSpec, OpDef
 from .problem import Problem
 
@@ -191,7 +191,8 @@ class Conv(torch.nn.Module):
     (default 2); strides, pads and dilations likewise. ``weight`` is held in ``weights_format``
     (XIO: ``(*K, in_channels/groups, out_channels)``; OIX: PyTorch's ``(out, in/groups, *K)``),
     ``bias`` (or None) has ``out_channels`` values. Initialised as ``torch.nn.ConvNd``:
-    uniform in +-1/sqrt(fan_in) (kaiming-uniform with a = sqrt(5)) for both."""
+    uniform in +-1/sqrt(fan_in) (kaiming-uniform with a = sqrt(5)) for both. The attributes are
+    validated here, with convgrad's errors (an unknown keyword is an UnknownAttributeError)."""
 
     _transposed = False
 
@@ -213,6 +214,9 @@ class Conv(torch.nn.Module):
             **{k: _per_axis(v, rank) for k, v in extra.items()},
         }
         fmt = interop.plain_attributes(kind, self.attrs)["weights_format"]  # ConvgradError on a bad one
+        for name, channels in (("in_channels", in_channels), ("out_channels", out_channels)):
+            if channels % groups:
+                raise AttributeValueError(kind, "groups", groups, f"a divisor of {name} = {channels}")
         # Canonical (A, B, K): the convolution's (OC, ICg) or, transposed, (IC, OC/groups) (IOX).
         a, b = (in_channels, out_channels // groups) if self._transposed else (out_channels, in_channels // groups)
         shape = (*kernel, b, a) if fmt[0] == "X" else (a, b, *kernel)
