@@ -7,7 +7,7 @@ initial weights, same batches, same optimizer: the loss curves agree to float32 
 
 The layers are tiny, so both run on one thread by default (--threads): PyTorch's OpenMP threads
 keep spinning after each op and starve the BLAS threads of the NumPy op that follows; on the
-shared 2-core machine a step took 0.43 s with 2 threads each and 0.03 s with one.
+shared 2-core machine (load average 6) a step took 0.43 s with 2 threads each, 0.03 s with one.
 
 Needs torch and scikit-learn (``pip install 'convgrad[torch]' scikit-learn``; matplotlib for
 --plot). The digits ship with scikit-learn: nothing is downloaded.
