@@ -17,7 +17,8 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(PIP) -e .
 	touch $@
 
-# Plus what the tests need: pytest, hypothesis, matplotlib and PyTorch 2.13.0 (CPU) as an oracle.
+# Plus what the tests need: pytest, hypothesis, matplotlib and PyTorch 2.13.0 (CPU) as an oracle,
+# JAX and scikit-learn for the framework tests and the digits example.
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 	$(PIP) -e '.[test]'
 	touch $@

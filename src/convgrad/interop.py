@@ -1,0 +1,52 @@
+"""What the framework adapters (:mod:`convgrad.torch`, :mod:`convgrad.jax`) share: attributes
+validated and made plain, op objects reused across calls, shape inference from shapes and dtypes.
+
+Nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .op import Op
+from .opdefs import OpDef
+from .problem import Problem
+
+__all__ = ["plain_attributes", "op_for", "infer", "data_input_names"]
+
+
+def plain_attributes(kind: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The given (non-None) attributes validated as the functional API does (a ConvgradError on a
+    bad one) and normalised to plain types: lists of ints, ints, canonical strings."""
+    parsed = Op(kind, lenient=True, **{k: v for k, v in attrs.items() if v is not None}).attrs
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in parsed.items()}
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_op(kind: str, attrs: tuple[tuple[str, Any], ...]) -> Op:
+    return Op(kind, lenient=True, **dict(attrs))
+
+
+def op_for(kind: str, attrs: Mapping[str, Any]) -> Op:
+    """The (lenient) op for plain attributes, None meaning omitted. Ops are reused, so a training
+    loop's repeated shapes skip shape inference (:meth:`Op.infer` keeps its last resolution)."""
+    key = tuple((k, tuple(int(x) for x in v) if isinstance(v, (list, tuple)) else v)
+                for k, v in sorted(attrs.items()) if v is not None)
+    return _cached_op(kind, key)
+
+
+def infer(kind: str, attrs: Mapping[str, Any], inputs: Sequence[tuple[Sequence[int], np.dtype] | None]) -> Problem:
+    """Shape inference from each data input's (shape, NumPy dtype), or None where absent: the
+    inputs stand in as zero-memory arrays, so convgrad's own checks name any bad shape or dtype."""
+    stand_ins = [None if spec is None else np.broadcast_to(np.zeros((), spec[1]), tuple(int(s) for s in spec[0]))
+                 for spec in inputs]
+    return op_for(kind, attrs).infer(*stand_ins)
+
+
+def data_input_names(d: OpDef) -> list[str]:
+    """The op's data inputs (its shape input, if any, is given as the attribute instead)."""
+    return [s.name for s in d.inputs if s.role != "shape"]

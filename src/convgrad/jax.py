@@ -1,0 +1,111 @@
+"""convgrad's ops inside JAX: differentiable functions on jax arrays.
+
+``convgrad.jax.convolution(src, weights, bias=None, *, strides, ...)`` and
+``convgrad.jax.conv_transpose(...)`` take the functional API's attributes and return a jax
+array. Each is a ``jax.custom_vjp`` whose primal runs convgrad on the host through
+``jax.pure_callback`` (shapes from :meth:`convgrad.Op.infer` at trace time), so it works under
+``jax.jit`` and ``jax.grad``; the VJP (:mod:`convgrad.adjoints`) is made of the same
+differentiable ops, so gradients of gradients work too. ``jax.vmap`` runs the callback once per
+batch element (``vmap_method="sequential"``). Data: f32, bf16, f16, and f64 where JAX has x64
+enabled; attributes are static (Python values), not traced.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import adjoints, interop
+from .errors import InputTypeError
+from .opdefs import OPS
+
+__all__ = ["convolution", "conv_transpose"]
+
+
+def _apply(kind: str, *arrays: Any, **attrs: Any) -> jax.Array:
+    """Run op ``kind`` on jax arrays (None where an optional input is absent), differentiably."""
+    present = tuple(a is not None for a in arrays)
+    key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
+    return _differentiable(kind, key, present)(*[a for a in arrays if a is not None])
+
+
+@functools.lru_cache(maxsize=512)
+def _differentiable(kind: str, key: tuple[tuple[str, Any], ...], present: tuple[bool, ...]) -> Callable[..., jax.Array]:
+    """The custom_vjp function of the present data inputs, for one op and its attributes."""
+    attrs = {k: list(v) if isinstance(v, tuple) else v for k, v in key}
+    names = interop.data_input_names(OPS[kind])
+
+    def full(arrays: Sequence[Any]) -> list[Any]:
+        it = iter(arrays)
+        return [next(it) if p else None for p in present]
+
+    def problem(arrays: Sequence[Any]) -> Any:
+        return interop.infer(kind, attrs, [None if a is None else (a.shape, np.dtype(a.dtype)) for a in full(arrays)])
+
+    def host(*arrays: np.ndarray) -> np.ndarray:
+        return interop.op_for(kind, attrs)(*full(arrays))
+
+    @jax.custom_vjp
+    def primal(*arrays: Any) -> jax.Array:
+        p = problem(arrays)
+        out = jax.ShapeDtypeStruct(p.output_shape, p.dtype)
+        return jax.pure_callback(host, out, *arrays, vmap_method="sequential")
+
+    def forward(*arrays: Any) -> tuple[jax.Array, tuple[Any, ...]]:
+        return primal(*arrays), arrays
+
+    def backward(arrays: tuple[Any, ...], grad: jax.Array) -> tuple[Any, ...]:
+        grads = adjoints.vjp(problem(arrays), full(arrays), grad, present, _apply,
+                             lambda g, axes: jnp.sum(g, axis=axes), lambda a: a.shape)
+        return tuple(g for g, p in zip(grads, present) if p)
+
+    primal.defvjp(forward, backward)
+    primal.__name__ = f"{OPS[kind].function}_{'_'.join(names)}"
+    return primal
+
+
+def _call(kind: str, arrays: tuple[Any, ...], attrs: dict[str, Any]) -> jax.Array:
+    """Validate the attributes as convgrad does, make the inputs jax arrays, run the op."""
+    plain = interop.plain_attributes(kind, attrs)  # ConvgradError on a bad attribute
+    converted = []
+    for value, name in zip(arrays, interop.data_input_names(OPS[kind])):
+        if value is not None and not isinstance(value, jax.Array):
+            try:
+                value = jnp.asarray(value)
+            except TypeError as exc:
+                raise InputTypeError(kind, name, f"= {type(value).__name__} cannot be converted to a jax array "
+                                     f"({exc})") from None
+        converted.append(value)
+    # Shapes and dtypes are checked now, with convgrad's messages (not from inside a trace).
+    interop.infer(kind, plain, [None if a is None else (a.shape, np.dtype(a.dtype)) for a in converted])
+    return _apply(kind, *converted, **plain)
+
+
+def convolution(src: Any, weights: Any, bias: Any = None, *, strides: Sequence[int],
+                pads_begin: Sequence[int] | None = None, pads_end: Sequence[int] | None = None,
+                dilations: Sequence[int] | None = None, groups: int = 1, auto_pad: str = "none",
+                data_format: str = "NXC", weights_format: str = "XIO", **unknown: Any) -> jax.Array:
+    """Convolution (oneDNN Graph ``Convolution``) of jax arrays, differentiable in src, weights and
+    bias (``jax.grad``, ``jax.jit``, ``jax.vmap``). Attributes, defaults and errors as
+    :func:`convgrad.convolution`; gradients are ConvolutionBackwardData / ConvolutionBackwardWeights."""
+    return _call("Convolution", (src, weights, bias), dict(
+        strides=strides, pads_begin=pads_begin, pads_end=pads_end, dilations=dilations, groups=groups,
+        auto_pad=auto_pad, data_format=data_format, weights_format=weights_format, **unknown))
+
+
+def conv_transpose(src: Any, weights: Any, bias: Any = None, *, strides: Sequence[int],
+                   pads_begin: Sequence[int] | None = None, pads_end: Sequence[int] | None = None,
+                   dilations: Sequence[int] | None = None, groups: int = 1, auto_pad: str = "none",
+                   data_format: str = "NXC", weights_format: str = "XOI",
+                   output_padding: Sequence[int] | None = None, **unknown: Any) -> jax.Array:
+    """Transposed convolution (oneDNN Graph ``ConvTranspose``) of jax arrays, differentiable in src,
+    weights and bias. Attributes, defaults and errors as :func:`convgrad.conv_transpose`; gradients
+    are ConvTransposeBackwardData / ConvTransposeBackwardWeights."""
+    return _call("ConvTranspose", (src, weights, bias), dict(
+        strides=strides, pads_begin=pads_begin, pads_end=pads_end, dilations=dilations, groups=groups,
+        auto_pad=auto_pad, data_format=data_format, weights_format=weights_format, output_padding=output_padding, **unknown))

@@ -1,0 +1,254 @@
+"""convgrad's ops inside PyTorch: differentiable custom ops and a convolution module.
+
+``convgrad.torch.convolution(src, weights, bias=None, *, strides, ...)`` and
+``convgrad.torch.conv_transpose(...)`` take CPU tensors (f32, bf16, f16, f64; any strides) and
+the functional API's attributes, and return a tensor that autograd differentiates in src,
+weights and bias. The six differentiable ops of the family are registered with
+``torch.library.custom_op`` as ``convgrad::<function>`` (``torch.ops.convgrad.convolution``,
+``torch.ops.convgrad.convolution_backward_data``, ...), each with a fake kernel (shapes from
+:meth:`convgrad.Op.infer`, so ``torch.compile`` traces them without data) and an autograd formula
+from :mod:`convgrad.adjoints` made of the same ops: double backward works.
+
+Tensors cross into NumPy and back without copies (DLPack; bf16 as its 16-bit pattern);
+ConvgradError passes through with its message. :class:`Conv` and :class:`ConvTranspose` are
+``nn.Module``s holding weights (and bias) in the op's layout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import adjoints, interop
+from .dtypes import DATA_DTYPES, as_array, bfloat16
+from .errors import AttributeValueError, DTypeError, InputTypeError
+from .opdefs import OPS, AttrSpec, OpDef
+from .problem import Problem
+
+__all__ = ["convolution", "conv_transpose", "Conv", "ConvTranspose"]
+
+_TORCH_DTYPES: dict[np.dtype, torch.dtype] = {
+    DATA_DTYPES["f32"]: torch.float32, DATA_DTYPES["bf16"]: torch.bfloat16,
+    DATA_DTYPES["f16"]: torch.float16, DATA_DTYPES["f64"]: torch.float64,
+}
+_NUMPY_DTYPES = {v: k for k, v in _TORCH_DTYPES.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors <-> arrays (zero-copy)
+# ---------------------------------------------------------------------------------------------
+def to_numpy(tensor: torch.Tensor, op: str = "convgrad.torch", name: str = "tensor") -> np.ndarray:
+    """A NumPy view of a CPU tensor's memory, any strides (bf16 as ``ml_dtypes.bfloat16``)."""
+    return as_array(tensor.detach(), op, name)
+
+
+def from_numpy(array: np.ndarray) -> torch.Tensor:
+    """A tensor on ``array``'s memory (bf16 through its 16-bit pattern); a read-only array is copied."""
+    if not array.flags.writeable:
+        array = array.copy()
+    if array.dtype == bfloat16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def _spec(tensor: torch.Tensor, op: str, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    """The tensor's shape and NumPy dtype, what shape inference reads."""
+    dtype = _NUMPY_DTYPES.get(tensor.dtype)
+    if dtype is None:
+        try:
+            dtype = np.dtype(str(tensor.dtype).removeprefix("torch."))  # int32, bool, ... (convgrad says why not)
+        except TypeError:
+            raise DTypeError(op, name, f"has dtype {tensor.dtype}: expected one of {', '.join(DATA_DTYPES)}") from None
+    return tuple(tensor.shape), dtype
+
+
+def _problem(d: OpDef, tensors: Sequence[torch.Tensor | None], attrs: dict[str, Any]) -> Problem:
+    """Shape inference on the tensors' shapes and dtypes alone (no data is read)."""
+    return interop.infer(d.kind, attrs, [None if t is None else _spec(t, d.kind, name)
+                                         for t, name in zip(tensors, interop.data_input_names(d))])
+
+
+# ---------------------------------------------------------------------------------------------
+# The registered ops
+# ---------------------------------------------------------------------------------------------
+def _attribute_schema(a: AttrSpec) -> str:
+    if a.name == "strides":
+        return "int[] strides"
+    if a.type == "s64":
+        return f"int {a.name}={a.default}"
+    if a.type == "string":
+        return f'str {a.name}="{a.default}"'
+    return f"{'SymInt' if a.full_shape else 'int'}[]? {a.name}=None"
+
+
+def _schema(d: OpDef) -> str:
+    """``(Tensor src, Tensor weights, Tensor? bias=None, *, int[] strides, int[]? pads_begin=None, ...)
+    -> Tensor``: data inputs positionally, every attribute by keyword (a shape input as its
+    attribute, dst_shape / weights_shape)."""
+    inputs = [f"Tensor {s.name}" if s.required else f"Tensor? {s.name}=None" for s in d.inputs if s.role != "shape"]
+    return f"({', '.join(inputs)}, *, {', '.join(_attribute_schema(a) for a in d.attributes)}) -> Tensor"
+
+
+def _register(d: OpDef) -> Any:
+    names = interop.data_input_names(d)
+
+    def run(*tensors: torch.Tensor | None, **attrs: Any) -> torch.Tensor:
+        arrays = [None if t is None else to_numpy(t, d.kind, name) for t, name in zip(tensors, names)]
+        return from_numpy(interop.op_for(d.kind, attrs)(*arrays))
+
+    def fake(*tensors: torch.Tensor | None, **attrs: Any) -> torch.Tensor:
+        problem = _problem(d, tensors, attrs)
+        return tensors[0].new_empty(problem.output_shape, dtype=_TORCH_DTYPES[problem.dtype])
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], keyword_only_inputs: dict[str, Any], output: Any) -> None:
+        ctx.problem = _problem(d, inputs, keyword_only_inputs)
+        ctx.save_for_backward(*inputs)
+
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return tuple(adjoints.vjp(ctx.problem, ctx.saved_tensors, grad, ctx.needs_input_grad, _apply,
+                                  lambda g, axes: g.sum(axes), lambda t: t.shape))
+
+    run.__name__ = fake.__name__ = d.function
+    op = torch.library.custom_op(f"convgrad::{d.function}", run, mutates_args=(), device_types="cpu",
+                                 schema=_schema(d))
+    op.register_fake(fake)
+    op.register_autograd(backward, setup_context=setup_context)
+    return op
+
+
+_REGISTERED = {kind: _register(OPS[kind]) for kind in adjoints.DIFFERENTIABLE}
+
+
+def _apply(kind: str, *tensors: torch.Tensor | None, **attrs: Any) -> torch.Tensor:
+    return _REGISTERED[kind](*tensors, **attrs)
+
+
+def _call(kind: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> torch.Tensor:
+    """Validate the attributes as convgrad does, check the tensors, run the registered op."""
+    plain = interop.plain_attributes(kind, attrs)  # ConvgradError on a bad attribute
+    for tensor, name in zip(tensors, interop.data_input_names(OPS[kind])):
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor):
+            raise InputTypeError(kind, name, f"is a {type(tensor).__name__}: expected a torch.Tensor "
+                                 "(convgrad's functional API takes NumPy arrays)")
+        if tensor.device.type != "cpu":
+            raise InputTypeError(kind, name, f"is on device {tensor.device}: expected a CPU tensor")
+    return _apply(kind, *tensors, **plain)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public functions
+# ---------------------------------------------------------------------------------------------
+def convolution(src: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | None = None, *,
+                strides: Sequence[int], pads_begin: Sequence[int] | None = None,
+                pads_end: Sequence[int] | None = None, dilations: Sequence[int] | None = None,
+                groups: int = 1, auto_pad: str = "none", data_format: str = "NXC",
+                weights_format: str = "XIO", **unknown: Any) -> torch.Tensor:
+    """Convolution (oneDNN Graph ``Convolution``) of CPU tensors, differentiable in src, weights
+    and bias. Attributes, defaults and errors as :func:`convgrad.convolution`: omitted pads mean 0,
+    omitted dilations 1, an unknown keyword is an UnknownAttributeError; ``data_format`` NXC or NCX,
+    ``weights_format`` XIO or OIX; bias has one value per output channel. Gradients: ConvolutionBackwardData / ConvolutionBackwardWeights."""
+    return _call("Convolution", (src, weights, bias), dict(
+        strides=strides, pads_begin=pads_begin, pads_end=pads_end, dilations=dilations, groups=groups,
+        auto_pad=auto_pad, data_format=data_format, weights_format=weights_format, **unknown))
+
+
+def conv_transpose(src: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | None = None, *,
+                   strides: Sequence[int], pads_begin: Sequence[int] | None = None,
+                   pads_end: Sequence[int] | None = None, dilations: Sequence[int] | None = None,
+                   groups: int = 1, auto_pad: str = "none", data_format: str = "NXC",
+                   weights_format: str = "XOI", output_padding: Sequence[int] | None = None, **unknown: Any) -> torch.Tensor:
+    """Transposed convolution (oneDNN Graph ``ConvTranspose``) of CPU tensors, differentiable in
+    src, weights and bias. Attributes, defaults and errors as :func:`convgrad.conv_transpose`;
+    ``weights_format`` XOI or IOX (IOX is PyTorch's ConvTranspose weight layout). Gradients:
+    ConvTransposeBackwardData (a convolution) / ConvTransposeBackwardWeights."""
+    return _call("ConvTranspose", (src, weights, bias), dict(
+        strides=strides, pads_begin=pads_begin, pads_end=pads_end, dilations=dilations, groups=groups,
+        auto_pad=auto_pad, data_format=data_format, weights_format=weights_format, output_padding=output_padding, **unknown))
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules
+# ---------------------------------------------------------------------------------------------
+def _per_axis(value: int | Sequence[int] | None, rank: int) -> list[int] | None:
+    """An int broadcast to every spatial axis; a sequence as given (convgrad checks its length)."""
+    if value is None or isinstance(value, (str, bytes)):
+        return value  # type: ignore[return-value]
+    return [value] * rank if isinstance(value, (int, np.integer)) else list(value)
+
+
+class Conv(torch.nn.Module):
+    """A convolution layer on :func:`convolution`: ``Conv(in_channels, out_channels, kernel_size,
+    strides=1, pads_begin=0, pads_end=0, dilations=1, groups=1, auto_pad="none",
+    data_format="NXC", weights_format="XIO", bias=True)``.
+
+    ``kernel_size`` is one int per spatial axis, or an int for every axis of a ``dims``-D layer
+    (default 2); strides, pads and dilations likewise. ``weight`` is held in ``weights_format``
+    (XIO: ``(*K, in_channels/groups, out_channels)``; OIX: PyTorch's ``(out, in/groups, *K)``),
+    ``bias`` (or None) has ``out_channels`` values. Initialised as ``torch.nn.ConvNd``:
+    uniform in +-1/sqrt(fan_in) (kaiming-uniform with a = sqrt(5)) for both. The attributes are
+    validated here, with convgrad's errors (an unknown keyword is an UnknownAttributeError)."""
+
+    _transposed = False
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int | Sequence[int], *,
+                 strides: int | Sequence[int] = 1, pads_begin: int | Sequence[int] | None = None,
+                 pads_end: int | Sequence[int] | None = None, dilations: int | Sequence[int] = 1,
+                 groups: int = 1, auto_pad: str = "none", data_format: str = "NXC",
+                 weights_format: str | None = None, bias: bool = True, dims: int = 2,
+                 dtype: torch.dtype | None = None, **extra: Any) -> None:
+        super().__init__()
+        rank = dims if isinstance(kernel_size, (int, np.integer)) else len(kernel_size)
+        kernel = _per_axis(kernel_size, rank)
+        kind = "ConvTranspose" if self._transposed else "Convolution"
+        self.attrs: dict[str, Any] = {
+            "strides": _per_axis(strides, rank), "pads_begin": _per_axis(pads_begin, rank),
+            "pads_end": _per_axis(pads_end, rank), "dilations": _per_axis(dilations, rank), "groups": groups,
+            "auto_pad": auto_pad, "data_format": data_format,
+            "weights_format": weights_format or OPS[kind].attr("weights_format").default,
+            **{k: _per_axis(v, rank) for k, v in extra.items()},
+        }
+        fmt = interop.plain_attributes(kind, self.attrs)["weights_format"]  # ConvgradError on a bad one
+        for name, channels in (("in_channels", in_channels), ("out_channels", out_channels)):
+            if channels % groups:
+                raise AttributeValueError(kind, "groups", groups, f"a divisor of {name} = {channels}")
+        # Canonical (A, B, K): the convolution's (OC, ICg) or, transposed, (IC, OC/groups) (IOX).
+        a, b = (in_channels, out_channels // groups) if self._transposed else (out_channels, in_channels // groups)
+        shape = (*kernel, b, a) if fmt[0] == "X" else (a, b, *kernel)
+        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, tuple(kernel)
+        self.weight = torch.nn.Parameter(torch.empty(shape, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.empty(out_channels, dtype=dtype)) if bias else None
+        self.fan_in = b * math.prod(kernel)  # as PyTorch counts it: weights axis 1 (B) times the taps
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Uniform in +-1/sqrt(fan_in), as torch.nn.ConvNd."""
+        bound = 1 / math.sqrt(self.fan_in) if self.fan_in > 0 else 0.0
+        torch.nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            torch.nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, src: torch.Tensor) -> torch.Tensor:
+        function = conv_transpose if self._transposed else convolution
+        return function(src, self.weight, self.bias, **self.attrs)
+
+    def extra_repr(self) -> str:
+        given = ", ".join(f"{k}={v}" for k, v in self.attrs.items() if v is not None)
+        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, {given}"
+
+
+class ConvTranspose(Conv):
+    """A transposed-convolution layer on :func:`conv_transpose`; arguments as :class:`Conv` plus
+    ``output_padding``. ``weight`` is held in XOI (``(*K, out_channels/groups, in_channels)``,
+    the default) or IOX (PyTorch's ConvTranspose layout); initialised as torch.nn.ConvTransposeNd."""
+
+    _transposed = True
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int | Sequence[int], *,
+                 output_padding: int | Sequence[int] | None = None, **kwargs: Any) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, output_padding=output_padding, **kwargs)

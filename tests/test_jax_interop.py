@@ -1,0 +1,169 @@
+"""convgrad.jax: values and gradients (jax.grad under jax.jit, second order) against
+jax.lax.conv_general_dilated with the same padding pairs; vmap, low precision and errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+import convgrad  # noqa: E402
+import convgrad.jax as cj  # noqa: E402
+from interop_cases import CASES, GROUPED, IDS, Case  # noqa: E402
+
+
+def inputs(case: Case, dtype=jnp.float32):
+    """Random non-zero src, weights, bias in the case's layouts."""
+    return tuple(None if a is None else jnp.asarray(a, dtype) for a in case.arrays(np.random.default_rng()))
+
+
+def ours(case: Case):
+    function = cj.conv_transpose if case.transposed else cj.convolution
+    return lambda x, w, b=None: function(x, w, b, **case.attrs)
+
+
+def reference(case: Case):
+    """jax.lax.conv_general_dilated with explicit padding pairs; a ConvTranspose as the convolution
+    of the src dilated by the strides (lhs_dilation) with the flipped, per-group transposed weights."""
+    strides, dilations, pb, pe = case.geometry()
+    spatial = "DHW"[3 - case.rank:]
+    data = "NC" + spatial if case.data_format == "NCX" else "N" + spatial + "C"
+    numbers = (data, "OI" + spatial, data)
+
+    def run(x, w, b=None):
+        if case.wformat[0] == "X":  # (*K, B, A) -> (A, B, *K)
+            w = jnp.transpose(w, (case.rank + 1, case.rank, *range(case.rank)))
+        if not case.transposed:
+            y = jax.lax.conv_general_dilated(x, w, strides, list(zip(pb, pe)), rhs_dilation=dilations,
+                                             dimension_numbers=numbers, feature_group_count=case.groups)
+        else:
+            g = case.groups
+            w = w.reshape(g, w.shape[0] // g, *w.shape[1:]).swapaxes(1, 2)  # (G, O/G, I/G, *K)
+            w = jnp.flip(w.reshape(-1, *w.shape[2:]), axis=tuple(range(2, 2 + case.rank)))
+            extra = case.output_padding or (0,) * case.rank
+            eff = [(k - 1) * d + 1 for k, d in zip(case.kernel, dilations)]
+            padding = [(e - 1 - b_, e - 1 - a + p) for e, b_, a, p in zip(eff, pb, pe, extra)]
+            y = jax.lax.conv_general_dilated(x, w, (1,) * case.rank, padding, lhs_dilation=strides,
+                                             rhs_dilation=dilations, dimension_numbers=numbers, feature_group_count=g)
+        if b is None:
+            return y
+        return y + (b.reshape(-1, *(1,) * case.rank) if case.data_format == "NCX" else b)
+    return run
+
+
+def assert_close(got, want, rtol=1e-5):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=rtol * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_grad_under_jit_equals_the_vjp_of_lax_conv(case: Case) -> None:
+    args = tuple(a for a in inputs(case) if a is not None)  # src, weights (, bias)
+    shape = jax.eval_shape(reference(case), *args).shape
+    cot = jnp.asarray(np.random.default_rng().uniform(-1, 1, shape), jnp.float32)
+    numbers = tuple(range(len(args)))
+
+    @jax.jit  # one compilation for both sides (JAX compiles every eager op on its own)
+    def both(args, cot):
+        want, vjp = jax.vjp(reference(case), *args)
+        grads = jax.grad(lambda *a: jnp.sum(ours(case)(*a) * cot), argnums=numbers)(*args)
+        return (ours(case)(*args), *grads), (want, *vjp(cot))
+
+    for got, expected in zip(*both(args, cot)):
+        assert got.dtype == expected.dtype
+        assert_close(got, expected)
+
+
+@pytest.mark.parametrize("case", GROUPED, ids=[c.id for c in GROUPED])
+def test_second_order_gradients_equal_lax(case: Case) -> None:
+    x, w, b = inputs(case)
+
+    def curvature(function):
+        loss = lambda x, w: jnp.sum(jnp.tanh(function(x, w, b)))  # noqa: E731
+        return jax.grad(lambda x, w: jnp.sum(jax.grad(loss, argnums=1)(x, w) ** 2), argnums=(0, 1))(x, w)
+
+    got, want = jax.jit(lambda: (curvature(ours(case)), curvature(reference(case))))()
+    for got, want in zip(got, want):
+        assert_close(got, want, rtol=1e-4)
+
+
+def test_vmap_over_a_batch_of_calls() -> None:
+    """vmap runs the callback once per element (vmap_method="sequential"), values and gradients."""
+    case = GROUPED[1]
+    x, w, b = inputs(case)
+    xs, ws = jnp.stack([x, 2 * x, -x]), jnp.stack([w, w + 1, 3 * w])
+
+    def batched(function):
+        values = jax.vmap(function, in_axes=(0, 0, None))(xs, ws, b)
+        grads = jax.vmap(jax.grad(lambda x, w: jnp.sum(function(x, w, b) ** 2), argnums=1), in_axes=(0, None))(xs, w)
+        return values, grads
+
+    got, want = jax.jit(lambda: (batched(ours(case)), batched(reference(case))))()
+    for g, e in zip(got, want):
+        assert g.shape[0] == 3
+        assert_close(g, e)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.bfloat16, 2 ** -7), (jnp.float16, 2 ** -10)])
+def test_low_precision_follows_f32(dtype, tol) -> None:
+    case = CASES[1]
+    low = inputs(case, dtype)
+    high = tuple(a.astype(jnp.float32) for a in low)
+
+    @jax.jit
+    def run(*inputs):
+        return ours(case)(*inputs), *jax.grad(lambda *a: jnp.sum(ours(case)(*a)), argnums=(0, 1, 2))(*inputs)
+
+    for got, want in zip(run(*low), run(*high)):
+        assert got.dtype == dtype
+        assert_close(got, want, rtol=4 * tol)
+
+
+def test_f64_with_x64_enabled() -> None:
+    case = CASES[0]
+    with jax.enable_x64(True):
+        x, w, b = inputs(case, jnp.float64)
+        got = jax.grad(lambda w: jnp.sum(ours(case)(x, w, b) ** 2))(w)
+        want = jax.grad(lambda w: jnp.sum(reference(case)(x, w, b) ** 2))(w)
+        assert got.dtype == jnp.float64
+        assert_close(got, want, rtol=1e-12)
+
+
+def test_convgrad_errors_pass_through() -> None:
+    case = CASES[0]
+    x, w, b = inputs(case)
+    attrs = case.attrs
+    with pytest.raises(convgrad.AttributeValueError, match="Convolution: attribute 'dilations' = \\[0\\]"):
+        cj.convolution(x, w, b, **dict(attrs, dilations=[0]))
+    with pytest.raises(convgrad.UnknownAttributeError, match="attribute 'output_padding'"):
+        cj.convolution(x, w, output_padding=[1], **attrs)
+    with pytest.raises(convgrad.ShapeError, match="input 'bias' has shape \\[2\\]: expected \\[3\\]"):
+        jax.jit(lambda x: cj.convolution(x, w, b[:2], **attrs))(x)
+    with pytest.raises(convgrad.DTypeError, match="input 'weights' has dtype f16: expected f32"):
+        cj.convolution(x, w.astype(jnp.float16), **attrs)
+    with pytest.raises(convgrad.DTypeError, match="has dtype int32: expected one of f32, bf16, f16, f64"):
+        cj.convolution(x.astype(jnp.int32), w.astype(jnp.int32), **attrs)
+    # NumPy inputs are taken as jax arrays.
+    assert_close(cj.convolution(np.asarray(x), np.asarray(w), **attrs), reference(case)(x, w, 0 * b))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_readme_snippets_run() -> None:
+    """The README's "Inside PyTorch and JAX" examples run as printed."""
+    import re
+    from pathlib import Path
+
+    pytest.importorskip("torch")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Inside PyTorch and JAX"):]
+    section = section[:section.index("\n## ", 1)]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), namespace)
+    assert namespace["w"].grad.shape == (3, 3, 16, 32) and namespace["b"].grad.shape == (32,)
+    assert namespace["dweights"].shape == (3, 3, 16, 32) and namespace["per_example"].shape == (4, 3, 3, 16, 32)

@@ -1,0 +1,322 @@
+"""convgrad.torch: the registered custom ops against PyTorch's own convolutions, finite
+differences (gradcheck / gradgradcheck in f64), torch.library.opcheck, low precision, strides,
+zero-copy, errors, the modules and torch.compile."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+# Importing parts of torch (opcheck, torch.compile) defines torch.jit script methods, which warn.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
+import convgrad  # noqa: E402
+import convgrad.torch as ct  # noqa: E402
+from interop_cases import CASES, GROUPED, IDS, Case  # noqa: E402
+
+
+# ---------------------------------------------------------------------------------------------
+# The op on a case, and PyTorch's own result
+# ---------------------------------------------------------------------------------------------
+def inputs(case: Case, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Random non-zero src, weights, bias in the case's layouts (contiguous leaves)."""
+    return tuple(None if a is None else torch.from_numpy(a).to(dtype) for a in case.arrays(np.random.default_rng()))
+
+
+def ours(case: Case):
+    function = ct.conv_transpose if case.transposed else ct.convolution
+    return lambda x, w, b=None: function(x, w, b, **case.attrs)
+
+
+def reference(case: Case):
+    """The same op with torch.nn.functional (NCX / PyTorch weights; asymmetric pads by F.pad and cropping)."""
+    strides, dilations, pb, pe = case.geometry()
+
+    def run(x, w, b=None):
+        xs, ws = from_data(x, case.data_format), from_weights(w, case.wformat)
+        if not case.transposed:
+            pad = [p for b_, e in zip(reversed(pb), reversed(pe)) for p in (b_, e)]
+            conv = (F.conv1d, F.conv2d, F.conv3d)[case.rank - 1]
+            y = conv(F.pad(xs, pad), ws, b, stride=strides, dilation=dilations, groups=case.groups)
+        else:
+            conv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[case.rank - 1]
+            full = conv(xs, ws, None, stride=strides, dilation=dilations, groups=case.groups)
+            extra = case.output_padding or (0,) * case.rank
+            full = F.pad(full, [p for e in reversed(extra) for p in (0, e)])
+            y = full[(slice(None), slice(None), *(slice(b_, n - e) for b_, e, n in zip(pb, pe, full.shape[2:])))]
+            if b is not None:
+                y = y + b.view(1, -1, *(1,) * case.rank)
+        return to_data(y, case.data_format)
+    return run
+
+
+def to_data(t, data_format):
+    return t if data_format == "NCX" else t.movedim(1, -1)
+
+
+def from_data(t, data_format):
+    return t if data_format == "NCX" else t.movedim(-1, 1)
+
+
+def from_weights(t, weights_format):
+    """OIX/IOX or XIO/XOI weights in PyTorch's (A, B, *K) layout (OIX and IOX are PyTorch's)."""
+    return t if weights_format[0] != "X" else t.permute(t.ndim - 1, t.ndim - 2, *range(t.ndim - 2))
+
+
+def _cotangent(y):
+    return torch.rand_like(y) - 0.5
+
+
+# ---------------------------------------------------------------------------------------------
+# Against PyTorch, finite differences, opcheck
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_matches_pytorch_values_and_gradients(case: Case) -> None:
+    x, w, b = (t.requires_grad_() if t is not None else None for t in inputs(case))
+    params = [t for t in (x, w, b) if t is not None]
+    got, want = ours(case)(x, w, b), reference(case)(x, w, b)
+    assert got.shape == want.shape and got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    g = _cotangent(got)
+    torch.testing.assert_close(torch.autograd.grad(got, params, g), torch.autograd.grad(want, params, g),
+                               rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_gradcheck_and_gradgradcheck(case: Case) -> None:
+    args = tuple(t.requires_grad_() for t in inputs(case) if t is not None)
+    assert torch.autograd.gradcheck(ours(case), args, fast_mode=True)
+    assert torch.autograd.gradgradcheck(ours(case), args, fast_mode=True)
+
+
+def test_gradgradcheck_slow_mode_against_every_element() -> None:
+    """One small case with the full (slow-mode) Jacobians, first and second order."""
+    case = Case(False, (4, 3), (2, 2), cin=2, cout=2, strides=(2, 1), pads_begin=(1, 0), pads_end=(0, 1), n=1)
+    args = tuple(t.requires_grad_() for t in inputs(case))
+    assert torch.autograd.gradcheck(ours(case), args)
+    assert torch.autograd.gradgradcheck(ours(case), args)
+
+
+def test_the_gradient_ops_are_differentiable_too() -> None:
+    """Gradients of the backward ops (the adjoint table's second level) by finite differences."""
+    cases = [Case(False, (5, 4), (3, 2), strides=(2, 1), dilations=(1, 2), pads_begin=(1, 0), pads_end=(0, 1), n=1),
+             Case(True, (3, 2), (2, 3), strides=(2, 1), pads_begin=(0, 1), pads_end=(1, 0), output_padding=(1, 0), n=1)]
+    for case in cases:
+        x, w, _ = inputs(case)
+        y = ours(case)(x, w)
+        attrs = case.attrs
+        dy = torch.rand_like(y, requires_grad=True)
+        ops = torch.ops.convgrad
+        if case.transposed:
+            # ConvTranspose's data gradient is a convolution of dy; its weights gradient pairs x, dy.
+            calls = [(lambda a, b: ops.conv_transpose_backward_data(a, b, **attrs), (dy, w)),
+                     (lambda a, b: ops.conv_transpose_backward_weights(a, b, weights_shape=list(w.shape), **attrs), (x, dy))]
+        else:
+            calls = [(lambda a, b: ops.convolution_backward_data(a, b, dst_shape=list(x.shape), **attrs), (dy, w)),
+                     (lambda a, b: ops.convolution_backward_weights(a, b, weights_shape=list(w.shape), **attrs), (x, dy))]
+        for function, args in calls:
+            args = tuple(a.detach().clone().requires_grad_() for a in args)
+            assert torch.autograd.gradcheck(function, args, fast_mode=True)
+            assert torch.autograd.gradgradcheck(function, args, fast_mode=True)
+
+
+def test_opcheck_every_registered_op() -> None:
+    case = Case(False, (5, 4), (3, 2), strides=(2, 1), pads_begin=(1, 0), pads_end=(0, 1), n=1)
+    tcase = Case(True, (3, 2), (2, 3), strides=(2, 1), pads_begin=(0, 1), pads_end=(1, 0), output_padding=(1, 0), n=1)
+    x, w, b = inputs(case, torch.float32)
+    tx, tw, tb = inputs(tcase, torch.float32)
+    y, ty = ours(case)(x, w, b), ours(tcase)(tx, tw, tb)
+    a, ta = case.attrs, tcase.attrs
+    ops = torch.ops.convgrad
+    samples = [
+        (ops.convolution, (x, w, b), a),
+        (ops.convolution, (x, w), dict(a, auto_pad="same_lower")),
+        (ops.convolution_backward_data, (torch.rand_like(y), w), dict(a, dst_shape=list(x.shape))),
+        (ops.convolution_backward_weights, (x, torch.rand_like(y)), dict(a, weights_shape=list(w.shape))),
+        (ops.conv_transpose, (tx, tw, tb), ta),
+        (ops.conv_transpose_backward_data, (torch.rand_like(ty), tw), ta),
+        (ops.conv_transpose_backward_weights, (tx, torch.rand_like(ty)), dict(ta, weights_shape=list(tw.shape))),
+    ]
+    for op, args, kwargs in samples:
+        torch.library.opcheck(op, tuple(t.detach().clone().requires_grad_() for t in args), kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Precisions, strides, zero-copy
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 2 ** -7), (torch.float16, 2 ** -10)])
+@pytest.mark.parametrize("case", GROUPED, ids=[c.id for c in GROUPED])
+def test_low_precision_forward_and_backward_follow_f32(case: Case, dtype, tol) -> None:
+    low = tuple(t.to(dtype).requires_grad_() for t in inputs(case))
+    high = tuple(t.detach().float().requires_grad_() for t in low)  # the same values, in f32
+    y_low, y_high = ours(case)(*low), ours(case)(*high)
+    assert y_low.dtype == dtype
+    g = _cotangent(y_high).to(dtype)
+    grads_low = torch.autograd.grad(y_low, low, g)
+    grads_high = torch.autograd.grad(y_high, high, g.float())
+    for got, want in zip((y_low, *grads_low), (y_high, *grads_high)):
+        assert got.dtype == dtype
+        # Inputs identical, accumulation in f32, one rounding: within a couple of ulps of the output.
+        torch.testing.assert_close(got.float(), want, rtol=2 * tol, atol=2 * tol * want.abs().max().item())
+
+
+def test_non_contiguous_inputs_give_the_same_result() -> None:
+    case = CASES[1]
+    x, w, b = inputs(case)
+    x_odd = torch.empty(tuple(reversed(x.shape)), dtype=x.dtype).permute(*reversed(range(x.ndim)))
+    x_odd.copy_(x)  # Fortran order
+    w_wide = torch.zeros((*w.shape[:-1], 2 * w.shape[-1]), dtype=w.dtype)[..., ::2]
+    w_wide.copy_(w)  # every other element
+    assert not x_odd.is_contiguous() and not w_wide.is_contiguous()
+    x1, w1, x2, w2 = (t.clone().requires_grad_() if t.is_contiguous() else t.detach().requires_grad_()
+                      for t in (x, w, x_odd, w_wide))
+    y1, y2 = ours(case)(x1, w1, b), ours(case)(x2, w2, b)
+    torch.testing.assert_close(y1, y2, rtol=0, atol=0)
+    g = _cotangent(y1).t() if y1.ndim == 2 else _cotangent(y1).movedim(1, -1).contiguous().movedim(-1, 1)
+    assert not g.is_contiguous()
+    torch.testing.assert_close(torch.autograd.grad(y1, (x1, w1), g), torch.autograd.grad(y2, (x2, w2), g),
+                               rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_zero_copy_in_and_out(dtype, monkeypatch) -> None:
+    base = torch.rand(3, 8, 5).to(dtype)
+    view = base[:, ::2].transpose(1, 2)  # non-contiguous
+    array = ct.to_numpy(view)
+    assert array.__array_interface__["data"][0] == view.data_ptr() and array.shape == tuple(view.shape)
+    assert array.strides == tuple(s * view.element_size() for s in view.stride())
+    assert torch.equal(ct.from_numpy(array), view)
+    back = ct.from_numpy(array.copy())
+    assert back.dtype == dtype
+    # The whole call: the engine reads the caller's memory and the result is the engine's array.
+    seen_in, seen_out = [], []
+    real_to, real_from = ct.to_numpy, ct.from_numpy
+    monkeypatch.setattr(ct, "to_numpy", lambda t, *a: seen_in.append((t.data_ptr(), real_to(t, *a))) or seen_in[-1][1])
+    monkeypatch.setattr(ct, "from_numpy", lambda a: seen_out.append((a, real_from(a))) or seen_out[-1][1])
+    x, w, _ = inputs(CASES[0], dtype)
+    x = torch.cat([x, x], dim=-1)[..., ::2]  # NXC channels two elements apart
+    y = ours(CASES[0])(x, w)
+    assert len(seen_in) == 2 and not x.is_contiguous()
+    for pointer, arr in seen_in:
+        assert arr.__array_interface__["data"][0] == pointer
+    (arr, out), = seen_out
+    assert out.data_ptr() == arr.__array_interface__["data"][0] and torch.equal(out, y)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+def test_convgrad_errors_pass_through_with_their_message() -> None:
+    case = CASES[0]
+    x, w, b = inputs(case, torch.float32)
+    attrs = case.attrs
+    with pytest.raises(convgrad.AttributeValueError, match="Convolution: attribute 'strides' = \\[0\\]"):
+        ct.convolution(x, w, b, **dict(attrs, strides=[0]))
+    with pytest.raises(convgrad.UnknownAttributeError, match="attribute 'output_padding'"):
+        ct.convolution(x, w, b, output_padding=[1], **attrs)  # Convolution has none
+    with pytest.raises(convgrad.AttributeValueError, match="'auto_pad' = 'same'"):
+        ct.convolution(x, w, **dict(attrs, auto_pad="same"))
+    with pytest.raises(convgrad.ShapeError, match="input 'bias' has shape \\[4\\]: expected \\[3\\]"):
+        ct.convolution(x, w, torch.ones(4), **attrs)
+    with pytest.raises(convgrad.DTypeError, match="input 'weights' has dtype f64: expected f32"):
+        ct.convolution(x, w.double(), **attrs)
+    with pytest.raises(convgrad.DTypeError, match="has dtype int32: expected one of f32, bf16, f16, f64"):
+        ct.convolution(x.int(), w.int(), **attrs)
+    with pytest.raises(convgrad.InputTypeError, match="input 'src' is a ndarray: expected a torch.Tensor"):
+        ct.convolution(x.numpy(), w, **attrs)
+    with pytest.raises(convgrad.InputTypeError, match="input 'weights' is on device meta: expected a CPU tensor"):
+        ct.convolution(x, w.to("meta"), **attrs)
+    with pytest.raises(TypeError, match="strides"):  # the signature's one required keyword
+        ct.convolution(x, w)
+    with pytest.raises(convgrad.ShapeError, match="ConvTranspose: input 'weights'"):
+        ct.conv_transpose(x, w, strides=[1])  # XOI weights of the wrong channels
+    # Under autograd too, and the inputs are untouched.
+    xg = x.clone().requires_grad_()
+    with pytest.raises(convgrad.ShapeError, match="Convolution: input 'src' has spatial size \\[7\\]"):
+        ct.convolution(xg, w, **dict(attrs, pads_begin=[0], dilations=[4]))
+    assert torch.equal(xg.detach(), x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules, torch.compile, import isolation
+# ---------------------------------------------------------------------------------------------
+def test_conv_module_layout_init_and_forward() -> None:
+    m = ct.Conv(4, 6, (3, 2), strides=2, pads_begin=1, pads_end=(0, 1), groups=2, data_format="NCX")
+    assert m.weight.shape == (3, 2, 2, 6) and m.bias.shape == (6,)  # XIO: (*K, in/groups, out)
+    bound = 1 / math.sqrt(2 * 3 * 2)
+    assert m.weight.abs().max() <= bound and m.weight.abs().max() > bound / 2  # torch.nn.Conv2d's range
+    ref = torch.nn.Conv2d(4, 6, (3, 2), stride=2, groups=2, dtype=torch.float32)
+    ref.weight.data.copy_(from_weights(m.weight.data, "XIO"))
+    ref.bias.data.copy_(m.bias.data)
+    x = torch.randn(2, 4, 7, 6)
+    torch.testing.assert_close(m(x), ref(F.pad(x, [1, 1, 1, 0])))  # (W: 1, 1), (H: 1, 0)
+    assert ct.Conv(4, 6, 3, weights_format="OIX", bias=False, dims=3).weight.shape == (6, 4, 3, 3, 3)
+    t = ct.ConvTranspose(4, 6, 3, strides=2, output_padding=1, groups=2, dims=1)
+    assert t.weight.shape == (3, 3, 4)  # XOI: (*K, out/groups, in)
+    tref = torch.nn.ConvTranspose1d(4, 6, 3, stride=2, output_padding=1, groups=2)
+    tref.weight.data.copy_(from_weights(t.weight.data, "XOI"))
+    tref.bias.data.copy_(t.bias.data)
+    x = torch.randn(2, 5, 4)  # NXC
+    torch.testing.assert_close(t(x), to_data(tref(from_data(x, "NXC")), "NXC"))
+    with pytest.raises(convgrad.AttributeValueError, match="'weights_format' = 'OIX'"):
+        ct.ConvTranspose(4, 6, 3, weights_format="OIX")
+    with pytest.raises(convgrad.AttributeValueError, match="'groups' = 4: expected a divisor of out_channels = 6"):
+        ct.Conv(4, 6, 3, groups=4)
+    with pytest.raises(convgrad.UnknownAttributeError, match="'output_padding'"):
+        ct.Conv(4, 6, 3, output_padding=1)
+    assert "weights_format=XOI" in repr(t)
+
+
+def _small_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        ct.Conv(1, 4, 3, auto_pad="same_upper", data_format="NCX"), torch.nn.ReLU(),
+        ct.Conv(4, 4, 3, strides=2, pads_begin=(1, 0), pads_end=(0, 1), data_format="NCX"), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 3))
+
+
+def test_torch_compile_gives_the_eager_loss_and_gradients() -> None:
+    """Dynamo traces the model in one graph (fake kernels give the shapes), AOTAutograd traces the
+    backward through the registered autograd formulas. Backend aot_eager: inductor runs the same
+    graphs and agrees too, but its C++ compilation took 72 s on the 2-core machine."""
+    x, labels = torch.randn(5, 1, 8, 8), torch.tensor([0, 1, 2, 1, 0])
+    results = []
+    for compiled in (False, True):
+        model = _small_model()
+        run = torch.compile(model, fullgraph=True, backend="aot_eager") if compiled else model
+        loss = F.cross_entropy(run(x), labels)
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in model.parameters()]))
+    (loss, grads), (closs, cgrads) = results
+    torch.testing.assert_close(closs, loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(cgrads, grads, rtol=1e-5, atol=1e-6)
+
+
+def test_import_convgrad_imports_neither_framework() -> None:
+    code = "import sys, convgrad; print('torch' in sys.modules, 'jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_train_digits_example_curves_agree(tmp_path, capsys) -> None:
+    """examples/train_digits.py for one short epoch: both loss curves printed, plotted, equal."""
+    pytest.importorskip("sklearn")
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "train_digits.py"
+    spec = importlib.util.spec_from_file_location("train_digits", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    history = example.main(["--epochs", "1", "--batches", "6", "--plot", str(tmp_path / "curves.png")])
+    torch_loss, ours = np.array(history["torch_loss"]), np.array(history["convgrad_loss"])
+    assert len(ours) == 6 and np.isfinite(ours).all() and len(set(ours.tolist())) == 6
+    np.testing.assert_allclose(ours, torch_loss, rtol=0, atol=1e-5)
+    out = capsys.readouterr().out
+    assert "max |loss difference| over 6 steps" in out and (tmp_path / "curves.png").stat().st_size > 10_000
