@@ -36,7 +36,7 @@ from . import isa, microkernel
 from .tuning import TUNING
 from .direct import spatial3
 
-__all__ = ["applies", "workspace_bytes", "forward", "backward_data", "backward_weights"]
+__all__ = ["applies", "selected", "workspace_bytes", "forward", "backward_data", "backward_weights"]
 
 F32 = np.dtype(np.float32)
 
@@ -45,6 +45,49 @@ def applies(g: ConvGeometry, acc: np.dtype) -> bool:
     """Whether the jit kernels can run ``g``: an f32-accumulating problem (f32/bf16/f16 data),
     not depthwise, on a host family with JIT kernels (``isa.family() != "portable"``)."""
     return acc == F32 and isa.family() in isa.WIDTH and not (g.icg == 1 and g.ocg == 1) and g.n > 0
+
+
+def selected(g: ConvGeometry, task: str, acc: np.dtype) -> bool:
+    """Whether the selection rule picks the jit strategy (where it :func:`applies`): kernels of
+    several taps with at most ``TUNING.jit_channels[task]`` channels per group on either side
+    and, for backward data, at least ``TUNING.jit_min_data_channels`` input channels per group
+    (a narrow dx leaves most vector lanes idle). Measured in docs/engine.md."""
+    if not applies(g, acc) or math.prod(g.kernel) < 2 or max(g.icg, g.ocg) > TUNING.jit_channels[task]:
+        return False
+    return task != "backward_data" or g.icg >= TUNING.jit_min_data_channels
+
+
+def _block(g: ConvGeometry, task: str) -> tuple[int, int, int]:
+    """(block index, rows R, lanes V*W) of ``task``: its vectors run over OCg (ICg for backward data)."""
+    width = _width()
+    block = microkernel.block_for(g.icg if task == "backward_data" else g.ocg, width)
+    rows, vecs = microkernel.BLOCKS[block]
+    return block, rows, vecs * width
+
+
+def workspace_bytes(g: ConvGeometry, task: str, dtype: np.dtype) -> int:
+    """Upper estimate of the extra bytes ``task`` allocates (f32 values; for bf16/f16 ``dtype``
+    the f32 result the API rounds included): the padded copy of x (forward, weights) or dy (data)
+    with its slack, the packed weights (forward, data), or for the weights gradient the packed dy,
+    the partial sums of every share (at most the threads) and their total; plus 64 KiB of tables and
+    per-thread accumulator blocks."""
+    _, rows, vw = _block(g, task)
+    s, d, kernel = _spatial(g.strides, 1), _spatial(g.dilations, 1), _spatial(g.kernel, 1)
+    taps, o = math.prod(g.kernel), _spatial(g.out_size, 1)
+    if task == "backward_data":
+        sizes = [max(o[a], -(-_spatial(g.in_size, 1)[a] // s[a])) + 2 * ((kernel[a] - 1) * d[a] // s[a] + 1)
+                 + _spatial(g.pads_begin, 0)[a] + 1 for a in range(3)]
+        source = g.n * math.prod(sizes) * g.oc + rows * (g.oc + 1) + 64
+        other = g.groups * taps * g.ocg * -(-g.icg // vw) * vw
+    else:
+        source = g.n * math.prod(g.padded_size) * g.ic + rows * (s[2] * g.ic + 2) + 64
+        other = g.groups * taps * g.icg * -(-g.ocg // vw) * vw
+        if task == "backward_weights":
+            block = g.groups * taps * -(-g.icg // rows) * rows * -(-g.ocg // vw) * vw
+            other = g.n * math.prod(o) * g.groups * -(-g.ocg // vw) * vw + (numba.get_num_threads() + 1) * block
+    result = 0 if dtype == F32 else math.prod({"forward": g.y_shape, "backward_data": g.x_shape,
+                                               "backward_weights": g.w_shape}[task])
+    return 4 * (source + other + result) + (64 << 10)
 
 
 def _width() -> int:
@@ -77,40 +120,71 @@ def _flat(a: np.ndarray) -> np.ndarray:
 
 
 @numba.njit(parallel=True, cache=True)
-def _outputs(width, block, src, steps, taps_a, out, out_base, out_steps, out_grid, wp, per_block, taps_b,
-             groups, kred, channels):  # pragma: no cover - compiled
-    """``out[out_base + n*os0 + q0*os1 + q1*os2 + q2*os3 + g*channels + j] = sum over taps t
-    and i < kred of src[n*s0 + q0*s1 + q1*s2 + q2*s3 + ta[t] + g*kred + i] * wp[g, nb, tb[t] + i*VW + j]``
-    for the grid ``out_grid`` = (N, Q0, Q1, Q2) (``wp`` holds ``per_block`` values per group and
-    channel block): forward and each backward-data phase."""
+def _outputs(width, block, src, steps, taps_a, out, out_base, out_steps, out_grid, pitch, valid, wp, per_block,
+             taps_b, groups, kred, channels, blocks_outer):  # pragma: no cover - compiled
+    """``out[out_base + n*os0 + q0*os1 + (m // pitch)*os2 + (m % pitch)*os3 + g*channels + j] =
+    sum over taps t and i < kred of src[n*s0 + q0*s1 + q1*s2 + m*s3 + ta[t] + g*kred + i] *
+    wp[(g*NB + nb)*per_block + tb[t] + i*VW + j]`` over the grid ``out_grid`` = (N, Q0, Q1, M),
+    for ``m % pitch < valid`` (``pitch`` > ``valid``: rows of a source flattened with their padding
+    columns, computed and dropped). Items (n, q0, q1, g, nb) run in parallel, channel blocks
+    innermost, or outermost with ``blocks_outer`` (each block's weights then stay in cache while
+    the rows stream by). Forward and each backward-data phase."""
     rows, vecs = microkernel.BLOCKS_ARRAY[block, 0], microkernel.BLOCKS_ARRAY[block, 1]
     vw = vecs * width
     nblocks = -(-channels // vw)
-    n_, q0_, q1_, q2_ = out_grid[0], out_grid[1], out_grid[2], out_grid[3]
+    n_, q0_, q1_, m_ = out_grid[0], out_grid[1], out_grid[2], out_grid[3]
     ntaps = taps_a.shape[0]
-    items = n_ * q0_ * q1_ * groups * nblocks
-    for item in numba.prange(items):
-        nb = item % nblocks
-        rest = item // nblocks
-        g = rest % groups
-        rest //= groups
-        q1 = rest % q1_
-        rest //= q1_
-        q0 = rest % q0_
-        n = rest // q0_
+    places = n_ * q0_ * q1_
+    for item in numba.prange(places * groups * nblocks):
+        if blocks_outer:
+            place = item % places
+            nb = item // places % nblocks
+            g = item // (places * nblocks)
+        else:
+            nb = item % nblocks
+            g = item // nblocks % groups
+            place = item // (nblocks * groups)
+        q1 = place % q1_
+        q0 = place // q1_ % q0_
+        n = place // (q1_ * q0_)
         c = np.empty(rows * vw, np.float32)
         lanes = min(vw, channels - nb * vw)
         boff = (g * nblocks + nb) * per_block
-        for q2 in range(0, q2_, rows):
+        src_row = n * steps[0] + q0 * steps[1] + q1 * steps[2] + g * kred
+        base = out_base + n * out_steps[0] + q0 * out_steps[1] + q1 * out_steps[2] + g * channels + nb * vw
+        for m in range(0, m_, rows):
             c[:] = 0
-            aoff = n * steps[0] + q0 * steps[1] + q1 * steps[2] + q2 * steps[3] + g * kred
-            microkernel.run(width, block, c, 0, vw, src, aoff, steps[3], 1, wp, boff, vw, taps_a, taps_b,
-                            ntaps, kred)
-            base = out_base + n * out_steps[0] + q0 * out_steps[1] + q1 * out_steps[2] + g * channels + nb * vw
-            for r in range(min(rows, q2_ - q2)):
-                at = base + (q2 + r) * out_steps[3]
-                for j in range(lanes):
-                    out[at + j] = c[r * vw + j]
+            microkernel.run(width, block, c, 0, vw, src, src_row + m * steps[3], steps[3], 1, wp, boff, vw,
+                            taps_a, taps_b, ntaps, kred)
+            for r in range(min(rows, m_ - m)):
+                a1 = (m + r) // pitch
+                a2 = m + r - a1 * pitch
+                if a2 < valid:
+                    at = base + a1 * out_steps[2] + a2 * out_steps[3]
+                    for j in range(lanes):
+                        out[at + j] = c[r * vw + j]
+
+
+def _run_outputs(block: int, src: np.ndarray, steps: np.ndarray, taps_a: np.ndarray, out: np.ndarray,
+                 out_base: int, out_steps: np.ndarray, grid: tuple[int, ...], wp: np.ndarray, taps: int,
+                 taps_b: np.ndarray, groups: int, kred: int, channels: int) -> None:
+    """:func:`_outputs` on ``src`` (a padded array of :func:`_padded`) for the output ``grid``
+    (N, Q0, Q1, Q2): the last two axes flattened into rows of the source's width where the source
+    steps by one position along both and that computes fewer junk positions than blocks cut at
+    every output row; the channel blocks outermost where the packed weights exceed
+    ``TUNING.cache_bytes``."""
+    rows, vw = microkernel.BLOCKS[block][0], microkernel.BLOCKS[block][1] * _width()
+    n, q0, q1, q2 = grid
+    pitch = src.shape[3]
+    cut = q1 * -(-q2 // rows) * rows
+    flat = (q1 - 1) * pitch + q2
+    if steps[2] == pitch * steps[3] and steps[3] == src.shape[4] and -(-flat // rows) * rows < cut:
+        shape, pitch = (n, q0, 1, flat), pitch
+    else:
+        shape, pitch = (n, q0, q1, q2), q2
+    _outputs(_width(), block, _flat(src), steps, taps_a, out.reshape(-1), out_base, out_steps,
+             np.array(shape, np.int64), pitch, q2, wp, taps * kred * vw, taps_b, groups, kred, channels,
+             wp.nbytes > TUNING.cache_bytes)
 
 
 def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool) -> np.ndarray:
@@ -134,9 +208,7 @@ def _strides(shape: tuple[int, ...]) -> np.ndarray:
 
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """y (N, *O, OC) in f32 (see the module docstring)."""
-    width = _width()
-    block = microkernel.block_for(g.ocg, width)
-    vw = microkernel.BLOCKS[block][1] * width
+    block, _, vw = _block(g, "forward")
     s, d, kernel = _spatial(g.strides, 1), _spatial(g.dilations, 1), _spatial(g.kernel, 1)
     size = _spatial(g.padded_size, 1)
     row = s[2] * g.ic
@@ -147,9 +219,9 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     taps_b = np.arange(len(taps_a), dtype=np.int64) * g.icg * vw
     y = np.empty(g.y_shape, F32)
     o = _spatial(g.out_size, 1)
-    _outputs(width, block, _flat(xp), np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64), taps_a,
-             y.reshape(-1), 0, _strides((g.n, *o, g.oc))[:4], np.array((g.n, *o), np.int64),
-             _packed_weights(g, w, vw, False).reshape(-1), len(taps_a) * g.icg * vw, taps_b, g.groups, g.icg, g.ocg)
+    _run_outputs(block, xp, np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64), taps_a,
+                 y, 0, _strides((g.n, *o, g.oc))[:4], (g.n, *o), _packed_weights(g, w, vw, False).reshape(-1),
+                 len(taps_a), taps_b, g.groups, g.icg, g.ocg)
     return y
 
 
@@ -160,9 +232,7 @@ def _phase_taps(r: int, k: int, s: int, d: int, pb: int) -> list[tuple[int, int]
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
     """dx (N, *I, IC) in f32: one stride-1 convolution of padded dy per stride phase."""
-    width = _width()
-    block = microkernel.block_for(g.icg, width)
-    vw = microkernel.BLOCKS[block][1] * width
+    block, _, vw = _block(g, "backward_data")
     s, d, kernel = _spatial(g.strides, 1), _spatial(g.dilations, 1), _spatial(g.kernel, 1)
     pb, i_size, o_size = _spatial(g.pads_begin, 0), _spatial(g.in_size, 1), _spatial(g.out_size, 1)
     phases = [[_phase_taps(r, kernel[a], s[a], d[a], pb[a]) for r in range(min(s[a], i_size[a]))] for a in range(3)]
@@ -179,34 +249,36 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
     for r0, t0 in enumerate(phases[0]):
         for r1, t1 in enumerate(phases[1]):
             for r2, t2 in enumerate(phases[2]):
-                grid = np.array([g.n] + [-(-(i_size[a] - r) // s[a]) for a, r in enumerate((r0, r1, r2))], np.int64)
+                grid = (g.n, *(-(-(i_size[a] - r) // s[a]) for a, r in enumerate((r0, r1, r2))))
                 taps = [(a, b, c) for a in t0 for b in t1 for c in t2]
                 taps_a = np.array([sum((tap[a][1] + lo[a]) * ds[a + 1] for a in range(3)) for tap in taps], np.int64)
                 taps_b = np.array([((a[0] * kernel[1] + b[0]) * kernel[2] + c[0]) * g.ocg * vw for a, b, c in taps],
                                   np.int64)
                 base = r0 * xs[1] + r1 * xs[2] + r2 * xs[3]
                 out_steps = np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64)
-                _outputs(width, block, _flat(dyp), steps, taps_a, dx.reshape(-1), base, out_steps, grid,
-                         wp, math.prod(kernel) * g.ocg * vw, taps_b, g.groups, g.ocg, g.icg)
+                _run_outputs(block, dyp, steps, taps_a, dx, base, out_steps, grid, wp, math.prod(kernel), taps_b,
+                             g.groups, g.ocg, g.icg)
     return dx
 
 
 @numba.njit(parallel=True, cache=True)
-def _weights(width, block, xp, x_steps, taps_a, dyp, dy_row, rows_grid, chunk, parts, shares, groups, icg,
-             channels):  # pragma: no cover - compiled
-    """Per share p < ``shares`` (one per thread) of the output rows (n, o0, o1) of ``rows_grid`` = (N, O0, O1, O2):
-    ``parts[p, t, g, ic, oc] += sum_(n, o) xp[... + ta[t] + g*icg + ic] * dyp[(n, o), g, oc]``,
-    the positions taken ``chunk`` rows at a time (all taps and blocks per chunk, in cache)."""
+def _weights(width, block, xp, x_steps, taps_a, dyp, dy_row, rows_grid, chunk, parts, shares, split,
+             groups, icg, channels):  # pragma: no cover - compiled
+    """``parts[p, t, g, ic, oc] += sum_(n, o) xp[n, o*S + tap t, g*icg + ic] * dyp[(n, o), g, oc]``
+    over the output rows (n, o0, o1) of ``rows_grid`` = (N, O0, O1, O2), in parallel items
+    (p, u): ``shares`` equal shares p of the rows (each with its own partial sums ``parts[p]``),
+    each share's (tap, group, channel-row block) triples cut into ``split`` parts u. The rows are
+    taken ``chunk`` at a time, every triple and output-channel block of the item run per chunk."""
     rows, vecs = microkernel.BLOCKS_ARRAY[block, 0], microkernel.BLOCKS_ARRAY[block, 1]
     vw = vecs * width
     nblocks = -(-channels // vw)
     row_blocks = -(-icg // rows)
     n_, o0_, o1_, o2_ = rows_grid[0], rows_grid[1], rows_grid[2], rows_grid[3]
     total = n_ * o0_ * o1_
-    ntaps = taps_a.shape[0]
+    triples = taps_a.shape[0] * groups * row_blocks
     ldc = nblocks * vw
-    per_tap = groups * row_blocks * rows * ldc
-    for p in numba.prange(shares):
+    for item in numba.prange(shares * split):
+        p, u = item // split, item % split
         first, last = total * p // shares, total * (p + 1) // shares
         ra = np.empty(chunk, np.int64)
         rb = np.empty(chunk, np.int64)
@@ -219,20 +291,22 @@ def _weights(width, block, xp, x_steps, taps_a, dyp, dy_row, rows_grid, chunk, p
                 n = row // (o1_ * o0_)
                 ra[j] = n * x_steps[0] + o0 * x_steps[1] + o1 * x_steps[2]
                 rb[j] = row * o2_ * dy_row
-            for t in range(ntaps):
-                for g in range(groups):
-                    for ib in range(row_blocks):
-                        for nb in range(nblocks):
-                            coff = p * ntaps * per_tap + t * per_tap + (g * row_blocks + ib) * rows * ldc + nb * vw
-                            microkernel.run(width, block, parts, coff, ldc, xp, taps_a[t] + g * icg + ib * rows, 1,
-                                            x_steps[3], dyp, g * ldc + nb * vw, dy_row, ra, rb, count, o2_)
+            for triple in range(triples * u // split, triples * (u + 1) // split):
+                ib = triple % row_blocks
+                g = triple // row_blocks % groups
+                t = triple // (row_blocks * groups)
+                coff = (p * triples + triple) * rows * ldc
+                for nb in range(nblocks):
+                    microkernel.run(width, block, parts, coff + nb * vw, ldc, xp, taps_a[t] + g * icg + ib * rows,
+                                    1, x_steps[3], dyp, g * ldc + nb * vw, dy_row, ra, rb, count, o2_)
 
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """dw (*K, ICg, OC) in f32: per-thread partial sums over shares of the output rows."""
+    """dw (*K, ICg, OC) in f32: the reduction over output positions split among the threads
+    (partial sums per thread, then added) where dw is smaller than ``TUNING.weights_split`` times
+    x and dy, else the dw blocks split among them (every thread over all positions)."""
     width = _width()
-    block = microkernel.block_for(g.ocg, width)
-    rows, vw = microkernel.BLOCKS[block][0], microkernel.BLOCKS[block][1] * width
+    block, rows, vw = _block(g, "backward_weights")
     s, d, kernel = _spatial(g.strides, 1), _spatial(g.dilations, 1), _spatial(g.kernel, 1)
     size, o = _spatial(g.padded_size, 1), _spatial(g.out_size, 1)
     xp = _padded(x, _spatial(g.pads_begin, 0), size, _tail(block, s[2] * g.ic) + rows)
@@ -240,14 +314,16 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarr
     taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3]
                        for k0 in range(kernel[0]) for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
     nblocks = -(-g.ocg // vw)
-    dyp = np.zeros((g.n * math.prod(o), g.groups, nblocks * vw), F32)
-    dyp[..., :g.ocg] = dy.reshape(-1, g.groups, g.ocg)
+    dyp = np.zeros((*dy.shape[:-1], g.groups, nblocks * vw), F32)
+    dyp[..., :g.ocg] = dy.reshape(*dy.shape[:-1], g.groups, g.ocg)  # a view, whatever dy's memory order
     row_blocks = -(-g.icg // rows)
-    shares = numba.get_num_threads()
+    threads, rows_total = numba.get_num_threads(), g.n * o[0] * o[1]
+    by_blocks = math.prod(g.w_shape) > TUNING.weights_split * (math.prod(g.x_shape) + math.prod(g.y_shape))
+    shares, split = (1, threads) if by_blocks else (min(threads, rows_total), 1)
+    chunk = max(1, TUNING.cache_bytes // (4 * o[2] * (g.ic + g.oc)))
     parts = np.zeros((shares, len(taps_a), g.groups, row_blocks * rows, nblocks * vw), F32)
-    chunk = max(1, TUNING.weights_positions // o[2])
     _weights(width, block, _flat(xp), np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64), taps_a,
-             dyp.reshape(-1), g.groups * nblocks * vw, np.array((g.n, *o), np.int64), chunk, parts.reshape(-1),
-             shares, g.groups, g.icg, g.ocg)
-    total = parts.sum(axis=0)[:, :, :g.icg, :g.ocg]                    # (T, G, ICg, OCg)
-    return np.ascontiguousarray(total.transpose(0, 2, 1, 3)).reshape(g.w_shape)
+             dyp.reshape(-1), g.groups * nblocks * vw, np.array((g.n, *o), np.int64), min(chunk, rows_total),
+             parts.reshape(-1), shares, split, g.groups, g.icg, g.ocg)
+    total = parts.sum(axis=0) if shares > 1 else parts[0]
+    return np.ascontiguousarray(total[:, :, :g.icg, :g.ocg].transpose(0, 2, 1, 3)).reshape(g.w_shape)

@@ -27,7 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["BLOCKS", "WIDTHS", "block_for", "run"]
+__all__ = ["BLOCKS", "WIDTHS", "block_for", "run", "call", "fma_peak"]
 
 #: Register blocks (rows R, vectors V). Measured on AVX2 (Zen 3, W=8, panels in L1, one thread):
 #: 8x1 58, 6x2 82, 4x3 82 GFLOP/s; 3x4 only 36 (12 accumulators + 4 operands + a broadcast spill
@@ -152,11 +152,44 @@ def run(width, block, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb,
 
 
 @numba.njit(cache=True)
-def gemm(width, block, c, a, b, k):  # pragma: no cover - compiled
-    """One kernel call on packed panels: ``c (R, V*W) += a (k, R) @ b (k, V*W)`` (tests, peak)."""
+def call(width, block, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k):  # pragma: no cover
+    """:func:`run` callable from Python (tests)."""
+    run(width, block, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k)
+
+
+@numba.njit(parallel=True, cache=True)
+def _spin(width, block, c, a, b, depth, reps, threads):  # pragma: no cover - compiled
+    """``reps`` kernel calls per thread on its own packed panels (``depth`` x block, in L1)."""
     rows, vecs = BLOCKS_ARRAY[block, 0], BLOCKS_ARRAY[block, 1]
+    vw = vecs * width
     one = np.zeros(1, np.int64)
-    run(width, block, c, 0, vecs * width, a, 0, 1, rows, b, 0, vecs * width, one, one, 1, k)
+    for p in numba.prange(threads):
+        for _ in range(reps):
+            run(width, block, c, p * rows * vw, vw, a, p * depth * rows, 1, rows, b, p * depth * vw, vw,
+                one, one, 1, depth)
+
+
+def fma_peak(width: int, threads: int, seconds: float = 0.3) -> float:
+    """GFLOP/s of the 6x2 kernel of ``width`` with its panels in L1 (256-deep), on ``threads``
+    threads at once: the FMA peak the convolutions can approach (best of a few timed runs)."""
+    import time
+    block, depth = 1, 256
+    rows, vecs = BLOCKS[block]
+    c = np.zeros(threads * rows * vecs * width, np.float32)
+    a = np.random.default_rng(0).standard_normal(threads * depth * rows).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal(threads * depth * vecs * width).astype(np.float32)
+    _spin(width, block, c, a, b, depth, 1, threads)
+    reps, best, spent = 1000, 0.0, 0.0
+    while spent < seconds:
+        start = time.perf_counter()
+        _spin(width, block, c, a, b, depth, reps, threads)
+        elapsed = time.perf_counter() - start
+        spent += elapsed
+        if elapsed < seconds / 4:   # too short to time (thread wake-up): longer runs
+            reps *= 4
+            continue
+        best = max(best, 2 * rows * vecs * width * depth * reps * threads / elapsed / 1e9)
+    return best
 
 
 BLOCKS_ARRAY = np.array(BLOCKS, np.int64)
