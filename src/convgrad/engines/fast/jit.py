@@ -49,12 +49,14 @@ def applies(g: ConvGeometry, acc: np.dtype) -> bool:
 
 def selected(g: ConvGeometry, task: str, acc: np.dtype) -> bool:
     """Whether the selection rule picks the jit strategy (where it :func:`applies`): kernels of
-    several taps with at most ``TUNING.jit_channels[task]`` channels per group on either side
-    and, for backward data, at least ``TUNING.jit_min_data_channels`` input channels per group
-    (a narrow dx leaves most vector lanes idle). Measured in docs/engine.md."""
-    if not applies(g, acc) or math.prod(g.kernel) < 2 or max(g.icg, g.ocg) > TUNING.jit_channels[task]:
+    a family of ``TUNING.jit_families``, kernels of several taps with at most
+    ``TUNING.jit_channels[task]`` channels per group on either side
+    and, for the gradients, at least ``TUNING.jit_min_input_channels`` input channels per group
+    (fewer leave most lanes or rows of the register block idle). Measurements: :mod:`.tuning`."""
+    if not applies(g, acc) or isa.family() not in TUNING.jit_families or math.prod(g.kernel) < 2 \
+            or max(g.icg, g.ocg) > TUNING.jit_channels[task]:
         return False
-    return task != "backward_data" or g.icg >= TUNING.jit_min_data_channels
+    return task == "forward" or g.icg >= TUNING.jit_min_input_channels
 
 
 def _block(g: ConvGeometry, task: str) -> tuple[int, int, int]:
