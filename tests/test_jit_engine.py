@@ -108,6 +108,23 @@ def test_tasks_against_reference(case, family, rng):
         _close(got, getattr(reference, task)(g, *args), TOLERANCE["f32"], f"{case} {task} {family}")
 
 
+def test_families_give_identical_bits(rng):
+    """The 8- and 16-wide families sum every value in the same order: identical results."""
+    if "avx2" not in isa.supported():
+        pytest.skip("needs AVX2")
+    before = isa.set_family("avx2")
+    try:
+        for case in ("3x3 tails", "grouped strided", "3-D"):
+            g = CASES[case]
+            for task, args in _inputs(g, rng, np.float32).items():
+                isa.set_family("avx2")
+                narrow = getattr(jit, task)(g, *args)
+                isa.set_family("avx512", allow_emulated=True)
+                np.testing.assert_array_equal(getattr(jit, task)(g, *args), narrow, f"{case} {task}")
+    finally:
+        isa.set_family(before)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16", "f64"])
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 def test_forced_jit_through_the_api(dtype, data_format, family, rng):

@@ -23,9 +23,14 @@ Ci/Co: channels per group on the GEMM's input and output side; ``GEMM_DEPTH`` = 
 
 - depthwise (Ci = Co = 1), any size: compiled multiply-adds vectorised over channels
   (:mod:`.depthwise`, numba; 6x the direct loops below on a 32-channel 7x7 layer);
+- an empty batch: zeros;
+- a strategy forced by :func:`forced_strategy` or ``CONVGRAD_STRATEGY``, where it applies;
 - small problems (``direct.small``: at most ``direct.SMALL_FLOPS`` of work): compiled direct
   loops (:mod:`.direct`), where the frame path's fixed costs would dominate;
-- an empty batch: zeros;
+- ``jit.selected`` (the host's kernel family in ``TUNING.jit_families``, f32 accumulation, >= 2
+  taps, <= 128 channels per group, gradients from 8 input channels; :mod:`.tuning` has the
+  measurements): implicit-GEMM convolutions on our JIT micro-kernels (:mod:`.jit`,
+  docs/engine.md);
 - pointwise layers (1x1, no padding, one group, any stride) on bf16/f16 channels-last data: one
   GEMM over row blocks that are widened to f32 and rounded back while in cache (:mod:`.pointwise`);
 - backward data and weights where the frame has ``output_rows.JUNK_RATIO[task]`` times more rows than
