@@ -14,8 +14,10 @@ operands read where they lie. A 16-wide kernel on an AVX2 host is legalised by L
 8-wide instructions (correct; fast only with AVX-512).
 
 ``BLOCKS`` lists the register blocks compiled per width (``R*V + V + 1 <= 15`` registers on
-AVX2); :func:`run` dispatches on ``(W, R, V)`` at run time, so one compiled function serves every
-block and family (compiled once, cached on disk by numba).
+AVX2); :func:`run` switches on ``(W, block)`` at run time among all of them, so one compiled
+caller serves every block and family (compiled once, cached on disk by numba: numba checks only
+the caller's own source file, so after editing this module delete the callers' caches, the
+``jit.*`` files in ``__pycache__``).
 """
 
 from __future__ import annotations
@@ -47,108 +49,95 @@ def block_for(channels: int, width: int) -> int:
     return 1 if waste[2] <= waste[3] else 2
 
 
-def _make(rows: int, vecs: int, width: int):
-    """The intrinsic of one block shape and width (see the module docstring)."""
+def _emit(builder: ir.IRBuilder, rows: int, vecs: int, width: int, ptrs: dict, ints: dict) -> None:
+    """Emit the block ``rows`` x ``vecs`` of ``width`` lanes at the builder's position (see the
+    module docstring): accumulators loaded from c, a tap loop around a reduction loop, stored."""
+    f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+    vec = ir.VectorType(f32, width)
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fma.v{width}f32")
+    const = lambda v: ir.Constant(i64, v)  # noqa: E731
+    caddr = [[builder.bitcast(builder.gep(ptrs["c"], [builder.add(ints["coff"], builder.add(
+        builder.mul(ints["ldc"], const(r)), const(v * width)))]), vec.as_pointer())
+        for v in range(vecs)] for r in range(rows)]
+    init = [builder.load(p, align=4) for row in caddr for p in row]
+    entry = builder.block
+    tloop, iloop = builder.append_basic_block("taps"), builder.append_basic_block("reduce")
+    tnext, done = builder.append_basic_block("next_tap"), builder.append_basic_block("done")
+    zero = const(0)
+    builder.cbranch(builder.and_(builder.icmp_signed(">", ints["ntaps"], zero),
+                                 builder.icmp_signed(">", ints["k"], zero)), tloop, done)
 
-    @intrinsic
-    def kernel(typingctx, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k):
-        i64t = types.int64
-        sig = types.void(c, i64t, i64t, a, i64t, i64t, i64t, b, i64t, i64t, ta, tb, i64t, i64t)
+    builder.position_at_end(tloop)
+    t = builder.phi(i64)
+    t_accs = [builder.phi(vec) for _ in init]
+    abase = builder.add(ints["aoff"], builder.load(builder.gep(ptrs["ta"], [t])))
+    bbase = builder.add(ints["boff"], builder.load(builder.gep(ptrs["tb"], [t])))
+    builder.branch(iloop)
 
-        def codegen(context, builder, signature, argv):
-            (c_, coff_, ldc_, a_, aoff_, lda_, astep_, b_, boff_, bstep_, ta_, tb_, ntaps_, k_) = argv
-            data = {name: cgutils.create_struct_proxy(signature.args[j])(context, builder, value=argv[j]).data
-                    for name, j in (("c", 0), ("a", 3), ("b", 7), ("ta", 10), ("tb", 11))}
-            f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-            vec = ir.VectorType(f32, width)
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3),
-                                                 f"llvm.fma.v{width}f32")
-            const = lambda v: ir.Constant(i64, v)  # noqa: E731
-            cptr, aptr = data["c"], data["a"]
-            bptr, taptr, tbptr = data["b"], data["ta"], data["tb"]
-            caddr = [[builder.bitcast(builder.gep(cptr, [builder.add(coff_, builder.add(
-                builder.mul(ldc_, const(r)), const(v * width)))]), vec.as_pointer())
-                for v in range(vecs)] for r in range(rows)]
-            init = [builder.load(p, align=4) for row in caddr for p in row]
-            entry = builder.block
-            tloop = builder.append_basic_block("taps")
-            iloop = builder.append_basic_block("reduce")
-            tnext = builder.append_basic_block("next_tap")
-            done = builder.append_basic_block("done")
-            zero = const(0)
-            go = builder.and_(builder.icmp_signed(">", ntaps_, zero), builder.icmp_signed(">", k_, zero))
-            builder.cbranch(go, tloop, done)
+    builder.position_at_end(iloop)
+    i = builder.phi(i64)
+    accs = [builder.phi(vec) for _ in init]
+    arow = builder.add(abase, builder.mul(i, ints["astep"]))
+    brow = builder.add(bbase, builder.mul(i, ints["bstep"]))
+    bvs = [builder.load(builder.bitcast(builder.gep(ptrs["b"], [builder.add(brow, const(v * width))]),
+                                        vec.as_pointer()), align=4) for v in range(vecs)]
+    new = []
+    for r in range(rows):
+        av = builder.load(builder.gep(ptrs["a"], [builder.add(arow, builder.mul(ints["lda"], const(r)))]))
+        splat = builder.insert_element(ir.Constant(vec, None), av, ir.Constant(i32, 0))
+        splat = builder.shuffle_vector(splat, splat, ir.Constant(ir.VectorType(i32, width), [0] * width))
+        new += [builder.call(fma, [splat, bvs[v], accs[r * vecs + v]]) for v in range(vecs)]
+    inext = builder.add(i, const(1))
+    builder.cbranch(builder.icmp_signed("<", inext, ints["k"]), iloop, tnext)
 
-            builder.position_at_end(tloop)
-            t = builder.phi(i64)
-            t_accs = [builder.phi(vec) for _ in init]
-            abase = builder.add(aoff_, builder.load(builder.gep(taptr, [t])))
-            bbase = builder.add(boff_, builder.load(builder.gep(tbptr, [t])))
-            builder.branch(iloop)
+    builder.position_at_end(tnext)
+    tplus = builder.add(t, const(1))
+    builder.cbranch(builder.icmp_signed("<", tplus, ints["ntaps"]), tloop, done)
 
-            builder.position_at_end(iloop)
-            i = builder.phi(i64)
-            accs = [builder.phi(vec) for _ in init]
-            arow = builder.add(abase, builder.mul(i, astep_))
-            brow = builder.add(bbase, builder.mul(i, bstep_))
-            bvs = [builder.load(builder.bitcast(builder.gep(bptr, [builder.add(brow, const(v * width))]),
-                                                vec.as_pointer()), align=4) for v in range(vecs)]
-            new = []
-            for r in range(rows):
-                av = builder.load(builder.gep(aptr, [builder.add(arow, builder.mul(lda_, const(r)))]))
-                splat = builder.insert_element(ir.Constant(vec, None), av, ir.Constant(i32, 0))
-                splat = builder.shuffle_vector(splat, splat, ir.Constant(ir.VectorType(i32, width), [0] * width))
-                new += [builder.call(fma, [splat, bvs[v], accs[r * vecs + v]]) for v in range(vecs)]
-            inext = builder.add(i, const(1))
-            builder.cbranch(builder.icmp_signed("<", inext, k_), iloop, tnext)
-
-            builder.position_at_end(tnext)
-            tplus = builder.add(t, const(1))
-            builder.cbranch(builder.icmp_signed("<", tplus, ntaps_), tloop, done)
-
-            builder.position_at_end(done)
-            outs = [builder.phi(vec) for _ in init]
-            for j, out in enumerate(outs):
-                out.add_incoming(init[j], entry)
-                out.add_incoming(new[j], tnext)
-                t_accs[j].add_incoming(init[j], entry)
-                t_accs[j].add_incoming(new[j], tnext)
-                accs[j].add_incoming(t_accs[j], tloop)
-                accs[j].add_incoming(new[j], iloop)
-            t.add_incoming(zero, entry)
-            t.add_incoming(tplus, tnext)
-            i.add_incoming(zero, tloop)
-            i.add_incoming(inext, iloop)
-            for j, out in enumerate(outs):
-                builder.store(out, caddr[j // vecs][j % vecs], align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return kernel
+    builder.position_at_end(done)
+    outs = [builder.phi(vec) for _ in init]
+    for j, out in enumerate(outs):
+        out.add_incoming(init[j], entry)
+        out.add_incoming(new[j], tnext)
+        t_accs[j].add_incoming(init[j], entry)
+        t_accs[j].add_incoming(new[j], tnext)
+        accs[j].add_incoming(t_accs[j], tloop)
+        accs[j].add_incoming(new[j], iloop)
+    t.add_incoming(zero, entry)
+    t.add_incoming(tplus, tnext)
+    i.add_incoming(zero, tloop)
+    i.add_incoming(inext, iloop)
+    for j, out in enumerate(outs):
+        builder.store(out, caddr[j // vecs][j % vecs], align=4)
 
 
-_k8_0, _k8_1, _k8_2 = (_make(r, v, 8) for r, v in BLOCKS)
-_k16_0, _k16_1, _k16_2 = (_make(r, v, 16) for r, v in BLOCKS)
+@intrinsic
+def run(typingctx, width, block, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k):
+    """The kernel of ``width`` (8 or 16) and ``BLOCKS[block]`` (see the module docstring): a
+    switch over every compiled variant, so one compiled caller serves them all."""
+    i64t = types.int64
+    sig = types.void(i64t, i64t, c, i64t, i64t, a, i64t, i64t, i64t, b, i64t, i64t, ta, tb, i64t, i64t)
 
+    def codegen(context, builder, signature, argv):
+        ptrs = {name: cgutils.create_struct_proxy(signature.args[j])(context, builder, value=argv[j]).data
+                for name, j in (("c", 2), ("a", 5), ("b", 9), ("ta", 12), ("tb", 13))}
+        ints = dict(zip(("coff", "ldc", "aoff", "lda", "astep", "boff", "bstep", "ntaps", "k"),
+                        (argv[j] for j in (3, 4, 6, 7, 8, 10, 11, 14, 15))))
+        i64 = ir.IntType(64)
+        end = builder.append_basic_block("kernel_end")
+        key = builder.add(builder.mul(argv[0], ir.Constant(i64, len(BLOCKS))), argv[1])
+        switch = builder.switch(key, end)
+        for width_ in WIDTHS:
+            for index, (rows, vecs) in enumerate(BLOCKS):
+                case = builder.append_basic_block(f"kernel_{width_}_{rows}x{vecs}")
+                switch.add_case(ir.Constant(i64, width_ * len(BLOCKS) + index), case)
+                builder.position_at_end(case)
+                _emit(builder, rows, vecs, width_, ptrs, ints)
+                builder.branch(end)
+        builder.position_at_end(end)
+        return context.get_dummy_value()
 
-@numba.njit(inline="always")
-def run(width, block, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k):  # pragma: no cover
-    """The kernel of ``width`` (8 or 16) and ``BLOCKS[block]`` (see the module docstring)."""
-    if width == 8:
-        if block == 0:
-            _k8_0(c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k)
-        elif block == 1:
-            _k8_1(c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k)
-        else:
-            _k8_2(c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k)
-    else:
-        if block == 0:
-            _k16_0(c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k)
-        elif block == 1:
-            _k16_1(c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k)
-        else:
-            _k16_2(c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k)
+    return sig, codegen
 
 
 @numba.njit(cache=True)
