@@ -13,7 +13,8 @@ time (the best of as many runs as fit in ~0.4 s each, 2 to 50; our own variants 
 NCX and for bf16/f16 rows our f32 for "vs own f32", run in turns so that load from other jobs hits
 them alike; each library runs in its own block, after a pause and warm-up calls, since another
 library's spinning threads slow the first runs after a switch: PyTorch channels_last measured
-80 instead of 218 GFLOP/s timed call by call in turns with us). "extra mem" is the peak of convgrad's allocations (tracemalloc, after a
+80 instead of 218 GFLOP/s timed call by call in turns with us).
+"extra mem" is the peak of convgrad's allocations (tracemalloc, after a
 warm-up call) less its result, as a multiple of inputs + output. The GEMM ceiling (numpy sgemm
 4096^2) is measured in the same run, and per f32 layer its "GEMM bound": the layer's gradient as
 one GEMM on operands already laid out (:func:`gemm_bound`), the most a GEMM-based engine on this
@@ -362,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                     row = measure(d, suite, task, dtype, suite == "resnet_50" and dtype == "f32", budget, reps, rng)
                     rows.append(row)
                     print(table([row], ceiling)[-1], flush=True)
-    lines = ["# convgrad benchmark results", "", *environment(ceiling, args.threads, (load_start, os.getloadavg()[0]), peaks), "",
+    load = (load_start, os.getloadavg()[0])
+    lines = ["# convgrad benchmark results", "", *environment(ceiling, args.threads, load, peaks), "",
              f"Command: `python benchmarks/run.py {' '.join(argv if argv is not None else sys.argv[1:])}`".rstrip(),
              "", "## Summary", "", *summary(rows, ceiling), "", "## Layers", "", *table(rows, ceiling), ""]
     print("\n".join(lines))

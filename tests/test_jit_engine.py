@@ -87,8 +87,8 @@ def test_microkernel_blocks_against_numpy(block, width, rng):
     for t in range(3):
         for r in range(rows):
             for i in range(k):
-                want[5 + r * ldc:5 + r * ldc + vw] += (a[11 + ta[t] + r * lda + i * astep]
-                                                       * b[3 + tb[t] + i * bstep:3 + tb[t] + i * bstep + vw].astype(np.float64))
+                row = b[3 + tb[t] + i * bstep:3 + tb[t] + i * bstep + vw].astype(np.float64)
+                want[5 + r * ldc:5 + r * ldc + vw] += a[11 + ta[t] + r * lda + i * astep] * row
     got = c.copy()
     microkernel.call(width, block, got, 5, ldc, a, 11, lda, astep, b, 3, bstep, ta, tb, 3, k)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)

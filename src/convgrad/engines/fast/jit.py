@@ -15,12 +15,13 @@ width, per group ``g``:
   skipping of non-dividing taps, per phase); a phase without taps is written as zeros.
 - backward weights: ``dw[k, ic, oc] = sum_{n, o} xp[n, o*S + k*D, ic] * dy[n, o, oc]``: blocks of
   ``R`` input channels (broadcast) x ``V`` vectors of output channels, the reduction over the
-  positions of a chunk of output rows (``TUNING.weights_positions``, cache-sized), every tap and
+  positions of a chunk of output rows (about ``TUNING.cache_bytes`` of x and dy), every tap and
   channel block run per chunk; each thread sums its share of the rows into its own partial dw,
-  then the partials are added.
+  then the partials are added (or, where dw is large next to x and dy, ``TUNING.weights_split``,
+  each thread owns a share of dw's blocks over all positions).
 
 Threads: numba ``prange`` over (image, output row, group, channel block) items (forward, data)
-or over equal shares of the output rows (weights). The source copies carry a zeroed tail so that
+or over shares of the output rows or of dw's blocks (weights). The source copies carry a zeroed tail so that
 the rows of a block past the end of an output row read in bounds (their results are dropped).
 """
 
@@ -33,8 +34,8 @@ import numpy as np
 
 from ...problem import ConvGeometry
 from . import isa, microkernel
-from .tuning import TUNING
 from .direct import spatial3
+from .tuning import TUNING
 
 __all__ = ["applies", "selected", "workspace_bytes", "forward", "backward_data", "backward_weights"]
 
@@ -48,11 +49,11 @@ def applies(g: ConvGeometry, acc: np.dtype) -> bool:
 
 
 def selected(g: ConvGeometry, task: str, acc: np.dtype) -> bool:
-    """Whether the selection rule picks the jit strategy (where it :func:`applies`): kernels of
-    a family of ``TUNING.jit_families``, kernels of several taps with at most
-    ``TUNING.jit_channels[task]`` channels per group on either side
-    and, for the gradients, at least ``TUNING.jit_min_input_channels`` input channels per group
-    (fewer leave most lanes or rows of the register block idle). Measurements: :mod:`.tuning`."""
+    """Whether the selection rule picks the jit strategy (where it :func:`applies`): on a family
+    of ``TUNING.jit_families``, kernels of several taps with at most ``TUNING.jit_channels[task]``
+    channels per group on either side and, for the gradients, at least
+    ``TUNING.jit_min_input_channels`` input channels per group (fewer leave most lanes or rows of
+    the register block idle). Measurements: :mod:`.tuning`."""
     if not applies(g, acc) or isa.family() not in TUNING.jit_families or math.prod(g.kernel) < 2 \
             or max(g.icg, g.ocg) > TUNING.jit_channels[task]:
         return False
