@@ -27,6 +27,7 @@ class Tuning:
     #: 64 ch: data 1.17 | 3.75, weights 1.19 | 1.53, forward 1.40 | 4.33;
     #: 128 ch: 1.03 | 4.29, 0.94 | 1.33, 1.29 | 3.48; 256 ch: 0.87 | 1.42, 0.80 | 1.06, 0.94 | 1.57;
     #: 512 ch: 0.70 | 0.93, 0.66 | 0.74, 0.87 | 0.89 (speed-ups; below 1 today's path is faster).
+    #: Quieter re-run (load 2-3): 128 ch 0.93 | 1.85, 0.97 | 1.27, 1.12 | 2.39 (docs/engine.md).
     jit_channels: dict[str, int] = field(default_factory=lambda: {
         "forward": 128, "backward_data": 128, "backward_weights": 128})
     #: ... and for the gradients at least this many input channels per group (the lanes of
