@@ -11,8 +11,10 @@ suite) and PyTorch's ``aten.convolution_backward`` asking for that one gradient,
 channels_last; the better of the two is the "best peer". GFLOP/s = 2*N*OC*IC/G*prod(K)*prod(O) /
 time (the best of as many runs as fit in ~0.4 s each, 2 to 50; our own variants of a row, NXC,
 NCX and for bf16/f16 rows our f32 for "vs own f32", run in turns so that load from other jobs hits
-them alike; each peer runs on its own, since another library's spinning threads slow the first
-runs after a switch). "extra mem" is the peak of convgrad's allocations (tracemalloc, after a
+them alike; each library runs in its own block, after a pause and warm-up calls, since another
+library's spinning threads slow the first runs after a switch: PyTorch channels_last measured
+80 instead of 218 GFLOP/s timed call by call in turns with us).
+"extra mem" is the peak of convgrad's allocations (tracemalloc, after a
 warm-up call) less its result, as a multiple of inputs + output. The GEMM ceiling (numpy sgemm
 4096^2) is measured in the same run, and per f32 layer its "GEMM bound": the layer's gradient as
 one GEMM on operands already laid out (:func:`gemm_bound`), the most a GEMM-based engine on this
@@ -24,7 +26,10 @@ FLOPs).
 ``--threads N`` limits every library (OpenBLAS, numba, PyTorch/OpenMP) to N threads; it is set
 before NumPy loads. On a machine that other jobs share, multi-threaded OpenBLAS can collapse (its
 threads wait on a descheduled partner at every GEMM), so the load average is recorded with the
-results: compare runs taken on an otherwise idle machine, or on one thread each.
+results: compare runs taken on an otherwise idle machine, or on one thread each. The header also
+records the kernel family of the engine's JIT micro-kernels (``CONVGRAD_ISA`` forces a lower one)
+and their measured FMA peak: the 6x2-vector f32 micro-kernel with its panels in L1, on one thread
+and on all ``--threads``.
 """
 
 from __future__ import annotations
@@ -78,6 +83,22 @@ def best_times(fns: list, budget: float, max_reps: int) -> list[float]:
             best[i], spent = min(best[i], elapsed), spent + elapsed
         reps += 1
     return best
+
+
+#: Seconds of pause before each library's block (lets the previous library's threads go idle).
+PAUSE = 0.3
+#: Untimed calls of each callable at the start of its block.
+WARMUP = 1
+
+
+def block_times(fns: list, budget: float, max_reps: int) -> list[float]:
+    """:func:`best_times` of one library's callables as a block of their own: after a pause of
+    ``PAUSE`` s and ``WARMUP`` untimed calls of each (in turns)."""
+    time.sleep(PAUSE)
+    for _ in range(WARMUP):
+        for fn in fns:
+            fn()
+    return best_times(fns, budget, max_reps)
 
 
 # -- problems ---------------------------------------------------------------------------------------
@@ -203,12 +224,15 @@ def measure(d: ConvDescriptor, suite: str, task: str, dtype: str, with_ncx: bool
     bound = gemm_bound(d, task, rng) if dtype == "f32" else None
     if bound is not None:
         timed["gemm"], work["gemm"] = bound
-    speed = {name: work[name] / t for name, t in zip(timed, best_times(list(timed.values()), budget, reps))}
+    gemm_fn = timed.pop("gemm", None)  # NumPy's BLAS: a library of its own
+    speed = {name: work[name] / t for name, t in zip(timed, block_times(list(timed.values()), budget, reps))}
+    if gemm_fn is not None:
+        speed["gemm"] = work["gemm"] / block_times([gemm_fn], budget, reps)[0]
     peers = {}
     for name, cl in (("torch NCX", False), ("torch NXC", True)):
         peer = torch_peer(d, task, dtype, cl)
         if peer is not None:
-            peers[name] = gflop / best_times([peer], budget, reps)[0]
+            peers[name] = gflop / block_times([peer], budget, reps)[0]
     return Row(suite, d.name or d.canonical(), task, dtype, gflop, speed["ours"], speed.get("ours NCX"),
                speed.get("ours f32"), peers=peers, extra_mem=peak / io_bytes, extra_mib=peak / 2 ** 20,
                gemm=speed.get("gemm"))
@@ -262,7 +286,20 @@ def summary(rows: list[Row], ceiling: float) -> list[str]:
     return out
 
 
-def environment(ceiling: float, threads: int, load: tuple[float, float]) -> list[str]:
+def fma_peaks(threads: int) -> str:
+    """The JIT kernel family in use and its micro-kernel's FMA peak at 1 and ``threads`` threads."""
+    from convgrad.engines.fast import isa, microkernel
+    family = isa.family()
+    if family not in isa.WIDTH:
+        return f"{family} (no JIT micro-kernels)"
+    width = isa.WIDTH[family]
+    one, all_ = microkernel.fma_peak(width, 1), microkernel.fma_peak(width, threads)
+    return (f"{family} ({width}-wide f32 vectors; host features: {', '.join(sorted(isa.FAMILIES[family]))}); "
+            f"measured FMA peak of the 6x2 micro-kernel in L1: {one:.0f} GFLOP/s on 1 thread, "
+            f"{all_:.0f} on {threads}")
+
+
+def environment(ceiling: float, threads: int, load: tuple[float, float], peaks: str) -> list[str]:
     import torch
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else \
@@ -274,7 +311,8 @@ def environment(ceiling: float, threads: int, load: tuple[float, float]) -> list
             f" engine '{cg.engines.default_engine_name()}'",
             f"- threads: {threads} for every library; load average (1 min) at start / end: "
             f"{load[0]:.1f} / {load[1]:.1f} (above 0.5 means other jobs shared the cores)",
-            f"- GEMM ceiling (numpy sgemm 4096^2, this run, {threads} threads): {ceiling:.0f} GFLOP/s"]
+            f"- GEMM ceiling (numpy sgemm 4096^2, this run, {threads} threads): {ceiling:.0f} GFLOP/s",
+            f"- kernel family (ISA): {peaks}"]
 
 
 def plot(rows: list[Row], path: Path) -> None:
@@ -315,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     budget, reps = (0.0, 1) if args.quick else (0.4, 50)  # fast layers: many runs, slow ones a few
     rng = np.random.default_rng(0)
     ceiling = gemm_ceiling(4096)
-    print(f"GEMM ceiling {ceiling:.0f} GFLOP/s", flush=True)
+    peaks = fma_peaks(args.threads)
+    print(f"GEMM ceiling {ceiling:.0f} GFLOP/s; kernel family {peaks}", flush=True)
     rows: list[Row] = []
     for suite in args.suite:
         for d in load_suite(suite, args.mb or DEFAULT_MB[suite], args.quick):
@@ -324,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                     row = measure(d, suite, task, dtype, suite == "resnet_50" and dtype == "f32", budget, reps, rng)
                     rows.append(row)
                     print(table([row], ceiling)[-1], flush=True)
-    lines = ["# convgrad benchmark results", "", *environment(ceiling, args.threads, (load_start, os.getloadavg()[0])), "",
+    load = (load_start, os.getloadavg()[0])
+    lines = ["# convgrad benchmark results", "", *environment(ceiling, args.threads, load, peaks), "",
              f"Command: `python benchmarks/run.py {' '.join(argv if argv is not None else sys.argv[1:])}`".rstrip(),
              "", "## Summary", "", *summary(rows, ceiling), "", "## Layers", "", *table(rows, ceiling), ""]
     print("\n".join(lines))

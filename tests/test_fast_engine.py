@@ -14,29 +14,22 @@ from hypothesis import strategies as st
 import convgrad as cg
 from convgrad.dtypes import DATA_DTYPES
 from convgrad.engines import default_engine_name, get_engine
+from convgrad.engines.fast import forced_strategy
 from convgrad.problem import ConvGeometry
 
 FAST, REF = get_engine("fast"), get_engine("reference")
 TASKS = ("forward", "backward_data", "backward_weights")
-#: The fast engine's paths, each forced on every problem it can take: the compiled direct loops
-#: (small problems), the frame, and GEMMs over output rows (junk-heavy or wide gradients).
-PATHS = {"direct": {"SMALL_FLOPS": 10**18},
-         "frame": {"SMALL_FLOPS": -1, "JUNK_RATIO": dict.fromkeys(TASKS[1:], float("inf")),
-                   "WIDE_CHANNELS": dict.fromkeys(TASKS[1:], (float("inf"),) * 2)},
-         "output_rows": {"SMALL_FLOPS": -1, "JUNK_RATIO": dict.fromkeys(TASKS[1:], 0.0)}}
+#: The fast engine's strategies, each forced on every problem it can take (the documented
+#: ``forced_strategy`` / ``CONVGRAD_STRATEGY``): the compiled direct loops, the frame, GEMMs over
+#: output rows (gradients), and the JIT micro-kernels (f32 accumulation).
+PATHS = ("direct", "frame", "output_rows", "jit")
 
 
-def _force(path: str, setattr_) -> None:
-    from convgrad.engines.fast import direct, output_rows
-    for name, value in PATHS[path].items():
-        setattr_(direct if name == "SMALL_FLOPS" else output_rows, name, value)
-
-
-@pytest.fixture(params=sorted(PATHS))
-def path(request, monkeypatch) -> str:
-    """Run the test once on each path of the fast engine."""
-    _force(request.param, monkeypatch.setattr)
-    return request.param
+@pytest.fixture(params=PATHS)
+def path(request) -> str:
+    """Run the test once on each strategy of the fast engine."""
+    with forced_strategy(request.param):
+        yield request.param
 
 
 class _PoisonedNumpy:
@@ -165,19 +158,14 @@ def geometries(draw) -> ConvGeometry:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(g=geometries(), dtype=st.sampled_from([np.float64, np.float32]), channels_first=st.booleans(),
-       path=st.sampled_from(sorted(PATHS)))
+       path=st.sampled_from(PATHS))
 def test_random_geometries_against_reference(g, dtype, channels_first, path):
-    from convgrad.engines.fast import direct, output_rows
     inputs = _engine_inputs(g, np.random.default_rng(), dtype, channels_first)
-    defaults = direct.SMALL_FLOPS, output_rows.JUNK_RATIO, output_rows.WIDE_CHANNELS
-    try:
-        _force(path, setattr)
+    with forced_strategy(path):
         for task in TASKS:
             got, want = getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task])
             assert got.dtype == np.dtype(dtype)
             _close(got, want, _tolerance(np.dtype(dtype)), f"{task} {g} ({path})")
-    finally:
-        direct.SMALL_FLOPS, output_rows.JUNK_RATIO, output_rows.WIDE_CHANNELS = defaults
 
 
 @pytest.mark.parametrize("case", [
@@ -226,13 +214,13 @@ def test_awkward_geometries(case, dtype, channels_first, rng, path, poisoned_emp
                _tolerance(np.dtype(dtype)), task)
 
 
-@pytest.mark.parametrize("path", ["frame", "output_rows"])
+@pytest.mark.parametrize("strategy", ["frame", "output_rows"])
 @pytest.mark.parametrize("dtype_name", ["f64", "f16", "bf16"])
-def test_batch_chunks_and_row_blocks(dtype_name, monkeypatch, rng, path, poisoned_empty):
+def test_batch_chunks_and_row_blocks(dtype_name, monkeypatch, rng, strategy, poisoned_empty):
     """Several batch chunks and row blocks give the same result as one (bf16/f16: sums rounded
     chunk by chunk)."""
     from convgrad.engines import fast
-    _force(path, monkeypatch.setattr)
+    monkeypatch.setenv("CONVGRAD_STRATEGY", strategy)
     monkeypatch.setattr(fast.output_rows, "CHUNK_BYTES", 1)
     monkeypatch.setattr(fast.output_rows, "MIN_CHUNK_BYTES", 1)
     monkeypatch.setattr(fast, "CHUNK_BYTES", 1)
@@ -255,7 +243,7 @@ def test_narrow_weights_gather_taps_over_blocks_of_output_rows(channels_first, d
     (256 here, on images of 400 outputs): blocks inside an image at an offset and blocks across
     images (NCX: dy copied channel-major; NXC f32: one matrix; bf16: widened first)."""
     from convgrad.engines import fast
-    _force("frame", monkeypatch.setattr)
+    monkeypatch.setenv("CONVGRAD_STRATEGY", "frame")
     monkeypatch.setattr(fast.kernels, "BLOCK_BYTES", 1)
     blocks = []
     gather = fast.columns.gather_phases
@@ -277,7 +265,7 @@ def test_first_layer_data_gradient_scatters_blocks_of_output_rows(channels_first
     here, on images of 400 outputs) into zeroed phase buffers: blocks inside and across images,
     one phase or several, and dx itself as the buffer (one NCX image, stride 1, no padding)."""
     from convgrad.engines import fast
-    _force("frame", monkeypatch.setattr)
+    monkeypatch.setenv("CONVGRAD_STRATEGY", "frame")
     monkeypatch.setattr(fast.kernels, "BLOCK_BYTES", 1)
     monkeypatch.setattr(fast.kernels, "SPREAD_BLOCKS", 1)
     seen = []
@@ -350,7 +338,7 @@ def test_output_rows_weights_of_ncx_data_in_either_order(oix_rows, monkeypatch, 
     output channel, taps-inner (dw in OIX memory order, what NCX users ask for): same values."""
     from convgrad import layout
     from convgrad.engines.fast import output_rows
-    _force("output_rows", monkeypatch.setattr)
+    monkeypatch.setenv("CONVGRAD_STRATEGY", "output_rows")
     monkeypatch.setattr(output_rows, "OIX_ROWS", oix_rows)
     for groups, icg, ocg in ((1, 5, 7), (3, 2, 4)):
         g = _geometry(2, groups, icg, ocg, (6, 7), (3, 2), (2, 1), (1, 2), (1, 0), (1, 1))
@@ -368,7 +356,7 @@ def test_output_rows_with_weights_in_blocks(dtype_name, oix, monkeypatch, rng, p
     output channels, summed in Z: as the reference."""
     from convgrad import layout
     from convgrad.engines.fast import output_rows
-    _force("output_rows", monkeypatch.setattr)
+    monkeypatch.setenv("CONVGRAD_STRATEGY", "output_rows")
     dtype = DATA_DTYPES[dtype_name]
     g = _geometry(2, 1, 40, 36, (5, 4), (3, 3), (1, 2), (1, 1), (1, 0), (0, 1))
     assert len(output_rows._blocks(g, dtype, np.dtype(np.float32), 9)) == 9
@@ -386,7 +374,7 @@ def test_output_rows_of_one_large_volume_stay_within_twice_the_arrays(task, monk
     """A single 3-D volume whose im2col is 27x its input runs in chunks of output rows: the
     extra memory stays below 2x (inputs + output), as at any minibatch."""
     import tracemalloc
-    _force("output_rows", monkeypatch.setattr)
+    monkeypatch.setenv("CONVGRAD_STRATEGY", "output_rows")
     g = _geometry(1, 1, 64, 64, (32, 12, 12), (3, 3, 3), (1, 1, 1), (2, 2, 2), (2, 2, 2), (2, 2, 2))
     inputs = _engine_inputs(g, rng, np.float32)[task]
     io_bytes = sum(a.nbytes for a in inputs) + 4 * math.prod(g.x_shape if task == "backward_data" else g.w_shape)

@@ -23,9 +23,14 @@ Ci/Co: channels per group on the GEMM's input and output side; ``GEMM_DEPTH`` = 
 
 - depthwise (Ci = Co = 1), any size: compiled multiply-adds vectorised over channels
   (:mod:`.depthwise`, numba; 6x the direct loops below on a 32-channel 7x7 layer);
+- an empty batch: zeros;
+- a strategy forced by :func:`forced_strategy` or ``CONVGRAD_STRATEGY``, where it applies;
 - small problems (``direct.small``: at most ``direct.SMALL_FLOPS`` of work): compiled direct
   loops (:mod:`.direct`), where the frame path's fixed costs would dominate;
-- an empty batch: zeros;
+- ``jit.selected`` (the host's kernel family in ``TUNING.jit_families``, f32 accumulation, >= 2
+  taps, <= 128 channels per group, gradients from 8 input channels; :mod:`.tuning` has the
+  measurements): implicit-GEMM convolutions on our JIT micro-kernels (:mod:`.jit`,
+  docs/engine.md);
 - pointwise layers (1x1, no padding, one group, any stride) on bf16/f16 channels-last data: one
   GEMM over row blocks that are widened to f32 and rounded back while in cache (:mod:`.pointwise`);
 - backward data and weights where the frame has ``output_rows.JUNK_RATIO[task]`` times more rows than
@@ -64,19 +69,22 @@ sums (data) or the f32 dw (weights).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from collections.abc import Iterator
 
 import numpy as np
 
 from ... import casts, layout
 from ...dtypes import compute_dtype
+from ...errors import EngineError
 from ...problem import ConvGeometry
 from .. import register
-from . import blas, depthwise, direct, kernels, output_rows, pointwise
+from . import blas, depthwise, direct, isa, jit, kernels, output_rows, pointwise
 from .frame import Frame, empty_like_data
 
-__all__ = ["FastEngine", "CHUNK_BYTES"]
+__all__ = ["FastEngine", "CHUNK_BYTES", "STRATEGIES", "forced_strategy"]
 
 #: Bytes of frame buffers per batch chunk (at least one image per chunk).
 CHUNK_BYTES = 16 << 20
@@ -93,20 +101,74 @@ IMAGE_GEMM_ROWS = 128
 SCATTER_CHANNELS = (4, 32)
 
 
+#: The strategies :func:`forced_strategy` and ``CONVGRAD_STRATEGY`` can force.
+STRATEGIES = ("jit", "frame", "direct", "output_rows", "pointwise", "image_gemms")
+_forced: list[str] = []
+
+
+@contextlib.contextmanager
+def forced_strategy(name: str | None) -> Iterator[None]:
+    """Within the block, run every problem that strategy ``name`` can take on it (``None``: the
+    selection rule), like ``CONVGRAD_STRATEGY=name`` (read at every call) does for a whole process.
+    Depthwise problems and empty batches keep their own strategies; ``jit`` takes f32-accumulating
+    problems on a JIT family (f64 keeps the rule), ``output_rows`` gradients only, ``pointwise``
+    and ``image_gemms`` the problems their rules admit. For tests and measurements."""
+    _forced.append(_strategy(name) if name else "")
+    try:
+        yield
+    finally:
+        _forced.pop()
+
+
+def _strategy(name: str) -> str:
+    if name not in STRATEGIES:
+        raise EngineError(None, f"CONVGRAD_STRATEGY={name!r} is not a strategy of the fast engine: expected one "
+                          f"of {', '.join(STRATEGIES)}")
+    return name
+
+
+def _forced_strategy() -> str | None:
+    """The strategy forced by :func:`forced_strategy` (innermost) or ``CONVGRAD_STRATEGY``."""
+    if _forced:
+        return _forced[-1] or None
+    name = os.environ.get("CONVGRAD_STRATEGY")
+    return _strategy(name) if name else None
+
+
 def _depthwise(g: ConvGeometry) -> bool:
     return g.icg == 1 and g.ocg == 1
+
+
+def _takes(name: str, g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[np.ndarray, ...] | None) -> bool:
+    """Whether strategy ``name`` can run ``task`` on ``g`` (a forced strategy applies where it does)."""
+    if name == "jit":
+        return jit.applies(g, dtype)
+    if name == "output_rows":
+        return task != "forward"
+    if name == "pointwise":
+        return data is not None and pointwise.applies(g, *data)
+    if name == "image_gemms":
+        return data is not None and _image_gemms(g, dtype, *data)
+    return True
 
 
 def _algorithm(g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[np.ndarray, ...] | None) -> str:
     """The selection rule of the module docstring, in its order: the algorithm that runs ``task``
     on ``g`` with the op's canonical ``data`` inputs in accumulation dtype ``dtype``. Without
-    ``data`` (planning for any layout) the rules that depend on it are skipped."""
+    ``data`` (planning for any layout) the rules that depend on it are skipped. The first call
+    checks a family forced by ``CONVGRAD_ISA`` (:func:`.isa.family`)."""
+    isa.family()
     if _depthwise(g) and g.n:
         return "depthwise"
-    if direct.small(g):
-        return "direct"
     if g.n == 0:
         return "empty"
+    forced = _forced_strategy()
+    if forced and _takes(forced, g, task, dtype, data):
+        return forced
+    if direct.small(g):
+        return "direct"
+    if jit.selected(g, task, dtype):
+        return "jit"
     if data is not None and pointwise.applies(g, *data):
         return "pointwise"
     if task != "forward" and output_rows.applies(g, Frame.of(g).size, task):
@@ -223,6 +285,8 @@ class FastEngine:
         dtype, taps = np.dtype(dtype), math.prod(g.kernel)
         acc = compute_dtype(dtype)
         algorithm = _algorithm(g, task, acc, None)
+        if algorithm == "jit":
+            return jit.workspace_bytes(g, task, dtype)
         if algorithm == "direct":
             return direct.workspace_bytes(g, task, dtype, acc)
         if algorithm == "output_rows":
@@ -251,6 +315,8 @@ class FastEngine:
         """y = conv(x, w): sum over offsets of shifted-row GEMMs into the frame rows of y."""
         dtype = compute_dtype(x.dtype)
         algorithm = _algorithm(g, "forward", dtype, (x,))
+        if algorithm == "jit":
+            return jit.forward(g, x, w)
         if algorithm == "direct":
             return direct.forward(g, x, w, dtype)
         if algorithm == "pointwise":
@@ -274,6 +340,8 @@ class FastEngine:
         """dx: per input phase, the sum over its offsets of GEMMs on dy shifted back by the offset."""
         dtype = compute_dtype(dy.dtype)
         algorithm = _algorithm(g, "backward_data", dtype, (dy,))
+        if algorithm == "jit":
+            return jit.backward_data(g, dy, w)
         if algorithm == "direct":
             return direct.backward_data(g, dy, w, dtype)
         if algorithm == "pointwise":
@@ -317,6 +385,8 @@ class FastEngine:
         """dw[k] = sum over the frame rows of the shifted input rows times dy, per batch chunk."""
         dtype = compute_dtype(x.dtype)
         algorithm = _algorithm(g, "backward_weights", dtype, (x, dy))
+        if algorithm == "jit":
+            return jit.backward_weights(g, x, dy)
         if algorithm == "direct":
             return direct.backward_weights(g, x, dy, dtype)
         if algorithm == "pointwise":

@@ -1,0 +1,93 @@
+"""Kernel families by instruction set: which the host CPU can run, and which the engine uses.
+
+A *family* is a set of JIT micro-kernels compiled for one vector width (:mod:`.microkernel`):
+
+================  ======  ====================================================================
+family            width   needs (LLVM feature names of ``llvmlite.binding.get_host_cpu_features``)
+================  ======  ====================================================================
+``avx512_bf16``   16      avx512f, avx512bf16 (bf16 data still widened to f32: see docs/engine.md)
+``avx512``        16      avx512f
+``avx2``          8       avx2, fma
+``portable``      --      nothing: no JIT kernels, the fast engine's BLAS-based strategies
+================  ======  ====================================================================
+
+The best family the host supports is chosen at import. ``CONVGRAD_ISA=<family>`` (read at
+import, or :func:`set_family` at run time) forces a lower one, so that every family the machine
+can run is testable on it; asking for one the CPU cannot run raises :class:`ConvgradError`
+(never an illegal-instruction crash). Vector code of width 16 on an AVX2 host is legalised by
+LLVM into pairs of 8-wide operations, so the ``avx512`` family's code path is *correct* there and
+can be forced for testing with ``allow_emulated=True`` (its speed means nothing there).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from ...errors import ConvgradError
+
+__all__ = ["FAMILIES", "WIDTH", "host_features", "supported", "family", "set_family", "ISAError"]
+
+#: Families from the most capable down, and the CPU features each needs.
+FAMILIES: dict[str, frozenset[str]] = {
+    "avx512_bf16": frozenset({"avx512f", "avx512bf16"}),
+    "avx512": frozenset({"avx512f"}),
+    "avx2": frozenset({"avx2", "fma"}),
+    "portable": frozenset(),
+}
+#: f32 lanes per vector register of each JIT family.
+WIDTH = {"avx512_bf16": 16, "avx512": 16, "avx2": 8}
+#: Families whose vector code LLVM can legalise onto a narrower host (correct, not fast).
+_EMULABLE = {"avx512": "avx2"}
+
+
+class ISAError(ConvgradError, ValueError):
+    """A kernel family was asked for that is unknown or that this CPU cannot run."""
+
+
+@functools.cache
+def host_features() -> frozenset[str]:
+    """The host CPU's enabled features, as LLVM names them (``avx2``, ``fma``, ``avx512f``...)."""
+    from llvmlite import binding
+    return frozenset(name for name, on in binding.get_host_cpu_features().items() if on)
+
+
+def supported() -> list[str]:
+    """The families this host can run, best first (``portable`` always)."""
+    have = host_features()
+    return [name for name, needs in FAMILIES.items() if needs <= have]
+
+
+def _check(name: str, allow_emulated: bool) -> str:
+    if name not in FAMILIES:
+        raise ISAError(None, f"CONVGRAD_ISA={name!r} is not a kernel family: expected one of {', '.join(FAMILIES)}")
+    have = supported()
+    if name in have or (allow_emulated and _EMULABLE.get(name) in have):
+        return name
+    missing = sorted(FAMILIES[name] - host_features())
+    raise ISAError(None, f"kernel family {name!r} needs CPU features {', '.join(missing)} that this CPU "
+                   f"({_cpu_name()}) lacks: expected one of {', '.join(have)}")
+
+
+def _cpu_name() -> str:
+    from llvmlite import binding
+    return binding.get_host_cpu_name()
+
+
+_current: list[str] = []
+
+
+def family() -> str:
+    """The family the engine uses now: ``CONVGRAD_ISA`` at first use, else the host's best."""
+    if not _current:
+        forced = os.environ.get("CONVGRAD_ISA")
+        _current.append(_check(forced, allow_emulated=False) if forced else supported()[0])
+    return _current[0]
+
+
+def set_family(name: str | None, allow_emulated: bool = False) -> str:
+    """Use family ``name`` from now on (``None``: the host's best); returns the one used before.
+    ``allow_emulated``: accept ``avx512`` on an AVX2 host (LLVM splits its vectors; for tests)."""
+    before = family()
+    _current[:] = [_check(name, allow_emulated) if name else supported()[0]]
+    return before

@@ -1,0 +1,224 @@
+"""The fast engine's ``jit`` strategy: micro-kernels, the three tasks and the ISA families.
+
+Every kernel family this machine can run is forced in turn (``isa.set_family``): ``avx2``
+(8-wide) where the CPU has AVX2+FMA, ``avx512`` (16-wide) where it has AVX-512F or else through
+LLVM's legalisation onto AVX2 (same code path, split vectors), and ``portable`` (no JIT kernels:
+the BLAS-based strategies). The oracle is the float64 reference engine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import convgrad as cg
+from convgrad.engines import get_engine
+from convgrad.engines.fast import _algorithm, forced_strategy, isa, jit, microkernel
+from convgrad.problem import ConvGeometry
+
+TASKS = ("forward", "backward_data", "backward_weights")
+JIT_FAMILIES = [f for f in ("avx2", "avx512") if f in isa.supported() or "avx2" in isa.supported()]
+TOLERANCE = {"f32": 2e-5, "bf16": 2e-2, "f16": 2e-3, "f64": 1e-10}
+
+
+@pytest.fixture(params=JIT_FAMILIES)
+def family(request):
+    """Run the test once per JIT family this machine can run (avx512 possibly emulated)."""
+    before = isa.set_family(request.param, allow_emulated=True)
+    yield request.param
+    isa.set_family(before)
+
+
+def _geometry(n, groups, icg, ocg, in_size, kernel, strides=None, dilations=None, pb=None, pe=None) -> ConvGeometry:
+    rank = len(in_size)
+    strides, dilations = strides or (1,) * rank, dilations or (1,) * rank
+    pb, pe = pb or (0,) * rank, pe or (0,) * rank
+    out = tuple((i + b + e - (k - 1) * d - 1) // s + 1
+                for i, b, e, k, d, s in zip(in_size, pb, pe, kernel, dilations, strides))
+    return ConvGeometry(n, groups, groups * icg, groups * ocg, tuple(in_size), out, tuple(kernel), tuple(strides),
+                        tuple(dilations), tuple(pb), tuple(pe))
+
+
+#: Odd geometries: channel tails of every block (1..3 vectors and partial ones), kernels larger
+#: than the input (padding), strides larger than the kernel, outputs of size 1, many groups,
+#: dilations, asymmetric pads, 1-D/2-D/3-D.
+CASES = {
+    "3x3 tails": _geometry(2, 1, 5, 11, (7, 9), (3, 3), pb=(1, 1), pe=(1, 1)),
+    "grouped strided": _geometry(2, 2, 9, 20, (8, 7), (3, 2), (2, 3), (1, 2), (1, 0), (2, 1)),
+    "1-D kernel > input": _geometry(1, 3, 4, 3, (5,), (7,), pb=(3,), pe=(3,)),
+    "3-D": _geometry(2, 1, 3, 17, (4, 5, 6), (2, 3, 2), (2, 1, 3), (1, 1, 2), (1, 0, 1), (0, 2, 1)),
+    "stride > kernel": _geometry(3, 1, 6, 24, (9, 10), (2, 2), (3, 4), pe=(1, 0)),
+    "output 1": _geometry(2, 1, 7, 9, (3, 3), (3, 3)),
+    "many groups": _geometry(2, 12, 2, 3, (6, 5), (3, 3), pb=(1, 1), pe=(1, 1)),
+    "wide 1x1": _geometry(2, 1, 40, 50, (6, 7), (1, 1)),
+}
+
+
+def _inputs(g: ConvGeometry, rng: np.random.Generator, dtype) -> dict[str, tuple[np.ndarray, ...]]:
+    x, w, dy = (rng.uniform(0.5, 1.5, s) * rng.choice([-1, 1], s) for s in (g.x_shape, g.w_shape, g.y_shape))
+    x, w, dy = (a.astype(dtype) for a in (x, w, dy))
+    return {"forward": (x, w), "backward_data": (dy, w), "backward_weights": (x, dy)}
+
+
+def _close(got: np.ndarray, want: np.ndarray, tol: float, msg: str) -> None:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, msg
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(1.0, np.abs(want).max()), err_msg=msg)
+
+
+@pytest.mark.parametrize("width", microkernel.WIDTHS)
+@pytest.mark.parametrize("block", range(len(microkernel.BLOCKS)))
+def test_microkernel_blocks_against_numpy(block, width, rng):
+    """c[r, v*W + l] += sum_t sum_i a[ta[t] + r*lda + i*astep] * b[tb[t] + i*bstep + v*W + l] for
+    every block shape and width, with offsets, strides, several taps and an accumulated c; no
+    taps or an empty reduction leave c as it was."""
+    rows, vecs = microkernel.BLOCKS[block]
+    vw, k, lda, astep, bstep, ldc = vecs * width, 13, 3, 5, vecs * width + 4, vecs * width + 8
+    a = rng.standard_normal(400).astype(np.float32)
+    b = rng.standard_normal(2000).astype(np.float32)
+    ta, tb = np.array([0, 7, 2], np.int64), np.array([0, 900, 450], np.int64)
+    c = rng.standard_normal(rows * ldc + 10).astype(np.float32)
+    want = c.astype(np.float64)
+    for t in range(3):
+        for r in range(rows):
+            for i in range(k):
+                row = b[3 + tb[t] + i * bstep:3 + tb[t] + i * bstep + vw].astype(np.float64)
+                want[5 + r * ldc:5 + r * ldc + vw] += a[11 + ta[t] + r * lda + i * astep] * row
+    got = c.copy()
+    microkernel.call(width, block, got, 5, ldc, a, 11, lda, astep, b, 3, bstep, ta, tb, 3, k)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    for ntaps, depth in ((0, k), (3, 0)):
+        same = c.copy()
+        microkernel.call(width, block, same, 5, ldc, a, 11, lda, astep, b, 3, bstep, ta, tb, ntaps, depth)
+        np.testing.assert_array_equal(same, c)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tasks_against_reference(case, family, rng):
+    """Every task of the jit strategy on the odd geometries, f32, in every JIT family."""
+    g, reference = CASES[case], get_engine("reference")
+    for task, args in _inputs(g, rng, np.float32).items():
+        got = getattr(jit, task)(g, *args)
+        assert got.dtype == np.float32
+        _close(got, getattr(reference, task)(g, *args), TOLERANCE["f32"], f"{case} {task} {family}")
+
+
+def test_families_give_identical_bits(rng):
+    """The 8- and 16-wide families sum every value in the same order: identical results."""
+    if "avx2" not in isa.supported():
+        pytest.skip("needs AVX2")
+    before = isa.set_family("avx2")
+    try:
+        for case in ("3x3 tails", "grouped strided", "3-D"):
+            g = CASES[case]
+            for task, args in _inputs(g, rng, np.float32).items():
+                isa.set_family("avx2")
+                narrow = getattr(jit, task)(g, *args)
+                isa.set_family("avx512", allow_emulated=True)
+                np.testing.assert_array_equal(getattr(jit, task)(g, *args), narrow, f"{case} {task}")
+    finally:
+        isa.set_family(before)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16", "f64"])
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+def test_forced_jit_through_the_api(dtype, data_format, family, rng):
+    """The ops with the jit strategy forced, every dtype (f64 keeps the selection rule: the JIT
+    kernels accumulate in f32) and both layouts, against the reference engine."""
+    dt = cg.dtypes.DATA_DTYPES[dtype]
+    attrs = dict(strides=[2, 1], pads_begin=[1, 0], pads_end=[1, 2], dilations=[1, 2], groups=2,
+                 data_format=data_format, weights_format="XIO" if data_format == "NXC" else "OIX")
+    x_shape, w_shape = ((2, 7, 6, 6), (3, 2, 3, 10)) if data_format == "NXC" else ((2, 6, 7, 6), (10, 3, 3, 2))
+    x, w = (rng.uniform(-1, 1, s).astype(dt) for s in (x_shape, w_shape))
+    y = cg.Op("Convolution", **attrs)(x, w, engine="reference")
+    dy = rng.uniform(-1, 1, y.shape).astype(dt)
+    with forced_strategy("jit"):
+        chosen = _algorithm(_geometry(2, 2, 3, 5, (7, 6), (3, 2), (2, 1), (1, 2), (1, 0), (1, 2)), "forward",
+                            cg.dtypes.compute_dtype(dt), None)
+        assert (chosen == "jit") == (dtype != "f64")
+        got = {"y": cg.Op("Convolution", **attrs)(x, w),
+               "dx": cg.Op("ConvolutionBackwardData", **attrs)(dy, w, np.array(x.shape)),
+               "dw": cg.Op("ConvolutionBackwardWeights", **attrs)(x, dy, np.array(w.shape))}
+    want = {"y": y,
+            "dx": cg.Op("ConvolutionBackwardData", **attrs)(dy, w, np.array(x.shape), engine="reference"),
+            "dw": cg.Op("ConvolutionBackwardWeights", **attrs)(x, dy, np.array(w.shape), engine="reference")}
+    for name in got:
+        assert got[name].dtype == dt
+        _close(got[name], want[name], TOLERANCE[dtype], f"{name} {dtype} {data_format} {family}")
+
+
+def test_portable_family_runs_without_jit_kernels(rng):
+    """``portable``: the jit strategy never applies (not even forced); results still right."""
+    before = isa.set_family("portable")
+    try:
+        g = CASES["3x3 tails"]
+        with forced_strategy("jit"):
+            assert all(_algorithm(g, task, np.dtype(np.float32), None) != "jit" for task in TASKS)
+            fast, reference = get_engine("fast"), get_engine("reference")
+            for task, args in _inputs(g, rng, np.float32).items():
+                _close(getattr(fast, task)(g, *args), getattr(reference, task)(g, *args), TOLERANCE["f32"], task)
+    finally:
+        isa.set_family(before)
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_workspace_estimate_bounds_the_allocations(task, dtype, rng):
+    """The jit strategy's ``workspace_bytes`` bounds its peak allocations (result excluded for f32)."""
+    g = _geometry(3, 2, 10, 13, (9, 11), (3, 3), (2, 1), pb=(1, 1), pe=(1, 1))
+    dt = cg.dtypes.DATA_DTYPES[dtype]
+    args = _inputs(g, rng, dt)[task]
+    getattr(jit, task)(g, *args)
+    tracemalloc.start()
+    result = getattr(jit, task)(g, *args)
+    peak = tracemalloc.get_traced_memory()[1] - result.nbytes
+    tracemalloc.stop()
+    assert 0 < peak <= jit.workspace_bytes(g, task, dt)
+    with forced_strategy("jit"):
+        assert get_engine("fast").workspace_bytes(g, task, dt) == jit.workspace_bytes(g, task, dt)
+
+
+def test_strategy_forcing_is_checked(monkeypatch):
+    """An unknown strategy, by the context manager or the environment, is a clear error."""
+    with pytest.raises(cg.ConvgradError, match="not a strategy of the fast engine"):
+        with forced_strategy("im2col"):
+            pass
+    monkeypatch.setenv("CONVGRAD_STRATEGY", "bogus")
+    with pytest.raises(cg.ConvgradError, match="'bogus' is not a strategy"):
+        _algorithm(CASES["3x3 tails"], "forward", np.dtype(np.float32), None)
+    monkeypatch.setenv("CONVGRAD_STRATEGY", "frame")
+    assert _algorithm(CASES["wide 1x1"], "backward_data", np.dtype(np.float32), None) == "frame"
+
+
+def test_families_and_widths():
+    """The host's families are detected from its features, best first; widths are 16 / 8."""
+    have = isa.supported()
+    assert have[-1] == "portable" and have[0] == isa.family() or os.environ.get("CONVGRAD_ISA")
+    assert {isa.WIDTH[f] for f in ("avx512_bf16", "avx512")} == {16} and isa.WIDTH["avx2"] == 8
+    assert ("avx2" in have) == ({"avx2", "fma"} <= isa.host_features())
+
+
+@pytest.mark.parametrize("name, message", [("sse9", "is not a kernel family"),
+                                            ("avx512_bf16", "needs CPU features")])
+def test_forcing_an_isa_the_cpu_cannot_run_is_a_clear_error(name, message):
+    """``CONVGRAD_ISA`` naming an unknown family, or one this CPU lacks, fails with ISAError at
+    the first convolution (never an illegal instruction); ``set_family`` likewise."""
+    if name in isa.supported():
+        pytest.skip(f"this CPU runs {name}")
+    code = ("import numpy as np, convgrad as cg\n"
+            "try:\n"
+            "    cg.Op('Convolution', strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], dilations=[1, 1])(\n"
+            "        np.ones((1, 4, 4, 2), np.float32), np.ones((3, 3, 2, 2), np.float32))\n"
+            "except cg.ConvgradError as e:\n"
+            "    print(type(e).__name__, e)\n")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "CONVGRAD_ISA": name},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ISAError") and message in out.stdout, out.stdout
+    with pytest.raises(isa.ISAError, match=message):
+        isa.set_family(name)
