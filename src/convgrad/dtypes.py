@@ -16,7 +16,8 @@ import numpy as np
 from . import casts
 from .errors import DTypeError, InputError, InputTypeError, describe
 
-__all__ = ["DATA_DTYPES", "dtype_name", "parse_dtype", "as_array", "as_shape_values", "round_to", "compute_dtype"]
+__all__ = ["DATA_DTYPES", "dtype_name", "parse_dtype", "as_array", "as_shape_values", "round_to", "compute_dtype",
+           "is_dask_array", "check_lazy_array"]
 
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -67,6 +68,19 @@ def as_array(value: Any, op: str, name: str) -> np.ndarray:
     else:
         array = _convert(value, op, name)
     return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
+
+
+def is_dask_array(value: Any) -> bool:
+    """Whether ``value`` is a dask array, told by its type's module, so without importing dask."""
+    return type(value).__module__.startswith("dask.array")
+
+
+def check_lazy_array(value: Any, op: str, name: str) -> Any:
+    """A dask array input as it is (nothing computed), if its shape is known."""
+    if any(not isinstance(s, (int, np.integer)) for s in value.shape):  # NaN: chunks of unknown size
+        raise InputError(op, name, f"is a dask array of unknown shape {value.shape}: expected known chunk "
+                         "sizes (call .compute_chunk_sizes() first)")
+    return value
 
 
 def _convert(value: Any, op: str, name: str) -> np.ndarray:
