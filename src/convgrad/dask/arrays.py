@@ -27,7 +27,7 @@ import numpy as np
 from ..dtypes import compute_dtype
 from ..engines import Engine, available_engines, get_engine
 from ..limits import check_memory
-from ..op import execute, execute_canonical, finish
+from ..op import execute_canonical, finish
 from ..problem import Problem, data_shape
 from .blocks import AxisSplit, Window, boundaries, split_axis
 
@@ -56,9 +56,14 @@ class _Plan:
                  "w": lambda: p.output_shape}[p.definition.output.role]()
         return replace(p, geometry=g, output_shape=shape)
 
-    def run(self, sub: Problem, arrays: dict[str, Any], canonical: bool = False) -> np.ndarray:
-        engine = get_engine(self.engine)
-        return execute_canonical(sub, arrays, engine) if canonical else execute(sub, arrays, engine)
+    def canonical(self, n: int, windows: tuple[Window, ...], arrays: dict[str, Any]) -> np.ndarray:
+        """The canonical, unrounded result of one block (0 where its windows read only padding)."""
+        sub = self.sub_problem(n, windows)
+        if any(w.empty for w in windows):
+            g = sub.geometry
+            shape = {"x": g.x_shape, "y": g.y_shape, "w": g.w_shape}[sub.definition.output.role]
+            return np.zeros(shape, compute_dtype(sub.dtype))
+        return execute_canonical(sub, arrays, get_engine(self.engine))
 
 
 def _spatial_axes(problem: Problem) -> tuple[int, ...]:
@@ -89,8 +94,7 @@ def _forward_block(x: np.ndarray, w: np.ndarray, *rest: np.ndarray, plan: _Plan)
     windows = tuple(s.output_window(k) for s, k in zip(plan.splits, j))
     axes = _spatial_axes(plan.problem)
     x = _local(x, axes, [s.i[k] for s, k in zip(plan.splits, j)], windows)
-    arrays = {"x": x, "w": w} | ({"bias": bias} if bias is not None else {})
-    return plan.run(plan.sub_problem(x.shape[0], windows), arrays)
+    return finish(plan.problem, plan.canonical(x.shape[0], windows, {"x": x, "w": w}), bias)
 
 
 def _data_block(y: np.ndarray, w: np.ndarray, *rest: np.ndarray, plan: _Plan) -> np.ndarray:
@@ -99,7 +103,7 @@ def _data_block(y: np.ndarray, w: np.ndarray, *rest: np.ndarray, plan: _Plan) ->
     bias, ids = (rest[0], rest[1:]) if plan.problem.has_bias else (None, rest)
     j = _block_ids(ids)
     windows = tuple(s.data_window(k) for s, k in zip(plan.splits, j))
-    part = plan.run(plan.sub_problem(y.shape[0], windows), {"y": y, "w": w}, canonical=True)
+    part = plan.canonical(y.shape[0], windows, {"y": y, "w": w})
     spans = [(s.i[k], s.i[k + 1]) for s, k in zip(plan.splits, j)]
     if any(w.a != i0 or w.b != i1 for w, (i0, i1) in zip(windows, spans)):
         block = np.zeros((part.shape[0], *(i1 - i0 for i0, i1 in spans), part.shape[-1]), part.dtype)
@@ -119,7 +123,7 @@ def _weights_block(x: np.ndarray, y: np.ndarray, *ids: np.ndarray, plan: _Plan) 
     j = _block_ids(ids)
     windows = tuple(s.output_window(k) for s, k in zip(plan.splits, j))
     x = _local(x, _spatial_axes(plan.problem), [s.i[k] for s, k in zip(plan.splits, j)], windows)
-    part = plan.run(plan.sub_problem(x.shape[0], windows), {"x": x, "y": y}, canonical=True)
+    part = plan.canonical(x.shape[0], windows, {"x": x, "y": y})
     return part.reshape((1,) * (len(j) + 1) + part.shape)
 
 
@@ -188,7 +192,7 @@ def execute_lazy(problem: Problem, arrays: dict[str, Any], engine: Engine) -> da
     for k, s in enumerate(splits):
         ids += [da.arange(s.blocks, chunks=1), (f"s{k}",)]
     if problem.task == "backward_weights":
-        x = _overlap(data["x"], {a: (0, s.right_halo) for a, s in zip(axes, splits)})
+        x = _overlap(data["x"], {a: (0, s.right_halo) for a, s in zip(axes, splits) if s.blocks > 1})
         w_axes = tuple(f"w{k}" for k in range(rank + 2))
         partial = da.blockwise(
             _weights_block, ("n", *(f"s{k}" for k in range(rank)), *w_axes),
@@ -201,7 +205,7 @@ def execute_lazy(problem: Problem, arrays: dict[str, Any], engine: Engine) -> da
                              dtype=problem.dtype, meta=np.empty((0,) * ndim, problem.dtype), plan=plan)
     forward = problem.task == "forward"
     source = data["x"] if forward else data["y"]
-    depth = {a: ((0, s.right_halo) if forward else (s.left_halo, 0)) for a, s in zip(axes, splits)}
+    depth = {a: ((0, s.right_halo) if forward else (s.left_halo, 0)) for a, s in zip(axes, splits) if s.blocks > 1}
     extra = [weights["w"], tuple(f"w{k}" for k in range(ndim))]
     if "bias" in weights:
         extra += [weights["bias"], ("b",)]

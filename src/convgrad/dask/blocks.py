@@ -38,6 +38,11 @@ class Window:
     pb: int
     pe: int
 
+    @property
+    def empty(self) -> bool:
+        """Whether the windows read only padding (their outputs are 0)."""
+        return self.a == self.b
+
 
 @dataclass(frozen=True)
 class AxisSplit:
@@ -74,7 +79,8 @@ class AxisSplit:
         """The sub-convolution of outputs ``[oa, ob)``."""
         lo = oa * self.stride - self.pad_begin
         hi = (ob - 1) * self.stride - self.pad_begin + self.eff_kernel
-        a, b = max(lo, 0), min(hi, self.in_size)
+        a = max(lo, 0)
+        b = max(a, min(hi, self.in_size))  # a == b: the windows lie in the padding
         return Window(oa, ob, a, b, a - lo, hi - b)
 
     def output_window(self, j: int) -> Window:
