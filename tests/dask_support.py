@@ -3,7 +3,6 @@ plugin that kills the worker running a chosen task (a worker dying mid-case)."""
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
@@ -144,7 +143,3 @@ class KillOnTask(WorkerPlugin):
     def transition(self, key, start, finish, **kwargs) -> None:
         if finish == "executing" and str(key).startswith(self.prefix):
             os._exit(1)
-
-
-def size(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
