@@ -101,12 +101,13 @@ def boundaries(chunks: Sequence[int]) -> tuple[int, ...]:
 def split_axis(cuts: Sequence[int], *, in_size: int, out_size: int, stride: int, pad_begin: int,
                eff_kernel: int, cuts_in: str, halo: str) -> AxisSplit:
     """An aligned split of one axis near the internal boundaries ``cuts`` of the input chunks
-    (``cuts_in="x"``: each moves up to the next window start ``o*S - PB``) or of the output chunks
-    (``cuts_in="y"``). Boundaries that would leave the axis or make a block smaller than its halo
+    (``cuts_in="x"``: input boundary c becomes output boundary ``c // S``, so input chunks that are
+    multiples of the stride give regular output chunks, and input boundary ``(c // S)*S - PB``)
+    or of the output chunks (``cuts_in="y"``). Boundaries that would leave the axis or make a block smaller than its halo
     (``halo="right"``: x blocks at least EK - S; ``"left"``: y blocks at least floor((EK-1)/S))
     are dropped, merging blocks: a neighbour holds all of every halo."""
     s, pb = stride, pad_begin
-    outs = sorted({-(-(c + pb) // s) if cuts_in == "x" else c for c in cuts})
+    outs = sorted({c // s if cuts_in == "x" else c for c in cuts})
     outs = [o for o in outs if 0 < o < out_size and 0 < o * s - pb < in_size]
     trial = AxisSplit((0, *outs, out_size), (0, *(o * s - pb for o in outs), in_size), s, pb, eff_kernel, in_size)
     need = trial.right_halo if halo == "right" else trial.left_halo
