@@ -191,6 +191,10 @@ def test_op_objects_and_numpy_inputs_with_dask_weights(rng):
         assert isinstance(got, da.Array)
         np.testing.assert_array_equal(got.compute(scheduler="threads"), want)
     assert isinstance(op(x, w), np.ndarray)
+    dy = rng.standard_normal(want.shape, dtype=np.float32)
+    grad = cg.Op("ConvolutionBackwardWeights", **{k: v for k, v in op.attrs.items()})
+    lazy = grad(da.from_array(x, chunks=(2, 2, 9)), dy, da.from_array(np.array(w.shape)))  # a dask shape input
+    np.testing.assert_allclose(lazy.compute(scheduler="threads"), grad(x, dy, w.shape), rtol=1e-5, atol=1e-5)
 
 
 def test_import_convgrad_does_not_import_dask():

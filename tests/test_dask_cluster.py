@@ -63,7 +63,7 @@ def test_a_dead_worker_fails_its_case_and_the_batch_goes_on(tmp_path, cluster, c
     assert out[-1] == "tests:3 passed:2 failed:1"
 
 
-@pytest.mark.parametrize("value", ["local:0", "local:two", "", "two words"])
+@pytest.mark.parametrize("value", ["local:0", "local:two", "", "two words", "no-port"])
 def test_bad_scheduler_is_a_usage_error(value):
     result = run("graph", "--case=x.json", f"--scheduler={value}")
     assert result.exit_code == 2 and "--scheduler" in result.output

@@ -102,7 +102,7 @@ def _results(stack: ExitStack, driver: Driver, settings: RunSettings, cases: lis
 
     try:
         client = stack.enter_context(connect(scheduler))
-    except (OSError, TimeoutError) as exc:
+    except (OSError, TimeoutError, ValueError) as exc:  # unreachable, or not an address
         raise click.BadParameter(f"{scheduler!r}: cannot reach the scheduler ({exc})",
                                  param_hint="--scheduler") from None
     return run_cases(client, driver, settings, cases)
