@@ -6,7 +6,8 @@ import importlib.util
 import os
 import secrets
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,35 @@ def _knob_options(driver: Driver) -> Callable[[Callable[..., Any]], Callable[...
     return decorate
 
 
+def _check_scheduler(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    if importlib.util.find_spec("distributed") is None:
+        raise click.BadParameter("needs dask.distributed: pip install 'convgrad[dask]'")
+    from .dask.cluster import parse_scheduler
+
+    try:
+        parse_scheduler(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
+def _results(stack: ExitStack, driver: Driver, settings: RunSettings, cases: list[Case],
+             scheduler: str | None) -> Iterator[Result]:
+    """The cases' results in order: run here one by one, or as tasks on a dask cluster."""
+    if scheduler is None:
+        return (run_case(driver, settings, case, index) for index, case in enumerate(cases))
+    from .dask.cluster import connect, run_cases
+
+    try:
+        client = stack.enter_context(connect(scheduler))
+    except (OSError, TimeoutError, ValueError) as exc:  # unreachable, or not an address
+        raise click.BadParameter(f"{scheduler!r}: cannot reach the scheduler ({exc})",
+                                 param_hint="--scheduler") from None
+    return run_cases(client, driver, settings, cases)
+
+
 def _run_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Options shared by ``graph`` and ``conv`` that hold for the whole run."""
     options = [
@@ -99,6 +129,10 @@ def _run_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="P mode: exactly this many timed runs (0: use --max-ms-per-prb)."),
         click.option("--plot", type=click.Path(dir_okay=False, writable=True), default=None, metavar="FILE.png",
                      help="P mode: save a chart of GFLOP/s per case with the machine's GEMM ceiling."),
+        click.option("--scheduler", default=None, metavar="local:N|ADDRESS", callback=_check_scheduler,
+                     help="Run the cases as tasks on a dask.distributed cluster: local:N starts N worker processes "
+                          "here, ADDRESS (tcp://host:8786) uses a running scheduler. Same lines, summary and exit "
+                          "code; a case whose worker dies is FAILED. Needs convgrad[dask]."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -118,7 +152,7 @@ def _collect(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...],
 
 def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], mode: str, engine: str | None,
            seed: int | None, perf_template: str, max_ms: float, times: int, plot_file: str | None,
-           **knobs: Any) -> None:
+           scheduler: str | None, **knobs: Any) -> None:
     """Run every case, print its line, the summary table and line; exit 0, 1 or 2."""
     mode = mode.upper()
     try:
@@ -143,11 +177,11 @@ def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], m
     if csv_out:
         click.echo(csv_header())
     results: list[Result] = []
-    with Progress(TextColumn(f"convgrad {driver.name}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True, disable=len(cases) < 2) as progress:
+    with ExitStack() as stack, Progress(TextColumn(f"convgrad {driver.name}"), BarColumn(), MofNCompleteColumn(),
+                                        TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+                                        disable=len(cases) < 2) as progress:
         task = progress.add_task("cases", total=len(cases))
-        for index, case in enumerate(cases):
-            result = run_case(driver, settings, case, index)
+        for result in _results(stack, driver, settings, cases, scheduler):
             results.append(result)
             if mode == "P" and result.ok:
                 click.echo(perf_line(result, perf_template))

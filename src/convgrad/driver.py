@@ -22,7 +22,7 @@ from .graph import parse_dt, parse_in_shapes, parse_mb, parse_op_attrs, parse_op
 from .graph.rewrite import FLOAT_DTYPES
 from .graph.run import OpCheck
 
-__all__ = ["Driver", "GRAPH", "CONV", "RunSettings", "Result", "run_case"]
+__all__ = ["Driver", "GRAPH", "CONV", "RunSettings", "Result", "run_case", "new_result", "fail"]
 
 
 def _choice(option: str, choices: tuple[str, ...], upper: bool = False) -> Callable[[str], str]:
@@ -147,10 +147,33 @@ def repro_line(driver: Driver, settings: RunSettings, case: Case, seed: int) -> 
     return shlex.join(words) + " " + driver.problem_text(case)
 
 
+def case_seed(settings: RunSettings, index: int) -> int:
+    """The seed of case ``index``'s random inputs."""
+    return (settings.seed + index) % 2**32
+
+
+def new_result(driver: Driver, settings: RunSettings, case: Case, index: int) -> Result:
+    """The result of case ``index`` before it runs: its problem text and repro line."""
+    repro = repro_line(driver, settings, case, case_seed(settings, index))
+    return Result(index, case, driver.problem_text(case), repro, settings.engine)
+
+
+def fail(result: Result, reason: str) -> Result:
+    """``result`` failed for ``reason``, which is made to name the case's file or descriptor and
+    the batch line it came from."""
+    case = result.case
+    if not case.error and case.target not in reason:
+        reason = f"{case.target}: {reason}"  # name the case file or descriptor
+    if case.origin != "command line" and not reason.startswith(case.origin):
+        reason = f"{case.origin}: {reason}"
+    result.reason = reason
+    return result
+
+
 def run_case(driver: Driver, settings: RunSettings, case: Case, index: int) -> Result:
     """Build, plan and run one case (checked or timed); every error becomes the case's reason."""
-    seed = (settings.seed + index) % 2**32
-    result = Result(index, case, driver.problem_text(case), repro_line(driver, settings, case, seed), settings.engine)
+    seed = case_seed(settings, index)
+    result = new_result(driver, settings, case, index)
     if case.error:
         result.reason = case.error
         return result
@@ -173,8 +196,4 @@ def run_case(driver: Driver, settings: RunSettings, case: Case, index: int) -> R
         result.reason = "out of memory"
     except Exception as exc:  # a bug must not stop the rest of the batch
         result.reason = f"internal error: {type(exc).__name__}: {exc}"
-    if result.reason and not case.error and case.target not in result.reason:
-        result.reason = f"{case.target}: {result.reason}"  # name the case file or descriptor
-    if result.reason and case.origin != "command line" and not result.reason.startswith(case.origin):
-        result.reason = f"{case.origin}: {result.reason}"
-    return result
+    return fail(result, result.reason) if result.reason else result

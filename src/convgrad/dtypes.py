@@ -17,7 +17,8 @@ from . import casts
 from .errors import DTypeError, InputError, InputTypeError, ShapeError, describe
 from .opdefs import MAX_NDIMS
 
-__all__ = ["DATA_DTYPES", "dtype_name", "parse_dtype", "as_array", "as_shape_values", "round_to", "compute_dtype"]
+__all__ = ["DATA_DTYPES", "dtype_name", "parse_dtype", "as_array", "as_shape_values", "round_to", "compute_dtype",
+           "is_dask_array", "check_lazy_array"]
 
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -77,6 +78,19 @@ def _native(array: np.ndarray) -> np.ndarray:
                      for stride, size in zip(array.strides, array.shape))
     compact = array[repeated].astype(array.dtype.newbyteorder("="))
     return compact if compact.shape == array.shape else np.broadcast_to(compact, array.shape)
+
+
+def is_dask_array(value: Any) -> bool:
+    """Whether ``value`` is a dask array, told by its type's module, so without importing dask."""
+    return type(value).__module__.startswith("dask.array")
+
+
+def check_lazy_array(value: Any, op: str, name: str) -> Any:
+    """A dask array input as it is (nothing computed), if its shape is known."""
+    if any(not isinstance(s, (int, np.integer)) for s in value.shape):  # NaN: chunks of unknown size
+        raise InputError(op, name, f"is a dask array of unknown shape {value.shape}: expected known chunk "
+                         "sizes (call .compute_chunk_sizes() first)")
+    return value
 
 
 def _convert(value: Any, op: str, name: str) -> np.ndarray:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from .attributes import Attrs, parse_attributes
-from .dtypes import as_array, as_shape_values, check_data_dtype, parse_dtype, round_to
+from .dtypes import as_array, as_shape_values, check_data_dtype, check_lazy_array, is_dask_array, parse_dtype, round_to
 from .engines import Engine, get_engine
 from .errors import AttributeValueError, InputError, InputTypeError, describe
 from .layout import data_from_canonical, data_to_canonical, weights_in_format, weights_to_canonical
@@ -17,7 +17,7 @@ from .opdefs import OpDef, get_opdef
 from .problem import Problem, TensorInfo, build_problem
 from .tensor_ops import TensorProblem, build_tensor_problem, run_tensor_problem
 
-__all__ = ["Op", "execute"]
+__all__ = ["Op", "execute", "execute_canonical", "finish"]
 
 
 class Op:
@@ -26,7 +26,8 @@ class Op:
     dilations=[1, 1], weights_shape=[3, 3, 16, 32])``.
 
     Attributes take their oneDNN names and are validated at once (unknown names, types, ranges).
-    ``op(*inputs)`` runs it on inputs in the specification's index order and returns a NumPy array;
+    ``op(*inputs)`` runs it on inputs in the specification's index order and returns a NumPy array
+    (a lazy dask array when an input is one: see :mod:`convgrad.dask`);
     ``op.infer(*inputs_or_shapes)`` resolves shapes, dtype and pads without computing.
 
     The attributes may also come as a mapping, ``Op(kind, {"strides": [1, 1], ...})``, next to
@@ -82,7 +83,8 @@ class Op:
             elif shapes_as is not None and isinstance(value, (tuple, list)):
                 infos.append(TensorInfo(shape=_shape_of(value, self.kind, spec.name), dtype=shapes_as))
             else:
-                array = as_array(value, self.kind, spec.name)
+                array = (check_lazy_array(value, self.kind, spec.name) if is_dask_array(value)
+                         else as_array(value, self.kind, spec.name))
                 infos.append(TensorInfo(shape=array.shape, dtype=check_data_dtype(array, self.kind, spec.name)))
                 arrays[spec.role if convolution else spec.name] = array
         infos.extend([TensorInfo()] * max(0, len(inputs) - len(infos)))
@@ -98,6 +100,10 @@ class Op:
 
     def __call__(self, *inputs: Any, engine: str | Engine | None = None) -> np.ndarray:
         problem, arrays = self.prepare(*inputs)
+        if any(is_dask_array(a) for a in arrays.values()):  # shapes resolved and checked above, eagerly
+            from .dask.arrays import execute_lazy
+
+            return execute_lazy(problem, arrays, get_engine(engine), self)
         return execute(problem, arrays, get_engine(engine))
 
 
@@ -138,24 +144,34 @@ def execute(problem: Problem | TensorProblem, arrays: dict[str, np.ndarray], eng
     NaN and Inf propagate as IEEE arithmetic does, without warnings."""
     if isinstance(problem, TensorProblem):
         return run_tensor_problem(problem, [arrays[s.name] for s in problem.definition.inputs], engine)
+    return finish(problem, execute_canonical(problem, arrays, engine), arrays.get("bias"))
+
+
+def execute_canonical(problem: Problem, arrays: dict[str, np.ndarray], engine: Engine) -> np.ndarray:
+    """The engine's canonical result (data ``(N, *X, C)``, weights ``(*K, ICg, OC)``) in its
+    accumulation dtype (f32, f64 for f64 data), before bias, rounding and layout: partial results
+    that are summed later (batch or space chunks) are summed in this form and rounded once by
+    :func:`finish`. The memory guard runs first."""
     check_memory(problem, engine)
-    with np.errstate(all="ignore"):  # IEEE arithmetic: NaN and Inf propagate, overflow gives Inf
-        return _run(problem, arrays, engine)
-
-
-def _run(problem: Problem, arrays: dict[str, np.ndarray], engine: Engine) -> np.ndarray:
     g, fmt, wfmt = problem.geometry, problem.data_format, problem.weights_format
     canonical = {role: (weights_to_canonical(a, wfmt) if role == "w" else data_to_canonical(a, fmt))
                  for role, a in arrays.items() if role != "bias"}
-    if problem.task == "forward":
-        result = engine.forward(g, canonical["x"], canonical["w"])
-    elif problem.task == "backward_data":
-        result = engine.backward_data(g, canonical["y"], canonical["w"])
-    else:
-        result = engine.backward_weights(g, canonical["x"], canonical["y"])
-    if "bias" in arrays:
-        result = result + arrays["bias"].astype(result.dtype)
-    result = round_to(result, problem.dtype)
+    with np.errstate(all="ignore"):  # IEEE arithmetic: NaN and Inf propagate, overflow gives Inf
+        if problem.task == "forward":
+            return engine.forward(g, canonical["x"], canonical["w"])
+        if problem.task == "backward_data":
+            return engine.backward_data(g, canonical["y"], canonical["w"])
+        return engine.backward_weights(g, canonical["x"], canonical["y"])
+
+
+def finish(problem: Problem, result: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """A canonical result of :func:`execute_canonical` as the op's output: plus bias, rounded once
+    to the output dtype, in the user's layout (a fresh C-contiguous array)."""
+    fmt, wfmt = problem.data_format, problem.weights_format
+    with np.errstate(all="ignore"):
+        if bias is not None:
+            result = result + bias.astype(result.dtype)
+        result = round_to(result, problem.dtype)
     if problem.definition.output.role == "w":
         return weights_in_format(result, wfmt)
     return np.ascontiguousarray(data_from_canonical(result, fmt))
