@@ -28,7 +28,9 @@ Ci/Co: channels per group on the GEMM's input and output side; ``GEMM_DEPTH`` = 
 - small problems (``direct.small``: at most ``direct.SMALL_FLOPS`` of work): compiled direct
   loops (:mod:`.direct`), where the frame path's fixed costs would dominate;
 - ``jit.selected`` (the host's kernel family in ``TUNING.jit_families``, f32 accumulation, >= 2
-  taps, <= 128 channels per group, gradients from 8 input channels; :mod:`.tuning` has the
+  taps, at most 128 (forward) / 64 (gradients) channels per group, gradients from 8 input
+  channels, the weights gradient of f32 data, no gradient whose frame is mostly junk rows (those
+  run on output rows, below: 0.22x vs 1.1x on a dilated 3x13 output); :mod:`.tuning` has the
   measurements): implicit-GEMM convolutions on our JIT micro-kernels (:mod:`.jit`,
   docs/engine.md);
 - pointwise layers (1x1, no padding, one group, any stride) on bf16/f16 channels-last data: one
@@ -152,11 +154,13 @@ def _takes(name: str, g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[n
     return True
 
 
-def _algorithm(g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[np.ndarray, ...] | None) -> str:
+def _algorithm(g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[np.ndarray, ...] | None,
+               data_dtype: np.dtype | None = None) -> str:
     """The selection rule of the module docstring, in its order: the algorithm that runs ``task``
     on ``g`` with the op's canonical ``data`` inputs in accumulation dtype ``dtype``. Without
-    ``data`` (planning for any layout) the rules that depend on it are skipped. The first call
-    checks a family forced by ``CONVGRAD_ISA`` (:func:`.isa.family`)."""
+    ``data`` (planning for any layout) the rules that depend on it are skipped, and
+    ``data_dtype`` gives the data's dtype. The first call checks a family forced by
+    ``CONVGRAD_ISA`` (:func:`.isa.family`)."""
     isa.family()
     if _depthwise(g) and g.n:
         return "depthwise"
@@ -167,7 +171,8 @@ def _algorithm(g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[np.ndarr
         return forced
     if direct.small(g):
         return "direct"
-    if jit.selected(g, task, dtype):
+    if jit.selected(g, task, dtype, data[0].dtype if data is not None else data_dtype or dtype) \
+            and not (task != "forward" and output_rows.junk_heavy(g, Frame.of(g).size, task)):
         return "jit"
     if data is not None and pointwise.applies(g, *data):
         return "pointwise"
@@ -284,7 +289,7 @@ class FastEngine:
         before the API rounds it."""
         dtype, taps = np.dtype(dtype), math.prod(g.kernel)
         acc = compute_dtype(dtype)
-        algorithm = _algorithm(g, task, acc, None)
+        algorithm = _algorithm(g, task, acc, None, dtype)
         if algorithm == "jit":
             return jit.workspace_bytes(g, task, dtype)
         if algorithm == "direct":

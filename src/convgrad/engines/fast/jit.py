@@ -48,14 +48,15 @@ def applies(g: ConvGeometry, acc: np.dtype) -> bool:
     return acc == F32 and isa.family() in isa.WIDTH and not (g.icg == 1 and g.ocg == 1) and g.n > 0
 
 
-def selected(g: ConvGeometry, task: str, acc: np.dtype) -> bool:
-    """Whether the selection rule picks the jit strategy (where it :func:`applies`): on a family
-    of ``TUNING.jit_families``, kernels of several taps with at most ``TUNING.jit_channels[task]``
-    channels per group on either side and, for the gradients, at least
-    ``TUNING.jit_min_input_channels`` input channels per group (fewer leave most lanes or rows of
-    the register block idle). Measurements: :mod:`.tuning`."""
+def selected(g: ConvGeometry, task: str, acc: np.dtype, data: np.dtype) -> bool:
+    """Whether the selection rule picks the jit strategy (where it :func:`applies`) for ``data`` of
+    that dtype: on a family of ``TUNING.jit_families``, kernels of several taps with at most
+    ``TUNING.jit_channels[task]`` channels per group on either side and, for the gradients, at
+    least ``TUNING.jit_min_input_channels`` input channels per group (fewer leave most lanes or
+    rows of the register block idle); the weights gradient only of data already in ``acc`` (its
+    f32 copies of bf16/f16 x and dy took 2.1-2.4x the op's own memory). Measurements: :mod:`.tuning`."""
     if not applies(g, acc) or isa.family() not in TUNING.jit_families or math.prod(g.kernel) < 2 \
-            or max(g.icg, g.ocg) > TUNING.jit_channels[task]:
+            or max(g.icg, g.ocg) > TUNING.jit_channels[task] or task == "backward_weights" and data != acc:
         return False
     return task == "forward" or g.icg >= TUNING.jit_min_input_channels
 

@@ -62,13 +62,19 @@ def applies(g: ConvGeometry, frame_size: tuple[int, ...], task: str) -> bool:
     ICg = 32 where the frame would sum narrow results at their shifts (:func:`.kernels.spreads`:
     ICg < min(OCg, 64); measured 1.18-1.44x on 32-48 input channels, 1.35x on 3-D U-Net's conv_2,
     0.94x at 16, 0.5x on ResNet-50's 3-channel conv1)."""
-    if math.prod(frame_size) >= JUNK_RATIO[task] * max(1, math.prod(g.out_size)):
+    if junk_heavy(g, frame_size, task):
         return True
     icg, ocg = WIDE_CHANNELS[task]
     taps = math.prod(g.kernel)
     if taps == 1 or g.icg < icg:
         return False
     return g.ocg >= ocg or (task == "backward_data" and kernels.spreads(taps, g.ocg, g.icg))
+
+
+def junk_heavy(g: ConvGeometry, frame_size: tuple[int, ...], task: str) -> bool:
+    """Whether the frame of ``g`` (``frame_size`` positions per axis) has ``JUNK_RATIO[task]`` times
+    more rows than there are outputs (a large dilation on a small output)."""
+    return math.prod(frame_size) >= JUNK_RATIO[task] * max(1, math.prod(g.out_size))
 
 
 def workspace_bytes(g: ConvGeometry, task: str, data: np.dtype) -> int:

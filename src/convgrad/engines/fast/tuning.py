@@ -28,8 +28,12 @@ class Tuning:
     #: 128 ch: 1.03 | 4.29, 0.94 | 1.33, 1.29 | 3.48; 256 ch: 0.87 | 1.42, 0.80 | 1.06, 0.94 | 1.57;
     #: 512 ch: 0.70 | 0.93, 0.66 | 0.74, 0.87 | 0.89 (speed-ups; below 1 today's path is faster).
     #: Quieter re-run (load 2-3): 128 ch 0.93 | 1.85, 0.97 | 1.27, 1.12 | 2.39 (docs/engine.md).
+    #: Those 2-thread figures alternated strategies call by call, which slows OpenBLAS's spinning
+    #: threads; timed each in its own block after a pause (quiet machine, 2 threads, GFLOP/s jit vs
+    #: best other): 64 ch data 83 / 61, weights 102 / 98, forward 113 / 74; 128 ch data 62 / 76,
+    #: weights 75 / 80, forward 87 / 72; dilated 64->128 (11x11, D 3) data 26 / 56, weights 48 / 54.
     jit_channels: dict[str, int] = field(default_factory=lambda: {
-        "forward": 128, "backward_data": 128, "backward_weights": 128})
+        "forward": 128, "backward_data": 64, "backward_weights": 64})
     #: ... and for the gradients at least this many input channels per group (the lanes of
     #: backward data's vectors, the rows of the weights gradient's blocks): ResNet-50's 3-channel
     #: conv1 ran at 0.47 | 0.65 (data) and 0.70 | 2.24 (weights), its forward 1.61 | 5.87.
