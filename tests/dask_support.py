@@ -4,7 +4,6 @@ plugin that kills the worker running a chosen task (a worker dying mid-case)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import dask
 import numpy as np
@@ -13,9 +12,10 @@ from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import convgrad as cg
-from convgrad.opdefs import ops_of
 from convgrad.dtypes import DATA_DTYPES
 from convgrad.graph.run import tolerance
+from convgrad.opdefs import ops_of
+from oracle import Geometry
 
 OPS = tuple(ops_of("convolution"))  # the ops around them: test_dask_arrays' element-wise test
 TRANSPOSED = ("ConvTranspose", "ConvTransposeBackwardData", "ConvTransposeBackwardWeights")
@@ -46,41 +46,22 @@ def client(cluster):
         yield c
 
 
-@dataclass(frozen=True)
-class Conv:
-    """A forward convolution ``y = conv(x, w)`` in canonical sizes, with its attributes."""
+class Conv(Geometry):
+    """The oracle's forward convolution ``y = conv(x, w)``, given by its total channel counts, with
+    the shapes of its tensors in a layout."""
 
-    n: int
-    ic: int
-    oc: int
-    groups: int
-    in_size: tuple[int, ...]
-    kernel: tuple[int, ...]
-    strides: tuple[int, ...]
-    dilations: tuple[int, ...]
-    pads_begin: tuple[int, ...]
-    pads_end: tuple[int, ...]
-
-    @property
-    def eff(self) -> tuple[int, ...]:
-        return tuple((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations))
-
-    @property
-    def out_size(self) -> tuple[int, ...]:
-        return tuple((i + b + e - k) // s + 1 for i, b, e, k, s in
-                     zip(self.in_size, self.pads_begin, self.pads_end, self.eff, self.strides))
+    def __init__(self, *, n: int, ic: int, oc: int, groups: int, **sizes: tuple[int, ...]) -> None:
+        super().__init__(n=n, groups=groups, icg=ic // groups, ocg=oc // groups, **sizes)
 
     @property
     def output_padding(self) -> tuple[int, ...]:
-        return tuple((i + b + e - k) % s for i, b, e, k, s in
-                     zip(self.in_size, self.pads_begin, self.pads_end, self.eff, self.strides))
+        return self.extra
 
     def data(self, channels: int, size: tuple[int, ...], fmt: str) -> tuple[int, ...]:
         return (self.n, channels, *size) if fmt == "NCX" else (self.n, *size, channels)
 
     def weights(self, fmt: str) -> tuple[int, ...]:
-        oc, icg = self.oc, self.ic // self.groups
-        return (*self.kernel, icg, oc) if fmt[0] == "X" else (oc, icg, *self.kernel)
+        return (*self.kernel, self.icg, self.oc) if fmt[0] == "X" else (self.oc, self.icg, *self.kernel)
 
 
 def weights_format(kind: str, data_format: str) -> str:
