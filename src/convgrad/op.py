@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from .attributes import Attrs, parse_attributes
-from .dtypes import as_array, as_shape_values, check_data_dtype, check_lazy_array, is_dask_array, parse_dtype, round_to
+from .dtypes import (as_array, as_shape_values, check_data_dtype, check_lazy_array, is_dask_array, parse_dtype,
+                     round_to)
 from .engines import Engine, get_engine
 from .errors import AttributeValueError, InputError, InputTypeError, describe
 from .layout import data_from_canonical, data_to_canonical, weights_in_format, weights_to_canonical

@@ -171,12 +171,13 @@ def _algorithm(g: ConvGeometry, task: str, dtype: np.dtype, data: tuple[np.ndarr
         return forced
     if direct.small(g):
         return "direct"
+    frame_size = Frame.of(g).size
     if jit.selected(g, task, dtype, data[0].dtype if data is not None else data_dtype or dtype) \
-            and not (task != "forward" and output_rows.junk_heavy(g, Frame.of(g).size, task)):
+            and not (task != "forward" and output_rows.junk_heavy(g, frame_size, task)):
         return "jit"
     if data is not None and pointwise.applies(g, *data):
         return "pointwise"
-    if task != "forward" and output_rows.applies(g, Frame.of(g).size, task):
+    if task != "forward" and output_rows.applies(g, frame_size, task):
         return "output_rows"
     if data is not None and _image_gemms(g, dtype, *data):
         return "image_gemms"
