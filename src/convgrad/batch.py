@@ -10,6 +10,7 @@ the field; the lines after it still run.
 
 from __future__ import annotations
 
+import itertools
 import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,12 +38,23 @@ def read_text(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Knob:
-    """One driver option: ``--NAME=VALUE`` with a parser that raises ValueError on bad values."""
+    """One driver option: ``--NAME=VALUE`` with a parser that raises ValueError on bad values; a
+    list option takes comma-separated values, each parsed on its own, and runs each."""
 
     name: str
     help: str
     parse: Callable[[str], Any]
     default: str = ""
+    is_list: bool = False
+
+    def values(self, text: str) -> list[str]:
+        """The values ``text`` holds (a list option's comma-separated items)."""
+        return text.split(",") if self.is_list else [text]
+
+    def check(self, text: str) -> None:
+        """ValueError if a value of ``text`` does not parse."""
+        for value in self.values(text):
+            self.parse(value)
 
 
 @dataclass(frozen=True)
@@ -79,6 +91,12 @@ class BatchReader:
         knobs = tuple((k, v) for k, v in settings.items() if v != self.knobs[k].default)
         return Case(target, knobs, origin)
 
+    def cases(self, target: str, settings: dict[str, str], origin: str) -> Iterator[Case]:
+        """The cases of ``target``: one per combination of the list options' values (benchdnn's
+        cartesian product, the first option outermost)."""
+        for combination in itertools.product(*(self.knobs[k].values(v) for k, v in settings.items())):
+            yield self.case(target, dict(zip(settings, combination)), origin)
+
     def expand(self, tokens: list[str], settings: dict[str, str], folder: Path, origin: str,
                stack: tuple[Path, ...] = ()) -> Iterator[Case]:
         """The cases of one line; ``settings`` is updated in place and persists to the next line."""
@@ -89,10 +107,10 @@ class BatchReader:
             elif name == "--batch" and equals:
                 yield from self.read(folder / value, settings, stack, f"{origin}: {token}")
             elif self.trigger and name == f"--{self.trigger}" and equals:
-                yield self.case(str(folder / value), settings, origin)
+                yield from self.cases(str(folder / value), settings, origin)
             elif name.startswith("--") and name[2:] in self.knobs and equals:
                 try:
-                    self.knobs[name[2:]].parse(value)
+                    self.knobs[name[2:]].check(value)
                 except ValueError as exc:
                     yield Case(token, error=f"{origin}: {name}: {exc}", origin=origin)
                     return
@@ -103,7 +121,7 @@ class BatchReader:
                            + (f"--{self.trigger}=, " if self.trigger else "") + f"{expected})", origin=origin)
                 return
             else:
-                yield self.case(token, settings, origin)
+                yield from self.cases(token, settings, origin)
 
     def read(self, path: Path, settings: dict[str, str], stack: tuple[Path, ...] = (),
              origin: str = "command line") -> Iterator[Case]:

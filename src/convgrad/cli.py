@@ -65,7 +65,7 @@ def _knob_options(driver: Driver) -> Callable[[Callable[..., Any]], Callable[...
     def validate(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
         if value is not None:
             try:
-                driver.knobs[param.name.replace("_", "-")].parse(value)
+                driver.knobs[param.name.replace("_", "-")].check(value)
             except ValueError as exc:
                 raise click.BadParameter(str(exc)) from None
         return value
@@ -144,7 +144,7 @@ def _collect(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...],
     reader = driver.reader()
     settings = reader.defaults()
     settings.update({name.replace("_", "-"): v for name, v in knobs.items() if v is not None})
-    cases = [reader.case(t, settings, "command line") for t in targets]
+    cases = [case for t in targets for case in reader.cases(t, settings, "command line")]
     for batch in batches:
         cases.extend(reader.read(Path(batch), dict(settings)))
     return cases
@@ -170,6 +170,7 @@ def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], m
     cases = _collect(driver, targets, batches, knobs)
     if not cases:
         raise click.UsageError(f"nothing to run: give {'--case' if driver.trigger else 'a descriptor'} or --batch")
+    cases = [case for case in cases if driver.selected(case)]  # --match: the others neither run nor count
     settings = RunSettings(mode, engine or default_engine_name(), secrets.randbits(31) if seed is None else seed,
                            max_ms, times)
     csv_out = mode == "P" and perf_template == "csv"
@@ -183,12 +184,14 @@ def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], m
         task = progress.add_task("cases", total=len(cases))
         for result in _results(stack, driver, settings, cases, scheduler):
             results.append(result)
-            if mode == "P" and result.ok:
+            if mode == "P" and result.ok and not result.skipped:
                 click.echo(perf_line(result, perf_template))
             else:
                 click.echo(case_line(result), err=csv_out)
             progress.advance(task)
     info.print(summary_table(results, mode))
+    for note in dict.fromkeys(note for r in results for note in r.notes):
+        info.print(f"note: {note}", markup=False, highlight=False)
     if plot_file:
         plot(results, plot_file, gemm_ceiling())
         info.print(f"plot: {plot_file}", markup=False, highlight=False)

@@ -79,14 +79,17 @@ def csv_header() -> str:
 
 
 def case_line(result: Result) -> str:
-    """``N:PASSED __REPRO: ...`` or ``N:FAILED (why) __REPRO: ...``."""
-    status = "PASSED" if result.ok else f"FAILED ({result.reason})"
+    """``N:PASSED __REPRO: ...``, ``N:SKIPPED (why) __REPRO: ...`` or ``N:FAILED (why) __REPRO: ...``."""
+    status = f"FAILED ({result.reason})" if result.reason else f"SKIPPED ({result.skipped})" if result.skipped \
+        else "PASSED"
     return f"{result.index}:{status} __REPRO: {result.repro}"
 
 
 def summary_line(results: Sequence[Result]) -> str:
-    passed = sum(r.ok for r in results)
-    return f"tests:{len(results)} passed:{passed} failed:{len(results) - passed}"
+    """benchdnn's ``tests:T passed:P skipped:S failed:F`` (a skipped case neither passed nor failed)."""
+    skipped = sum(bool(r.skipped) and r.ok for r in results)
+    failed = sum(not r.ok for r in results)
+    return f"tests:{len(results)} passed:{len(results) - skipped - failed} skipped:{skipped} failed:{failed}"
 
 
 def summary_table(results: Sequence[Result], mode: str) -> Table:
@@ -98,8 +101,8 @@ def summary_table(results: Sequence[Result], mode: str) -> Table:
     for column in numbers:
         table.add_column(column, justify="right")
     for r in results:
-        status = "[green]PASSED[/green]" if r.ok else "[red]FAILED[/red]"
-        if not r.ok or (mode == "C" and not r.checks) or (mode == "P" and not r.times):
+        status = "[red]FAILED[/red]" if not r.ok else "[yellow]SKIPPED[/yellow]" if r.skipped else "[green]PASSED[/green]"
+        if not r.ok or r.skipped or (mode == "C" and not r.checks) or (mode == "P" and not r.times):
             cells = ("",) * len(numbers)
         elif mode == "P":
             f = _fields(r)

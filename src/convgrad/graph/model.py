@@ -97,6 +97,7 @@ class Graph:
     version: str = ""
     engine_kind: str = "cpu"
     fpmath_mode: str = "strict"
+    constants: tuple[tuple[int, float], ...] = ()  # (tensor id, value): inputs filled with one value
 
     def producers(self) -> dict[int, GraphOp]:
         """Tensor id -> the op that produces it."""

@@ -96,12 +96,15 @@ def check_size(plan: Plan, limit: int | None = None) -> None:
 
 
 def make_inputs(plan: Plan, rng: np.random.Generator) -> dict[int, np.ndarray]:
-    """Fresh data for every graph input (shape tensors get their resolved values), after
+    """Fresh data for every graph input (shape tensors get their resolved values, the graph's
+    constants their value), after
     :func:`check_size`."""
     check_size(plan)
     positive = _positive_inputs(plan)
+    constants = dict(plan.graph.constants)
     return {tid: np.array(plan.shape_values[tid], dtype=np.int32) if tid in plan.shape_values
-            else _fill(rng, plan.tensors[tid], tid in positive) for tid in plan.inputs}
+            else np.full(plan.tensors[tid].shape, constants[tid], DATA_DTYPES[plan.tensors[tid].dtype])
+            if tid in constants else _fill(rng, plan.tensors[tid], tid in positive) for tid in plan.inputs}
 
 
 def _run_step(step: Step, values: dict[int, np.ndarray], engine: Engine) -> np.ndarray:
