@@ -41,7 +41,7 @@ def test_a_local_cluster_gives_the_same_output(tmp_path):
     spread = run("conv", f"--batch={batch}", "--seed=7", "--scheduler=local:2")
     assert alone.exit_code == spread.exit_code == 1  # the --dir=NOPE line
     assert lines(spread.stdout) == lines(alone.stdout)
-    assert lines(alone.stdout)[-1] == "tests:4 passed:3 failed:1"
+    assert lines(alone.stdout)[-1] == "tests:4 passed:3 skipped:0 failed:1"
 
 
 def test_a_dead_worker_fails_its_case_and_the_batch_goes_on(tmp_path, cluster, client):
@@ -60,7 +60,7 @@ def test_a_dead_worker_fails_its_case_and_the_batch_goes_on(tmp_path, cluster, c
     assert result.exit_code == 1
     assert out[0].startswith("0:PASSED") and out[2].startswith("2:PASSED"), out
     assert re.match(r"1:FAILED \(.*second.*the worker running it died \(KilledWorker", out[1]), out[1]
-    assert out[-1] == "tests:3 passed:2 failed:1"
+    assert out[-1] == "tests:3 passed:2 skipped:0 failed:1"
 
 
 @pytest.mark.parametrize("value", ["local:0", "local:two", "", "two words", "no-port"])

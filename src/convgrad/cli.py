@@ -191,7 +191,7 @@ def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], m
             progress.advance(task)
     info.print(summary_table(results, mode))
     for note in dict.fromkeys(note for r in results for note in r.notes):
-        info.print(f"note: {note}", markup=False, highlight=False)
+        info.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     if plot_file:
         plot(results, plot_file, gemm_ceiling())
         info.print(f"plot: {plot_file}", markup=False, highlight=False)
@@ -221,18 +221,28 @@ the smallest that does; S*O per axis with a same_* auto_pad), and its batch and 
 
 \b
 Output: one line per case, "N:PASSED __REPRO: <command>" or "N:FAILED (why) __REPRO: <command>"
-(C mode) or a perf line (P mode), a summary table, and "tests:T passed:P failed:F".
+(C mode) or a perf line (P mode), a summary table, and "tests:T passed:P skipped:S failed:F".
 """
 
-_CONV_HELP = """Run benchdnn convolution problem descriptors.
+_CONV_HELP = """Run benchdnn convolution problem descriptors, with benchdnn's conv-driver options.
 
 \b
-convgrad conv --dir=FWD_D|FWD_B|BWD_D|BWD_W [--dt=f32|bf16|f16] [--mb=N] [--tag=nxc|ncx] DESCRIPTOR...
+convgrad conv [--dir=FWD_B|FWD_D|FWD_I|BWD_D|BWD_W|BWD_WB] [--dt=DT|SRC:WEI:DST] [--mb=N]
+              [--stag=TAG] [--wtag=TAG] [--dtag=TAG] [--attr-post-ops=...] [--match=REGEX] DESCRIPTOR...
 convgrad conv --batch=FILE
 
 A descriptor is benchdnn's "gG mbN icC idD ihH iwW ocK odD ohH owW kdK khK kwK sdS shS swS pdP phP
 pwP ddD dhD dwD nNAME" (dilation written minus one; missing sizes derived as benchdnn does), e.g.
-mb2ic64ih56oc64oh56kh3ph1n"resnet_50:res2a_branch2b". Modes and output as for "convgrad graph".
+mb2ic64ih56oc64oh56kh3ph1n"resnet_50:res2a_branch2b". Every problem option takes a comma-separated
+list (--dir=FWD_B,BWD_D --dt=bf16,f32) and runs every combination, as benchdnn does; the default
+direction is benchdnn's FWD_B. Mixed --dt (bf16:bf16:f32, f32:bf16:bf16...) widens the inputs to
+f32 (TypeCast), accumulates in f32 and rounds each output once to its type; each op is checked
+in its own type. Post-ops run after the forward convolution as the graph's element-wise and binary
+ops. Integer quantization (u8/s8/s32 data or post-op types, --attr-scales, --attr-zero-points, a
+sum zero point) is not convgrad's job: such cases print "N:SKIPPED (why)", count in skipped:S and
+do not fail the run. --alg, --impl, --skip-impl and blocked tags are accepted; the run notes that
+they change nothing in convgrad. Modes and output as for "convgrad graph"; the summary line is
+"tests:T passed:P skipped:S failed:F".
 """
 
 
