@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, replace
 
 from .problem import ConvGeometry
+from .untrusted import integer
 
 __all__ = ["ConvDescriptor", "DescriptorError", "parse_descriptor", "parse_descriptor_file"]
 
@@ -60,7 +61,10 @@ def parse_descriptor(text: str) -> ConvDescriptor:
             key = match.group(1)
             if key in values:
                 raise DescriptorError(f"descriptor {text!r}: '{key}' given twice")
-            values[key], pos = int(match.group(2)), match.end()
+            try:
+                values[key], pos = integer(match.group(2), f"'{key}'"), match.end()
+            except ValueError as exc:
+                raise DescriptorError(f"descriptor {text!r}: {exc}") from None
         elif body[pos] == "n":
             name, pos = body[pos + 1:].strip().strip('"'), len(body)
         elif body[pos] == "_":

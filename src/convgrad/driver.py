@@ -7,7 +7,6 @@ engine, timing, reporting) is shared.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from .graph import DIRECTIONS, Graph, check, descriptor_graph, load_graph, make_
 from .graph import parse_dt, parse_in_shapes, parse_mb, parse_op_attrs, parse_op_kind, rewrite, time_plan
 from .graph.rewrite import FLOAT_DTYPES
 from .graph.run import OpCheck
+from .untrusted import shell_join, shorten
 
 __all__ = ["Driver", "GRAPH", "CONV", "RunSettings", "Result", "run_case", "new_result", "fail"]
 
@@ -47,11 +47,12 @@ class Driver:
         return BatchReader(self.knobs, self.trigger)
 
     def problem_text(self, case: Case) -> str:
-        """benchdnn's %prb%: the options in force and the case (a line that could not be read: its text)."""
+        """benchdnn's %prb%: the options in force and the case, as shell words (a line that could
+        not be read: its text, shortened, as one word)."""
         if case.error:
-            return case.target
+            return shell_join([shorten(case.target)])
         target = f"--{self.trigger}={case.target}" if self.trigger else case.target
-        return shlex.join([*(f"--{k}={v}" for k, v in case.knobs), target])
+        return shell_join([*(f"--{k}={v}" for k, v in case.knobs), target])
 
 
 def _build_graph(case: Case) -> tuple[Graph, str]:
@@ -142,9 +143,9 @@ class Result:
 
 
 def repro_line(driver: Driver, settings: RunSettings, case: Case, seed: int) -> str:
-    """A command line that reruns exactly this case."""
+    """A command line that reruns exactly this case; every word is quoted (:func:`shell_join`)."""
     words = ["convgrad", driver.name, f"--mode={settings.mode}", f"--engine={settings.engine}", f"--seed={seed}"]
-    return shlex.join(words) + " " + driver.problem_text(case)
+    return shell_join(words) + " " + driver.problem_text(case)
 
 
 def case_seed(settings: RunSettings, index: int) -> int:
