@@ -121,7 +121,7 @@ class BatchReader:
         try:
             check_token(token)
         except ValueError as exc:
-            return Case(shorten(token), error=f"{origin}: {exc}", origin=origin)
+            return Case(token, error=f"{origin}: {exc}", origin=origin)
         if token == "--reset":
             return "reset", ""
         if name == "--batch" and equals:
@@ -184,7 +184,7 @@ class BatchReader:
                 yield where, Case(raw.decode("utf-8", "replace"), error=f"{where}: {why}", origin=where)
                 continue
             if len(line) > MAX_LINE_CHARS:
-                yield where, Case(shorten(line), error=f"{where}: a line of {len(line)} characters: expected at "
+                yield where, Case(line, error=f"{where}: a line of {len(line)} characters: expected at "
                                   f"most {MAX_LINE_CHARS}", origin=where)
                 continue
             try:

@@ -163,8 +163,8 @@ def fail(result: Result, reason: str) -> Result:
     """``result`` failed for ``reason``, which is made to name the case's file or descriptor and
     the batch line it came from."""
     case = result.case
-    if not case.error and case.target not in reason:
-        reason = f"{case.target}: {reason}"  # name the case file or descriptor
+    if not case.error and shorten(case.target, 100) not in reason:
+        reason = f"{shorten(case.target, 100)}: {reason}"  # name the case file or descriptor
     if case.origin != "command line" and not reason.startswith(case.origin):
         reason = f"{case.origin}: {reason}"
     result.reason = reason
