@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import secrets
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +20,43 @@ from . import __version__
 from .batch import Case
 from .driver import CONV, GRAPH, Driver, Result, RunSettings, run_case
 from .engines import available_engines, default_engine_name
-from .report import case_line, check_template, csv_header, gemm_ceiling, perf_line, plot, summary_line, summary_table
+from .report import MAX_PLOT_BARS, Summary, case_line, check_template, csv_header, gemm_ceiling, perf_line, plot
+from .untrusted import printable, shorten
 
 EXIT_CODES = """\b
 Exit codes:
   0  every case passed
   1  some case failed (a bad file or line counts as a failed case)
-  2  usage error (bad option on the command line)"""
+  2  usage error (bad option on the command line, more cases than --max-cases)"""
+
+#: --max-cases by default: a run of more cases is refused before any runs.
+DEFAULT_MAX_CASES = 100_000
+#: Upper ends of the timing options (--max-ms-per-prb, --fix-times-per-prb).
+MAX_MS_PER_PRB = 60_000.0
+MAX_TIMES_PER_PRB = 100_000
+_MAX_ERROR_CHARS = 2000
+
+
+@contextmanager
+def _printable_errors() -> Iterator[None]:
+    """Usage errors show the text they quote (option names and values) escaped and cut."""
+    try:
+        yield
+    except click.ClickException as exc:
+        exc.message = shorten(printable(exc.message), _MAX_ERROR_CHARS)
+        raise
+
+
+class _Commands(click.Group):
+    """The ``convgrad`` group: its own and its commands' usage errors pass through :func:`printable`."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _printable_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _printable_errors():
+            return super().invoke(ctx)
 
 _BATCH_HELP = """\b
 Batch files (--batch=FILE) hold such command lines, one case a line:
@@ -36,7 +67,7 @@ Options persist from line to line until --reset (back to the defaults);
 relative paths are resolved against the batch file's folder."""
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
              epilog=EXIT_CODES)
 @click.version_option(__version__, prog_name="convgrad")
 def main() -> None:
@@ -93,7 +124,13 @@ def _check_scheduler(ctx: click.Context, param: click.Parameter, value: str | No
     return value
 
 
-def _results(stack: ExitStack, driver: Driver, settings: RunSettings, cases: list[Case],
+def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if math.isnan(value):
+        raise click.BadParameter(f"{value}: expected a number from 0 to {MAX_MS_PER_PRB:g}")
+    return value
+
+
+def _results(stack: ExitStack, driver: Driver, settings: RunSettings, cases: Iterable[Case],
              scheduler: str | None) -> Iterator[Result]:
     """The cases' results in order: run here one by one, or as tasks on a dask cluster."""
     if scheduler is None:
@@ -123,10 +160,14 @@ def _run_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Perf line format: def (benchdnn's), csv (quoted, with a header row) or a text with "
                           "%engine% %impl% %name% %prb% %Gops% %-time% %-Gflops% %0time% %0Gflops% %-other% %0other% "
                           "(times: the whole graph; GFLOP/s: its convolutions; other: the rest of the graph)."),
-        click.option("--max-ms-per-prb", "max_ms", type=click.FloatRange(0), default=1000.0, show_default=True,
+        click.option("--max-ms-per-prb", "max_ms", type=click.FloatRange(0, MAX_MS_PER_PRB), default=1000.0,
+                     show_default=True, callback=_finite,
                      help="P mode: time each case for about this long (at least 3 runs)."),
-        click.option("--fix-times-per-prb", "times", type=click.IntRange(0), default=0, show_default=True,
-                     help="P mode: exactly this many timed runs (0: use --max-ms-per-prb)."),
+        click.option("--fix-times-per-prb", "times", type=click.IntRange(0, MAX_TIMES_PER_PRB), default=0,
+                     show_default=True, help="P mode: exactly this many timed runs (0: use --max-ms-per-prb)."),
+        click.option("--max-cases", type=click.IntRange(1), default=DEFAULT_MAX_CASES, show_default=True,
+                     help="Refuse to start a run of more cases (counted, nested batches included, before any "
+                          "case runs)."),
         click.option("--plot", type=click.Path(dir_okay=False, writable=True), default=None, metavar="FILE.png",
                      help="P mode: save a chart of GFLOP/s per case with the machine's GEMM ceiling."),
         click.option("--scheduler", default=None, metavar="local:N|ADDRESS", callback=_check_scheduler,
@@ -139,19 +180,27 @@ def _run_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _collect(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], knobs: dict[str, Any]) -> list[Case]:
-    """The cases of the command line: its own targets, then its batch files, in order."""
+def _collect(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...],
+             knobs: dict[str, Any]) -> tuple[int, Iterator[Case]]:
+    """How many cases the command line has, and the cases (its own targets, then its batch files, in
+    order), read as they are run."""
     reader = driver.reader()
     settings = reader.defaults()
     settings.update({name.replace("_", "-"): v for name, v in knobs.items() if v is not None})
-    cases = [case for t in targets for case in reader.cases(t, settings, "command line")]
-    for batch in batches:
-        cases.extend(reader.read(Path(batch), dict(settings)))
-    return cases
+    count = len(targets) * reader.combinations(settings) + sum(reader.count(Path(b), dict(settings)) for b in batches)
+
+    def cases() -> Iterator[Case]:
+        for t in targets:
+            yield from reader.cases(t, settings, "command line")
+        for batch in batches:
+            yield from reader.read(Path(batch), dict(settings))
+
+    # --match: the others neither run nor count (the count above is then an upper bound)
+    return count, (case for case in cases() if driver.selected(case))
 
 
 def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], mode: str, engine: str | None,
-           seed: int | None, perf_template: str, max_ms: float, times: int, plot_file: str | None,
+           seed: int | None, perf_template: str, max_ms: float, times: int, max_cases: int, plot_file: str | None,
            scheduler: str | None, **knobs: Any) -> None:
     """Run every case, print its line, the summary table and line; exit 0, 1 or 2."""
     mode = mode.upper()
@@ -167,36 +216,43 @@ def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], m
     if folder and not (folder.is_dir() and os.access(folder, os.W_OK)):
         raise click.BadParameter(f"{plot_file!r}: folder {str(folder)!r} does not exist or is not writable",
                                  param_hint="--plot")
-    cases = _collect(driver, targets, batches, knobs)
-    if not cases:
+    count, cases = _collect(driver, targets, batches, knobs)
+    if not count:
         raise click.UsageError(f"nothing to run: give {'--case' if driver.trigger else 'a descriptor'} or --batch")
-    cases = [case for case in cases if driver.selected(case)]  # --match: the others neither run nor count
+    if count > max_cases:
+        raise click.UsageError(f"the command line and its batch files hold {count:,} cases: expected at most "
+                               f"{max_cases:,} (--max-cases=N runs more)")
     settings = RunSettings(mode, engine or default_engine_name(), secrets.randbits(31) if seed is None else seed,
                            max_ms, times)
     csv_out = mode == "P" and perf_template == "csv"
     info = Console(stderr=csv_out, width=None if sys.stdout.isatty() else 120)
     if csv_out:
         click.echo(csv_header())
-    results: list[Result] = []
+    summary = Summary(mode, count)
+    notes: dict[str, None] = {}
+    timed: list[Result] = []  # the first cases timed, for --plot (every passed case is timed in P mode)
     with ExitStack() as stack, Progress(TextColumn(f"convgrad {driver.name}"), BarColumn(), MofNCompleteColumn(),
                                         TimeElapsedColumn(), console=Console(stderr=True), transient=True,
-                                        disable=len(cases) < 2) as progress:
-        task = progress.add_task("cases", total=len(cases))
+                                        disable=count < 2) as progress:
+        task = progress.add_task("cases", total=count)
         for result in _results(stack, driver, settings, cases, scheduler):
-            results.append(result)
+            summary.add(result)
+            notes.update(dict.fromkeys(result.notes))
             if mode == "P" and result.ok and not result.skipped:
                 click.echo(perf_line(result, perf_template))
+                if plot_file and len(timed) < MAX_PLOT_BARS:
+                    timed.append(result)
             else:
                 click.echo(case_line(result), err=csv_out)
             progress.advance(task)
-    info.print(summary_table(results, mode))
-    for note in dict.fromkeys(note for r in results for note in r.notes):
-        info.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    info.print(summary.table())
+    for note in notes:
+        info.print(f"note: {printable(note)}", markup=False, highlight=False, soft_wrap=True)
     if plot_file:
-        plot(results, plot_file, gemm_ceiling())
-        info.print(f"plot: {plot_file}", markup=False, highlight=False)
-    click.echo(summary_line(results), err=csv_out)
-    sys.exit(0 if all(r.ok for r in results) else 1)
+        plot(timed, plot_file, gemm_ceiling(), left_out=summary.passed - len(timed))
+        info.print(f"plot: {printable(plot_file)}", markup=False, highlight=False)
+    click.echo(summary.line(), err=csv_out)
+    sys.exit(0 if not summary.failed else 1)
 
 
 _GRAPH_HELP = """Run oneDNN Graph JSON cases as benchdnn's graph driver does.

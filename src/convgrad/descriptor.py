@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, replace
 
 from .problem import ConvGeometry
+from .untrusted import integer, shorten
 
 __all__ = ["ConvDescriptor", "DescriptorError", "parse_descriptor", "parse_descriptor_file"]
 
@@ -50,6 +51,11 @@ class ConvDescriptor(ConvGeometry):
         return "".join(parts) + (f'n"{self.name}"' if self.name else "")
 
 
+def _named(text: str) -> str:
+    """How messages name a descriptor (a long one cut)."""
+    return f"descriptor {shorten(text, 100)!r}"
+
+
 def parse_descriptor(text: str) -> ConvDescriptor:
     """Parse one descriptor (no comments) into a resolved problem, with benchdnn's rules."""
     values: dict[str, int] = {}
@@ -59,17 +65,20 @@ def parse_descriptor(text: str) -> ConvDescriptor:
         if match:
             key = match.group(1)
             if key in values:
-                raise DescriptorError(f"descriptor {text!r}: '{key}' given twice")
-            values[key], pos = int(match.group(2)), match.end()
+                raise DescriptorError(f"{_named(text)}: '{key}' given twice")
+            try:
+                values[key], pos = integer(match.group(2), f"'{key}'"), match.end()
+            except ValueError as exc:
+                raise DescriptorError(f"{_named(text)}: {exc}") from None
         elif body[pos] == "n":
             name, pos = body[pos + 1:].strip().strip('"'), len(body)
         elif body[pos] == "_":
             pos += 1
         else:
-            raise DescriptorError(f"descriptor {text!r}: cannot read {body[pos:]!r} (expected one of "
+            raise DescriptorError(f"{_named(text)}: cannot read {shorten(body[pos:], 40)!r} (expected one of "
                                   f"{' '.join(_KEYS)} followed by a number, or n\"name\")")
     if not values.get("ic") or not values.get("oc"):
-        raise DescriptorError(f"descriptor {text!r}: 'ic' and 'oc' are required and positive")
+        raise DescriptorError(f"{_named(text)}: 'ic' and 'oc' are required and positive")
     return _resolve(values, name, body)
 
 
@@ -89,24 +98,24 @@ def _resolve(v: dict[str, int], name: str, text: str) -> ConvDescriptor:
             axes[a] = None
             continue
         if not i or not k or s < 1:
-            raise DescriptorError(f"descriptor {text!r}: axis '{a}' needs i{a} and k{a} (and s{a} >= 1)")
+            raise DescriptorError(f"{_named(text)}: axis '{a}' needs i{a} and k{a} (and s{a} >= 1)")
         ek = (k - 1) * (d + 1) + 1
         if not o:
             p = max(p, 0)
             o = (i - ek + 2 * p) // s + 1
             if o <= 0:
-                raise DescriptorError(f"descriptor {text!r}: axis '{a}' has no output (o{a} = {o})")
+                raise DescriptorError(f"{_named(text)}: axis '{a}' has no output (o{a} = {o})")
         elif p < 0:
             p = _half_toward_zero((o - 1) * s - i + ek)
             if p < 0:
-                raise DescriptorError(f"descriptor {text!r}: o{a}={o} is too small for i{a}={i}, k{a}={k}")
+                raise DescriptorError(f"{_named(text)}: o{a}={o} is too small for i{a}={i}, k{a}={k}")
         axes[a] = [o, i, k, s, p, d]
     # Rank from which output sizes exist; then benchdnn's square/cubic propagation.
     if axes["d"] is not None:
         if axes["h"] is None and axes["w"] is None:
             axes["h"] = axes["w"] = axes["d"]
         elif axes["h"] is None or axes["w"] is None:
-            raise DescriptorError(f"descriptor {text!r}: a 3D problem needs both h and w, or neither (cubic)")
+            raise DescriptorError(f"{_named(text)}: a 3D problem needs both h and w, or neither (cubic)")
         used = "dhw"
     elif axes["h"] is not None:
         axes["w"] = axes["w"] or axes["h"]
@@ -114,18 +123,18 @@ def _resolve(v: dict[str, int], name: str, text: str) -> ConvDescriptor:
     elif axes["w"] is not None:
         used = "w"
     else:
-        raise DescriptorError(f"descriptor {text!r}: at least one spatial axis is required")
+        raise DescriptorError(f"{_named(text)}: at least one spatial axis is required")
     o, i, k, s, p, d = (tuple(axes[a][n] for a in used) for n in range(6))
     dil = tuple(x + 1 for x in d)
     # Right pad as benchdnn computes it; a negative one (trailing input no window reads) is only
     # representable when it is smaller than the stride, i.e. when pads_end = 0 gives the same output.
     pads_end = tuple((oo - 1) * ss - ii + (kk - 1) * dd + 1 - pp for oo, ss, ii, kk, dd, pp in zip(o, s, i, k, dil, p))
     if any(pe <= -ss for pe, ss in zip(pads_end, s)):
-        raise DescriptorError(f"descriptor {text!r}: output size {list(o)} leaves input unread beyond a stride "
+        raise DescriptorError(f"{_named(text)}: output size {list(o)} leaves input unread beyond a stride "
                               "(negative right padding)")
     groups = v.get("g", 1)
     if groups < 1 or v["ic"] % groups or v["oc"] % groups:
-        raise DescriptorError(f"descriptor {text!r}: ic={v['ic']} and oc={v['oc']} must divide by g={groups}")
+        raise DescriptorError(f"{_named(text)}: ic={v['ic']} and oc={v['oc']} must divide by g={groups}")
     return ConvDescriptor(v.get("mb", 2), groups, v["ic"], v["oc"], i, o, k, s, dil, p,
                           tuple(max(0, pe) for pe in pads_end), name, text)
 

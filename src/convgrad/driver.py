@@ -8,7 +8,6 @@ engine, timing, reporting) is shared.
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from .graph.post_ops import PostOp, parse_post_ops
 from .graph.rewrite import FLOAT_DTYPES
 from .graph.tags import parse_tag, tag_note
 from .graph.run import OpCheck
+from .untrusted import shell_join, shorten
 
 __all__ = ["Driver", "GRAPH", "CONV", "RunSettings", "Result", "CaseSkipped", "run_case", "new_result", "fail"]
 
@@ -53,11 +53,12 @@ class Driver:
         return BatchReader(self.knobs, self.trigger)
 
     def problem_text(self, case: Case) -> str:
-        """benchdnn's %prb%: the options in force and the case (a line that could not be read: its text)."""
+        """benchdnn's %prb%: the options in force and the case, as shell words (a line that could
+        not be read: its text, shortened, as one word)."""
         if case.error:
-            return case.target
+            return shell_join([shorten(case.target)])
         target = f"--{self.trigger}={case.target}" if self.trigger else case.target
-        return shlex.join([*(f"--{k}={v}" for k, v in case.knobs), target])
+        return shell_join([*(f"--{k}={v}" for k, v in case.knobs), target])
 
 
 def _build_graph(case: Case) -> tuple[Graph, str]:
@@ -299,9 +300,9 @@ class Result:
 
 
 def repro_line(driver: Driver, settings: RunSettings, case: Case, seed: int) -> str:
-    """A command line that reruns exactly this case."""
+    """A command line that reruns exactly this case; every word is quoted (:func:`shell_join`)."""
     words = ["convgrad", driver.name, f"--mode={settings.mode}", f"--engine={settings.engine}", f"--seed={seed}"]
-    return shlex.join(words) + " " + driver.problem_text(case)
+    return shell_join(words) + " " + driver.problem_text(case)
 
 
 def case_seed(settings: RunSettings, index: int) -> int:
@@ -319,8 +320,8 @@ def fail(result: Result, reason: str) -> Result:
     """``result`` failed for ``reason``, which is made to name the case's file or descriptor and
     the batch line it came from."""
     case = result.case
-    if not case.error and case.target not in reason:
-        reason = f"{case.target}: {reason}"  # name the case file or descriptor
+    if not case.error and shorten(case.target, 100) not in reason:
+        reason = f"{shorten(case.target, 100)}: {reason}"  # name the case file or descriptor
     if case.origin != "command line" and not reason.startswith(case.origin):
         reason = f"{case.origin}: {reason}"
     result.reason = reason

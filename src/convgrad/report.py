@@ -1,5 +1,12 @@
 """What the drivers print: one line per case, benchdnn perf lines (templates, CSV), the summary
-table and line, and the performance plot with the machine's GEMM ceiling."""
+table and line, and the performance plot with the machine's GEMM ceiling.
+
+Text from files and command lines (names, kinds, reasons) is printed through
+:func:`~convgrad.untrusted.printable`; a reason is cut at :data:`MAX_REASON_CHARS`. Results are
+summarized as they stream past (:class:`Summary`): counts, and table rows for at most
+:data:`MAX_TABLE_ROWS` cases (every case of a small run, else the failures), so a run of a
+million cases takes the memory of a few.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ import io
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +23,18 @@ from rich.table import Table
 from rich.text import Text
 
 from .driver import Result
+from .untrusted import printable, shorten
 
-__all__ = ["PERF_TEMPLATES", "check_template", "case_line", "perf_line", "csv_header", "summary_line",
-           "summary_table", "gemm_ceiling", "plot", "best_gflops"]
+__all__ = ["PERF_TEMPLATES", "check_template", "case_line", "perf_line", "csv_header", "Summary",
+           "gemm_ceiling", "plot", "best_gflops", "MAX_TABLE_ROWS", "MAX_REASON_CHARS", "MAX_PLOT_BARS"]
+
+#: Rows of the summary table: every case of a run of at most this many, else this many failures.
+MAX_TABLE_ROWS = 50
+#: Longest failure reason printed (characters; a longer one is cut, saying how much was left out).
+MAX_REASON_CHARS = 2000
+#: Most cases in the --plot chart (the first ones timed).
+MAX_PLOT_BARS = 100
+_KINDS_SHOWN = 8
 
 _DEF = "perf,%engine%,%impl%,%name%,%prb%,%Gops%,%-time%,%-Gflops%,%0time%,%0Gflops%"
 #: Named templates; ``csv`` has the same fields as ``def``, quoted, under a header row.
@@ -56,7 +73,7 @@ def _fields(result: Result) -> dict[str, str]:
     mean = sum(result.times) / runs
     mean_conv = sum(result.convolution_times) / runs
     gops = result.flops / 1e9
-    return {"engine": "cpu", "impl": result.engine, "name": result.name, "prb": result.prb, "Gops": f"{gops:.6g}",
+    return {"engine": "cpu", "impl": result.engine, "name": printable(result.name), "prb": result.prb, "Gops": f"{gops:.6g}",
             "-time": f"{result.times[best] * 1e3:.6g}", "-Gflops": f"{best_gflops(result):.6g}",
             "0time": f"{mean * 1e3:.6g}", "0Gflops": f"{_gflops(gops, mean_conv):.6g}",
             "-other": f"{(result.times[best] - result.convolution_times[best]) * 1e3:.6g}",
@@ -79,39 +96,76 @@ def csv_header() -> str:
 
 
 def case_line(result: Result) -> str:
-    """``N:PASSED __REPRO: ...``, ``N:SKIPPED (why) __REPRO: ...`` or ``N:FAILED (why) __REPRO: ...``."""
-    status = f"FAILED ({result.reason})" if result.reason else f"SKIPPED ({result.skipped})" if result.skipped \
-        else "PASSED"
+    """``N:PASSED __REPRO: ...``, ``N:SKIPPED (why) __REPRO: ...`` or ``N:FAILED (why) __REPRO: ...``
+    (printable, the reason cut)."""
+    status = f"FAILED ({shorten(printable(result.reason), MAX_REASON_CHARS)})" if result.reason \
+        else f"SKIPPED ({printable(result.skipped)})" if result.skipped else "PASSED"
     return f"{result.index}:{status} __REPRO: {result.repro}"
 
 
-def summary_line(results: Sequence[Result]) -> str:
-    """benchdnn's ``tests:T passed:P skipped:S failed:F`` (a skipped case neither passed nor failed)."""
-    skipped = sum(bool(r.skipped) and r.ok for r in results)
-    failed = sum(not r.ok for r in results)
-    return f"tests:{len(results)} passed:{len(results) - skipped - failed} skipped:{skipped} failed:{failed}"
+def _kinds(kinds: str) -> str:
+    """The op kinds of a case, one a line, the first few of a large graph."""
+    names = printable(kinds).split("+")
+    shown = names[:_KINDS_SHOWN] + ([f"... ({len(names)} ops)"] if len(names) > _KINDS_SHOWN else [])
+    return "\n".join(shown)
 
 
-def summary_table(results: Sequence[Result], mode: str) -> Table:
-    """One row per case: name, ops, status and the check's error or the timings."""
-    table = Table()
-    for column in ("#", "name", "ops", "status"):
-        table.add_column(column, overflow="fold")
-    numbers = ("Gops", "min ms", "avg ms", "GFLOP/s", "other ops ms") if mode == "P" else ("error / limit",)
-    for column in numbers:
-        table.add_column(column, justify="right")
-    for r in results:
-        status = "[red]FAILED[/red]" if not r.ok else "[yellow]SKIPPED[/yellow]" if r.skipped else "[green]PASSED[/green]"
-        if not r.ok or r.skipped or (mode == "C" and not r.checks) or (mode == "P" and not r.times):
-            cells = ("",) * len(numbers)
-        elif mode == "P":
+@dataclass
+class Summary:
+    """The counts of a run and the rows of its summary table, gathered as the results stream past;
+    ``total`` is the number of cases the run will have."""
+
+    mode: str
+    total: int
+    passed: int = 0
+    skipped: int = 0
+    failed: int = 0
+    rows: list[tuple[str | Text, ...]] = field(default_factory=list)
+
+    @property
+    def numbers(self) -> tuple[str, ...]:
+        return ("Gops", "min ms", "avg ms", "GFLOP/s", "other ops ms") if self.mode == "P" else ("error / limit",)
+
+    def add(self, r: Result) -> None:
+        """Count one result; keep its row if the table shows it."""
+        skipped = bool(r.skipped) and r.ok  # a skipped case neither passed nor failed
+        self.passed += r.ok and not skipped
+        self.skipped += skipped
+        self.failed += not r.ok
+        if len(self.rows) >= MAX_TABLE_ROWS or (self.total > MAX_TABLE_ROWS and r.ok):
+            return
+        status = "[red]FAILED[/red]" if not r.ok else "[yellow]SKIPPED[/yellow]" if skipped else "[green]PASSED[/green]"
+        if not r.ok or skipped or (self.mode == "C" and not r.checks) or (self.mode == "P" and not r.times):
+            cells: tuple[str, ...] = ("",) * len(self.numbers)
+        elif self.mode == "P":
             f = _fields(r)
             cells = (f"{float(f['Gops']):.4g}", f"{float(f['-time']):.3f}", f"{float(f['0time']):.3f}",
                      f"{float(f['-Gflops']):.2f}", f"{float(f['-other']):.3f}")
         else:
             cells = (f"{r.max_error:.2g}",)
-        table.add_row(str(r.index), Text(r.name), r.kinds.replace("+", "\n"), status, *cells)  # no markup
-    return table
+        self.rows.append((str(r.index), Text(printable(r.name)), _kinds(r.kinds), status, *cells))  # no markup
+
+    def table(self) -> Table:
+        """One row per case (a large run: per failed case, the first :data:`MAX_TABLE_ROWS`): name,
+        ops, status and the check's error or the timings."""
+        caption = None
+        if self.total > MAX_TABLE_ROWS:
+            caption = (f"{self.passed + self.skipped + self.failed} cases: only failed ones are listed here"
+                       + (f", the first {MAX_TABLE_ROWS} of {self.failed}" if self.failed > MAX_TABLE_ROWS else "")
+                       + "; every case has its line above")
+        table = Table(caption=caption)
+        for column in ("#", "name", "ops", "status"):
+            table.add_column(column, overflow="fold")
+        for column in self.numbers:
+            table.add_column(column, justify="right")
+        for row in self.rows:
+            table.add_row(*row)
+        return table
+
+    def line(self) -> str:
+        """benchdnn's ``tests:T passed:P skipped:S failed:F``."""
+        return (f"tests:{self.passed + self.skipped + self.failed} passed:{self.passed} skipped:{self.skipped} "
+                f"failed:{self.failed}")
 
 
 def gemm_ceiling(n: int = 2048) -> float:
@@ -128,16 +182,18 @@ def _timed_matmul(a: np.ndarray) -> float:
     return time.perf_counter() - start
 
 
-def plot(results: Sequence[Result], path: str | Path, ceiling: float) -> None:
-    """Bar chart of GFLOP/s (best run) per timed case, with the GEMM ceiling as a line."""
+def plot(results: Sequence[Result], path: str | Path, ceiling: float, left_out: int = 0) -> None:
+    """Bar chart of GFLOP/s (best run) per timed case, with the GEMM ceiling as a line; the title
+    says how many timed cases were ``left_out``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     timed = [r for r in results if r.ok and r.times]
-    labels = [f"{r.index}: {r.name} ({r.kinds if '+' not in r.kinds else str(r.kinds.count('+') + 1) + ' ops'})"
-              .replace("$", r"\$") for r in timed]  # a name is not mathtext
+    ops = [r.kinds if "+" not in r.kinds else f"{r.kinds.count('+') + 1} ops" for r in timed]
+    labels = [printable(f"{r.index}: {r.name} ({o})").replace("$", r"\$")  # a name is not mathtext
+              for r, o in zip(timed, ops)]
     values = [best_gflops(r) for r in timed]
     fig, ax = plt.subplots(figsize=(9, 1.6 + 0.35 * max(len(timed), 1)))
     ax.barh(labels, values, color="tab:blue", label=f"{timed[0].engine if timed else ''} engine, best run")
@@ -146,7 +202,8 @@ def plot(results: Sequence[Result], path: str | Path, ceiling: float) -> None:
         ax.annotate(f" {value:.3g}", (value, y), va="center", fontsize="small")
     ax.invert_yaxis()
     ax.set_xlabel("GFLOP/s")
-    ax.set_title("convgrad: GFLOP/s per case")
+    ax.set_title("convgrad: GFLOP/s per case" + (f" (the first {len(timed)}; {left_out} more not shown)"
+                                                  if left_out else ""))
     ax.legend(loc="lower right", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -13,13 +13,20 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from ..batch import read_text
+from ..errors import describe
 
 __all__ = ["GraphError", "LogicalTensor", "GraphOp", "Graph", "load_graph", "parse_graph",
-           "dense_strides", "axis_order", "storage_size", "TENSOR_DTYPES"]
+           "dense_strides", "axis_order", "storage_size", "TENSOR_DTYPES", "MAX_OPS", "MAX_ID"]
+
+#: Most ops a graph may have (ordering and planning take time proportional to the ops).
+MAX_OPS = 100_000
+#: Largest op or tensor id (oneDNN's ids are size_t).
+MAX_ID = 2**64 - 1
 
 #: dtypes a logical tensor may have (data types, and s32 for shape tensors).
 TENSOR_DTYPES = ("f32", "bf16", "f16", "f64", "s32")
@@ -115,12 +122,15 @@ class Graph:
         return [t.id for op in self.ops for t in op.outputs if t.id not in consumed]
 
     def tensor(self, tensor_id: int) -> LogicalTensor:
-        """The description of a tensor (its producer's, else its first consumer's)."""
-        for op in self.ops:
-            for t in op.outputs:
-                if t.id == tensor_id:
-                    return t
-        return next(t for op in self.ops for t in op.inputs if t.id == tensor_id)
+        """The description of a tensor (its producer's, else its first consumer's); KeyError if no
+        op has it."""
+        return self._tensors[tensor_id]
+
+    @cached_property
+    def _tensors(self) -> dict[int, LogicalTensor]:
+        tensors = {t.id: t for op in reversed(self.ops) for t in reversed(op.inputs)}
+        tensors.update({t.id: t for op in self.ops for t in op.outputs})
+        return tensors
 
 
 class _Reader:
@@ -140,25 +150,31 @@ class _Reader:
         value = obj[key]
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             names = " or ".join(k.__name__ for k in kinds)
-            raise self.fail(f"{where}.{key}", f"= {value!r}: expected {names}")
+            raise self.fail(f"{where}.{key}", f"= {describe(value)}: expected {names}")
         return value
 
     def ints(self, value: list[Any], where: str, minimum: int) -> tuple[int, ...]:
         if any(isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in value):
-            raise self.fail(where, f"= {value!r}: expected integers >= {minimum}")
+            raise self.fail(where, f"= {describe(value)}: expected integers >= {minimum}")
         return tuple(value)
+
+    def id(self, obj: dict[str, Any], where: str) -> int:
+        value = self.get(obj, "id", where, (int,))
+        if not 0 <= value <= MAX_ID:
+            raise self.fail(f"{where}.id", f"= {describe(value)}: expected 0 to 2^64 - 1 (a size_t)")
+        return value
 
     def tensor(self, obj: Any, where: str) -> LogicalTensor:
         if not isinstance(obj, dict):
-            raise self.fail(where, f"= {obj!r}: expected a logical tensor object")
-        tid = self.get(obj, "id", where, (int,))
+            raise self.fail(where, f"= {describe(obj)}: expected a logical tensor object")
+        tid = self.id(obj, where)
         dtype = self.get(obj, "dtype", where, (str,))
         if dtype not in TENSOR_DTYPES:
-            raise self.fail(f"{where}.dtype", f"= {dtype!r}: expected one of {', '.join(TENSOR_DTYPES)}")
+            raise self.fail(f"{where}.dtype", f"= {describe(dtype)}: expected one of {', '.join(TENSOR_DTYPES)}")
         shape = self.ints(self.get(obj, "shape", where, (list,)), f"{where}.shape", -1)
         layout = self.get(obj, "layout_type", where, (str,), "strided")
         if layout not in _LAYOUT_TYPES:
-            raise self.fail(f"{where}.layout_type", f"= {layout!r}: expected one of {', '.join(_LAYOUT_TYPES)}")
+            raise self.fail(f"{where}.layout_type", f"= {describe(layout)}: expected one of {', '.join(_LAYOUT_TYPES)}")
         stride: tuple[int, ...] | None = self.ints(self.get(obj, "stride", where, (list,), []), f"{where}.stride", -1)
         if layout != "strided" or not stride or -1 in stride or -1 in shape:
             stride = None
@@ -172,27 +188,27 @@ class _Reader:
 
     def attrs(self, obj: Any, where: str) -> dict[str, Any]:
         if not isinstance(obj, dict):
-            raise self.fail(where, f"= {obj!r}: expected an object of {{type, value}} attributes")
+            raise self.fail(where, f"= {describe(obj)}: expected an object of {{type, value}} attributes")
         out = {}
         for name, spec in obj.items():
             at = f"{where}.{name}"
             if not isinstance(spec, dict):
-                raise self.fail(at, f"= {spec!r}: expected {{\"type\": ..., \"value\": ...}}")
+                raise self.fail(at, f"= {describe(spec)}: expected {{\"type\": ..., \"value\": ...}}")
             kind = self.get(spec, "type", at, (str,))
             if kind not in _ATTR_TYPES:
-                raise self.fail(f"{at}.type", f"= {kind!r}: expected one of {', '.join(_ATTR_TYPES)}")
+                raise self.fail(f"{at}.type", f"= {describe(kind)}: expected one of {', '.join(_ATTR_TYPES)}")
             value = self.get(spec, "value", at, _ATTR_TYPES[kind])
             if kind.endswith("[]"):
                 item = (int,) if kind == "s64[]" else (int, float)
                 if any(isinstance(v, bool) or not isinstance(v, item) for v in value):
-                    raise self.fail(f"{at}.value", f"= {value!r}: expected a list of {kind[:-2]} values")
+                    raise self.fail(f"{at}.value", f"= {describe(value)}: expected a list of {kind[:-2]} values")
             out[name] = value
         return out
 
     def op(self, obj: Any, where: str) -> GraphOp:
         if not isinstance(obj, dict):
-            raise self.fail(where, f"= {obj!r}: expected an op object")
-        op_id = self.get(obj, "id", where, (int,))
+            raise self.fail(where, f"= {describe(obj)}: expected an op object")
+        op_id = self.id(obj, where)
         name = self.get(obj, "name", where, (str,), "")
         where = f"{where} (op {op_id} '{name}')"
         kind = self.get(obj, "kind", where, (str,))
@@ -221,17 +237,38 @@ def _check_no_overlap(shape: tuple[int, ...], stride: tuple[int, ...], fail: Any
         extent = stride[axis] * shape[axis]
 
 
+def _check_declarations(reader: _Reader, ops: tuple[GraphOp, ...]) -> None:
+    """Every declaration of a tensor id gives the dtype and shape of the first one (its producer's,
+    else its first reader's; -1 matches any size)."""
+    declared = {op.outputs[0].id: (op.outputs[0], f"op {op.id} '{op.name}'.outputs[0]") for op in ops}
+    for op in ops:
+        for i, t in enumerate(op.inputs):
+            where = f"op {op.id} '{op.name}'.inputs[{i}]"
+            first, first_where = declared.setdefault(t.id, (t, where))
+            same_shape = len(t.shape) == len(first.shape) and all(
+                a == b or -1 in (a, b) for a, b in zip(t.shape, first.shape))
+            if t.dtype != first.dtype or not same_shape:
+                raise reader.fail(where, f"tensor {t.id} is declared {t.dtype} {describe(list(t.shape))} here and "
+                                  f"{first.dtype} {describe(list(first.shape))} by {first_where}: expected one "
+                                  "dtype and shape per tensor id")
+
+
 def parse_graph(document: Any, source: str) -> Graph:
     """A :class:`Graph` from a decoded JSON document (``source`` names it in errors)."""
     reader = _Reader(source)
     if not isinstance(document, dict):
         raise reader.fail("top level", "expected an object with a 'graph' list")
-    ops = tuple(reader.op(o, f"graph[{i}]") for i, o in enumerate(reader.get(document, "graph", "top level", (list,))))
+    items = reader.get(document, "graph", "top level", (list,))
+    if len(items) > MAX_OPS:
+        raise reader.fail("graph", f"has {len(items)} ops: expected at most {MAX_OPS}")
+    ops = tuple(reader.op(o, f"graph[{i}]") for i, o in enumerate(items))
     if not ops:
         raise reader.fail("graph", "is empty: expected at least one op")
-    ids = [op.id for op in ops]
-    if len(set(ids)) != len(ids):
-        raise reader.fail("graph", f"op ids {ids} are not unique")
+    first: dict[int, int] = {}
+    for index, op in enumerate(ops):
+        if first.setdefault(op.id, index) != index:
+            raise reader.fail(f"graph[{index}].id", f"op id {op.id} is already the id of graph[{first[op.id]}]: "
+                              "expected unique op ids")
     producers: dict[int, int] = {}
     for op in ops:
         tid = op.outputs[0].id
@@ -239,6 +276,7 @@ def parse_graph(document: Any, source: str) -> Graph:
             raise reader.fail(f"op {op.id} '{op.name}'.outputs[0].id",
                               f"tensor {tid} is produced by op {producers[tid]} already")
         producers[tid] = op.id
+    _check_declarations(reader, ops)
     return Graph(ops, source, str(document.get("version", "")), str(document.get("engine_kind", "cpu")),
                  str(document.get("fpmath_mode", "strict")))
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..dtypes import DATA_DTYPES, dtype_name
 from ..attributes import parse_attributes, per_axis
-from ..errors import ConvgradError, ShapeError
+from ..errors import ConvgradError, ShapeError, describe
 from ..op import Op
 from ..opdefs import OpDef, get_opdef
 from ..problem import (Problem, TensorInfo, data_shape, input_size_range, split_data_shape,
@@ -60,19 +60,29 @@ class Plan:
 
 
 def _order(graph: Graph) -> list[GraphOp]:
-    """Ops in dependency order (file order among ready ops); a cycle is an error."""
-    producers = graph.producers()
-    done: set[int] = set()
+    """Ops in dependency order: in rounds, each the ops whose inputs the earlier rounds produce, in
+    file order (Kahn's algorithm, O(ops + inputs) plus sorting each round); a cycle is an error."""
+    producers = {op.outputs[0].id: index for index, op in enumerate(graph.ops)}
+    waiting = [0] * len(graph.ops)  # per op: inputs not produced yet
+    readers: dict[int, list[int]] = {}  # producer's index -> indices of the ops that wait for it
+    for index, op in enumerate(graph.ops):
+        for producer in {producers[t.id] for t in op.inputs if t.id in producers}:
+            waiting[index] += 1
+            readers.setdefault(producer, []).append(index)
+    ready = [index for index, count in enumerate(waiting) if count == 0]
     order: list[GraphOp] = []
-    pending = list(graph.ops)
-    while pending:
-        ready = [op for op in pending if all(t.id not in producers or t.id in done for t in op.inputs)]
-        if not ready:
-            raise GraphError(f"{graph.source}: graph: ops {[op.id for op in pending]} form a cycle")
-        for op in ready:
-            order.append(op)
-            done.add(op.outputs[0].id)
-        pending = [op for op in pending if op not in ready]
+    while ready:
+        order.extend(graph.ops[index] for index in ready)
+        following = []
+        for index in ready:
+            for reader in readers.get(index, ()):
+                waiting[reader] -= 1
+                if not waiting[reader]:
+                    following.append(reader)
+        ready = sorted(following)
+    if len(order) < len(graph.ops):
+        cycle = [op.id for op, count in zip(graph.ops, waiting) if count]
+        raise GraphError(f"{graph.source}: graph: ops {describe(cycle)} form a cycle (or wait for one)")
     return order
 
 
@@ -213,8 +223,9 @@ def plan_graph(graph: Graph) -> Plan:
                              "shape tensor")
     shape_values: dict[int, tuple[int, ...]] = {}
     steps = []
+    input_set = set(inputs)
     for op in _order(graph):
-        step = _plan_step(op, tensors, set(inputs), shape_values)
+        step = _plan_step(op, tensors, input_set, shape_values)
         tensors[step.output.id] = step.output
         steps.append(step)
     stray = [tid for tid in inputs if tensors[tid].dtype == "s32" and tid not in shape_values]

@@ -22,8 +22,9 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from ..errors import ConvgradError
+from ..errors import ConvgradError, describe
 from ..opdefs import SWAPPABLE_FAMILIES, get_opdef, ops_of
+from ..untrusted import integer, shorten
 from .model import Graph, GraphError, GraphOp, LogicalTensor, axis_order, dense_strides
 
 __all__ = ["InShape", "parse_in_shapes", "parse_op_attrs", "parse_op_kind", "parse_dt", "parse_mb", "rewrite",
@@ -36,14 +37,14 @@ _SHAPE = re.compile(r"-|[0-9]+(x[0-9]+)*")
 InShape = tuple[tuple[int, ...] | None, str | None]
 
 
-def _pairs(text: str, option: str, sep: str = "+") -> list[tuple[str, str]]:
+def _pairs(text: str, option: str, sep: str = "+") -> list[tuple[int, str]]:
     """``ID:REST`` items separated by ``sep``; the id must be a non-negative integer."""
     items = []
     for item in text.split(sep):
         tid, colon, rest = item.partition(":")
         if not colon or not (tid.isascii() and tid.isdigit()) or not rest:
-            raise ValueError(f"{option}: {item!r} is not ID:VALUE (ID a tensor or op id)")
-        items.append((tid, rest))
+            raise ValueError(f"{option}: {shorten(item, 80)!r} is not ID:VALUE (ID a tensor or op id)")
+        items.append((integer(tid, f"{option}: id"), rest))
     return items
 
 
@@ -57,15 +58,17 @@ def parse_in_shapes(text: str) -> dict[int, InShape]:
         shape = None
         if shape_text:
             if not _SHAPE.fullmatch(shape_text):
-                raise ValueError(f"--in-shapes: {spec!r} for tensor {tid}: expected a shape like 2x64x56x56 "
+                raise ValueError(f"--in-shapes: {shorten(spec, 80)!r} for tensor {tid}: expected a shape like "
+                                 "2x64x56x56 "
                                  "(or - for 0-d), optionally *TAG, or a TAG like acdb")
-            shape = () if shape_text == "-" else tuple(int(d) for d in shape_text.split("x"))
+            shape = () if shape_text == "-" else tuple(integer(d, f"--in-shapes: tensor {tid}")
+                                                       for d in shape_text.split("x"))
         if star or tag:
             rank = len(shape) if shape is not None else len(tag)
             if not _TAG.fullmatch(tag or "") or sorted(tag) != [chr(ord("a") + i) for i in range(rank)]:
                 raise ValueError(f"--in-shapes: tag {tag!r} for tensor {tid}: expected each of the first {rank} "
                                  "letters once (abcd = row-major, acdb = channels-last)")
-        out[int(tid)] = (shape, tag or None)
+        out[tid] = (shape, tag or None)
     return out
 
 
@@ -77,29 +80,27 @@ def parse_op_attrs(text: str) -> dict[int, dict[str, str]]:
             name, colon, value = assignment.partition(":")
             if not colon or not name:
                 raise ValueError(f"--op-attrs: {assignment!r} for op {op_id} is not NAME:VALUE")
-            out.setdefault(int(op_id), {})[name] = value
+            out.setdefault(op_id, {})[name] = value
     return out
 
 
 def parse_op_kind(text: str) -> dict[int, str]:
     """``--op-kind`` value -> {op id: kind} (kinds are checked against the graph by :func:`rewrite`)."""
-    return {int(op_id): kind for op_id, kind in _pairs(text, "--op-kind")}
+    return dict(_pairs(text, "--op-kind"))
 
 
 def parse_dt(text: str) -> dict[int | None, str]:
     """``--dt`` value -> {tensor id or None (= every floating-point tensor): dtype}."""
-    items = [(None, text)] if ":" not in text else [(int(t), d) for t, d in _pairs(text, "--dt")]
+    items: list[tuple[int | None, str]] = [(None, text)] if ":" not in text else list(_pairs(text, "--dt"))
     for _, dtype in items:
         if dtype not in FLOAT_DTYPES:
-            raise ValueError(f"--dt: {dtype!r}: expected one of {', '.join(FLOAT_DTYPES)}")
+            raise ValueError(f"--dt: {shorten(dtype, 80)!r}: expected one of {', '.join(FLOAT_DTYPES)}")
     return dict(items)
 
 
 def parse_mb(text: str) -> int:
     """``--mb`` value: a non-negative integer (0 keeps the file's batch)."""
-    if not (text.isascii() and text.isdigit()):
-        raise ValueError(f"--mb: {text!r}: expected a non-negative integer")
-    return int(text)
+    return integer(text, "--mb")
 
 
 def restride(tensor: LogicalTensor, shape: tuple[int, ...]) -> LogicalTensor:
@@ -123,14 +124,15 @@ def _attr_value(op: GraphOp, name: str, text: str) -> Any:
         return text
     try:
         if spec.type == "s64":
-            return int(text)
+            return integer(text, name, signed=True)
         if spec.type == "f32":
             return float(text)
         if spec.type == "bool":
             return {"true": True, "1": True, "false": False, "0": False}[text.lower()]
-        return [int(v) for v in text.split("x")] if text else []
+        return [integer(v, name, signed=True) for v in text.split("x")] if text else []
     except (ValueError, KeyError):
-        raise GraphError(f"--op-attrs: {op.label}: attribute '{name}' = {text!r}: expected {spec.expected()}"
+        raise GraphError(f"--op-attrs: {op.label}: attribute '{name}' = {shorten(text, 80)!r}: expected "
+                         f"{spec.expected()}"
                          + (", written like 2x2" if spec.type == "s64[]" else "")) from None
 
 
@@ -172,14 +174,15 @@ def rewrite(graph: Graph, *, in_shapes: dict[int, InShape] | None = None,
     unknown_kind_ops = set(kinds) - {op.id for op in graph.ops}
     if unknown_kind_ops:
         raise GraphError(f"--op-kind: op {sorted(unknown_kind_ops)[0]} is not in the graph: expected one of "
-                         f"{[op.id for op in graph.ops]}")
+                         f"{describe([op.id for op in graph.ops])}")
     graph = replace(graph, ops=tuple(_swap_kind(op, kinds[op.id]) if op.id in kinds else op for op in graph.ops))
     inputs = graph.input_ids()
     changed: dict[int, LogicalTensor] = {}
     for tid, (shape, tag) in (in_shapes or {}).items():
         if tid not in inputs:
             where = "is produced by an op" if tid in graph.producers() else "is not in the graph"
-            raise GraphError(f"--in-shapes: tensor {tid} {where}: expected a graph input, one of {inputs}")
+            raise GraphError(f"--in-shapes: tensor {tid} {where}: expected a graph input, one of "
+                             f"{describe(inputs)}")
         tensor = graph.tensor(tid)
         shape = tensor.shape if shape is None else shape
         if tag is not None and len(tag) != len(shape):
@@ -206,7 +209,7 @@ def rewrite(graph: Graph, *, in_shapes: dict[int, InShape] | None = None,
     unknown_ops = set(attrs) - {op.id for op in graph.ops}
     if unknown_ops:
         raise GraphError(f"--op-attrs: op {sorted(unknown_ops)[0]} is not in the graph: expected one of "
-                         f"{[op.id for op in graph.ops]}")
+                         f"{describe([op.id for op in graph.ops])}")
     ops = tuple(replace(op, attrs={**op.attrs, **{k: _attr_value(op, k, v) for k, v in attrs.get(op.id, {}).items()}},
                         inputs=tuple(map(new_tensor, op.inputs)), outputs=tuple(map(new_tensor, op.outputs)))
                 for op in graph.ops)
