@@ -16,9 +16,15 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
+
+from .extras import missing_extra
+
+try:
+    import jax
+    import jax.numpy as jnp
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "jax", "JAX") from exc
 
 from . import adjoints, interop
 from .errors import InputTypeError

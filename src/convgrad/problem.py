@@ -26,7 +26,7 @@ import numpy as np
 
 from .attributes import Attrs, fits_rank, per_axis
 from .dtypes import dtype_name
-from .errors import AttributeValueError, DTypeError, InputError, ShapeError
+from .errors import AttributeValueError, ConvgradError, DTypeError, InputError, ShapeError
 from .limits import check_sizes
 from .opdefs import InputSpec, OpDef
 
@@ -345,7 +345,7 @@ class _Inference:
         ignored = ("pads_begin", "pads_end") if self.attrs.get("auto_pad", "none") != "none" else ()
         pieces += [(spec.name, self.attrs[spec.name], fits_rank(spec, self.attrs[spec.name], rank), True)
                    for spec in self.d.attributes
-                   if spec.per_axis and spec.name in self.attrs and spec.name not in ignored]
+                   if spec.per_axis and isinstance(self.attrs.get(spec.name), tuple) and spec.name not in ignored]
         if all(piece[2] for piece in pieces):
             return rank
         message = "inputs and attributes disagree on the spatial rank: " + ", ".join(
@@ -488,11 +488,36 @@ class _Inference:
                          f"I={list(out_size)} of '{names['y']}': {rule}")
 
 
+def _layout_hint(definition: OpDef, attrs: Attrs, inputs: list[TensorInfo | None], lenient: bool) -> str | None:
+    """"did you mean data_format='NCX', weights_format='OIX'?" where the shapes that failed fit other
+    formats (PyTorch's NCX with OIX/IOX first): arrays in PyTorch's layout under the defaults."""
+    wf = definition.weights_format_attr
+    given = (attrs.get("data_format", "NXC"), attrs.get(wf, definition.attr(wf).default))
+    choices = definition.attr(wf).choices
+    for fmt, wfmt in sorted(((f, w) for f in ("NCX", "NXC") for w in choices), key=lambda p: (p[0] != "NCX", p[1][0] == "X")):
+        if (fmt, wfmt) == given:
+            continue
+        try:
+            _Inference(definition, {**attrs, "data_format": fmt, wf: wfmt}, inputs, lenient).run()
+        except ConvgradError:
+            continue
+        changes = [f"{name}={value!r}" for name, value, old in (("data_format", fmt, given[0]), (wf, wfmt, given[1]))
+                   if value != old]
+        return f"did you mean {', '.join(changes)}?"
+    return None
+
+
 def build_problem(definition: OpDef, attrs: Attrs, inputs: list[TensorInfo | None], lenient: bool = False) -> Problem:
     """Resolve an op invocation into a :class:`Problem`, or raise a convgrad error saying why not
     (including sizes beyond int64 and an output over the memory budget: nothing is allocated)."""
     bias = next((i for s, i in zip(definition.inputs, inputs) if s.role == "bias" and i is not None), None)
-    problem = _Inference(definition, attrs, list(inputs), lenient).run()
+    try:
+        problem = _Inference(definition, attrs, list(inputs), lenient).run()
+    except (ShapeError, AttributeValueError) as exc:
+        hint = _layout_hint(definition, attrs, list(inputs), lenient)
+        if hint:
+            exc.args = (f"{exc.args[0]} ({hint})",)
+        raise
     check_sizes(problem)
     if bias is not None:
         channels = problem.geometry.oc if definition.output.role == "y" else problem.geometry.ic

@@ -21,7 +21,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
+
+from .extras import missing_extra
+
+try:
+    import torch
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "torch", "PyTorch") from exc
 
 from . import adjoints, interop
 from .dtypes import DATA_DTYPES, as_array, bfloat16
