@@ -90,10 +90,13 @@ def test_an_extra_without_its_library_names_what_to_install(extra, library):
 
 def _imports(path: Path) -> set[str]:
     """The modules a file imports at run time (not under TYPE_CHECKING), relative ones with their dots."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for top in tree.body if isinstance(top, ast.If) and getattr(top.test, "id", None) ==
+                   "TYPE_CHECKING" for n in ast.walk(top)}
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
-            node.body = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom):
             names.add("." * node.level + (node.module or ""))
         elif isinstance(node, ast.Import):
