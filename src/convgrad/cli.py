@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import __version__
@@ -150,6 +151,14 @@ def _collect(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...],
     return cases
 
 
+def _running(driver: Driver, cases: list[Case], index: int, doing: str) -> str:
+    """The progress line's note on case ``index`` (the next to finish): its number, text and task."""
+    if index >= len(cases):
+        return ""
+    text = driver.problem_text(cases[index])
+    return escape(f"{index}: {text if len(text) <= 60 else text[:57] + '...'} ({doing})")
+
+
 def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], mode: str, engine: str | None,
            seed: int | None, perf_template: str, max_ms: float, times: int, plot_file: str | None,
            scheduler: str | None, **knobs: Any) -> None:
@@ -177,12 +186,16 @@ def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], m
     if csv_out:
         click.echo(csv_header())
     results: list[Result] = []
+    # On a terminal (stderr), the bar and the elapsed time, and the case running and what it does: a
+    # single long case shows that it runs too. Elsewhere rich draws nothing.
+    doing = "checking against the reference engine" if mode == "C" else "timing"
     with ExitStack() as stack, Progress(TextColumn(f"convgrad {driver.name}"), BarColumn(), MofNCompleteColumn(),
-                                        TimeElapsedColumn(), console=Console(stderr=True), transient=True,
-                                        disable=len(cases) < 2) as progress:
-        task = progress.add_task("cases", total=len(cases))
+                                        TimeElapsedColumn(), TextColumn("{task.description}"),
+                                        console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task(_running(driver, cases, 0, doing), total=len(cases))
         for result in _results(stack, driver, settings, cases, scheduler):
             results.append(result)
+            progress.update(task, description=_running(driver, cases, len(results), doing))
             if mode == "P" and result.ok:
                 click.echo(perf_line(result, perf_template))
             else:
