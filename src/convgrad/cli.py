@@ -128,8 +128,10 @@ def _run_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="P mode: time each case for about this long (at least 3 runs)."),
         click.option("--fix-times-per-prb", "times", type=click.IntRange(0), default=0, show_default=True,
                      help="P mode: exactly this many timed runs (0: use --max-ms-per-prb)."),
-        click.option("--plot", type=click.Path(dir_okay=False, writable=True), default=None, metavar="FILE.png",
-                     help="P mode: save a chart of GFLOP/s per case with the machine's GEMM ceiling."),
+        click.option("--plot", type=click.Path(dir_okay=False, writable=True), default=None, is_flag=False,
+                     flag_value="", metavar="[=FILE.png]",
+                     help="P mode: save a chart of GFLOP/s per case with the machine's GEMM ceiling: at FILE.png, "
+                          "or with a bare --plot next to the file stdout goes to (perf.csv -> perf.png)."),
         click.option("--scheduler", default=None, metavar="local:N|ADDRESS", callback=_check_scheduler,
                      help="Run the cases as tasks on a dask.distributed cluster: local:N starts N worker processes "
                           "here, ADDRESS (tcp://host:8786) uses a running scheduler. Same lines, summary and exit "
@@ -151,6 +153,20 @@ def _collect(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...],
     return cases
 
 
+def _next_to_stdout() -> str:
+    """Where a bare ``--plot`` goes: next to the regular file stdout is redirected to, with .png."""
+    try:
+        target = Path(os.readlink(f"/proc/self/fd/{sys.stdout.fileno()}"))
+        regular = target.is_file()
+    except (OSError, ValueError, AttributeError):  # no /proc, or stdout is not a real file
+        regular = False
+    if not regular:
+        raise click.BadParameter("a bare --plot writes next to the file stdout is redirected to (convgrad conv "
+                                 "--mode=P --perf-template=csv --plot ... > perf.csv); give --plot=FILE.png",
+                                 param_hint="--plot")
+    return str(target.with_suffix(".png"))
+
+
 def _running(driver: Driver, cases: list[Case], index: int, doing: str) -> str:
     """The progress line's note on case ``index`` (the next to finish): its number, text and task."""
     if index >= len(cases):
@@ -168,6 +184,8 @@ def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], m
         check_template(perf_template)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--perf-template") from None
+    if plot_file == "":
+        plot_file = _next_to_stdout()
     if plot_file and mode != "P":
         raise click.UsageError("--plot needs --mode=P")
     if plot_file and importlib.util.find_spec("matplotlib") is None:
