@@ -231,8 +231,8 @@ _GRAPH_HELP = """Run oneDNN Graph JSON cases as benchdnn's graph driver does.
 
 \b
 convgrad graph --case=FILE.json [--dt=f32|bf16|f16] [--in-shapes=ID:AxBxC[*tag][+ID:...]]
-               [--op-attrs=OPID:name:value[*name:value]] [--op-kind=OPID:KIND[+...]] [--mb=N]
-               [--mode=C|P] [--engine=...]
+               [--op-attrs=OPID:name:value[*name:value]] [--op-kind=OPID:KIND|undef[+...]] [--mb=N]
+               [--attr-fpmath=MODE[,...]] [--tensor-property=ID:PROPERTY] [--mode=C|P] [--engine=...]
 convgrad graph --batch=FILE
 
 The graph's ops (the seven convolution ops and the ops around them: element-wise ops such as ReLU,
