@@ -6,6 +6,7 @@ import cycle between the core and convgrad.dask."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +108,34 @@ def _imports(path: Path) -> set[str]:
 def test_the_core_and_dask_arrays_do_not_import_each_other():
     assert "..op" not in _imports(SRC / "dask" / "arrays.py")
     assert "..execution" in _imports(SRC / "dask" / "arrays.py")
+
+
+def test_a_single_case_shows_that_it_runs_on_a_terminal():
+    """On a terminal (stderr a tty) one case gets the progress line too: the elapsed time, the case
+    and what it does; piped output gets none."""
+    import os
+    import pty
+
+    command = [sys.executable, "-c", "from convgrad.cli import main; main()", "conv", "--dir=BWD_W",
+               "mb2ic16ih14oc16oh14kh3ph1"]
+    env = {**os.environ, "COLUMNS": "200", "TERM": "xterm"}
+    master, slave = pty.openpty()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=slave, env=env)
+    os.close(slave)
+    stdout, _ = process.communicate(timeout=300)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the other end closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    terminal = b"".join(chunks).decode(errors="replace")
+    assert process.returncode == 0 and b"0:PASSED" in stdout
+    assert "0: --dir=BWD_W mb2ic16ih14oc16oh14kh3ph1 (checking against the reference engine)" in terminal
+    assert re.search(r"0:00:\d\d", terminal)
+    piped = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert piped.returncode == 0 and "checking against" not in piped.stderr
