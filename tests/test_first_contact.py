@@ -139,3 +139,14 @@ def test_a_single_case_shows_that_it_runs_on_a_terminal():
     assert re.search(r"0:00:\d\d", terminal)
     piped = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert piped.returncode == 0 and "checking against" not in piped.stderr
+
+
+def test_the_framework_adapters_take_scalars_and_default_strides(rng):
+    jnp = pytest.importorskip("jax.numpy")
+    import convgrad.jax as cj
+
+    x, w = jnp.asarray(rng.standard_normal((2, 9, 9, 3)), jnp.float32), jnp.asarray(rng.standard_normal((3, 3, 3, 4)),
+                                                                                      jnp.float32)
+    want = cj.convolution(x, w, strides=[2, 2], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1])
+    np.testing.assert_array_equal(np.asarray(cj.convolution(x, w, strides=2, pads_begin=1, pads_end=1)), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(cj.convolution(x, w)), np.asarray(cj.convolution(x, w, strides=[1, 1])))
