@@ -136,9 +136,9 @@ def random_case(rng: np.random.Generator, kind: str | None = None, max_rank: int
         "pads_begin": list(pb) + [0] * pick([0, 12 - rank]), "pads_end": list(pe) + [0] * pick([0, 12 - rank]),
         "auto_pad": pick([mode, mode.upper()]), d.weights_format_attr: wfmt,  # oneDNN writes 12-entry lists
     }
-    if "output_padding" in d.attr_names:  # the ConvTranspose gradients accept any (SEMANTICS.md)
-        attrs["output_padding"] = out_pad if kind == "ConvTranspose" else ints(0, 2, rank) if d.transposed \
-            else [0] * rank
+    if "output_padding" in d.attr_names:  # the ConvTranspose gradients: any below S (docs/semantics.md)
+        attrs["output_padding"] = out_pad if kind == "ConvTranspose" else [0] * rank if not d.transposed \
+            or mode.startswith("same") else [ints(0, st_ - 1) for st_ in strides]
     np_dtype = DATA_DTYPES[dtype]
     inputs: list[Any] = []
     for spec in d.inputs:

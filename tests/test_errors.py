@@ -41,7 +41,8 @@ ERRORS = [  # (id, kind, mutation, exception, words the message must contain, AP
     ("typo", "Convolution", set_attr("stride", [2, 1]), E.UnknownAttributeError, ["'stride'", "[2, 1]"], BOTH),
     ("typo_shape", "ConvolutionBackwardWeights", set_attr("weight_shape", [3, 2, 2, 6]), E.UnknownAttributeError,
      ["'weight_shape'", "[3, 2, 2, 6]"], BOTH),
-    ("no_strides", "ConvolutionBackwardData", drop_attr("strides"), E.MissingAttributeError, ["'strides'"], BOTH),
+    ("no_strides", "ConvolutionBackwardData", drop_attr("strides"), E.MissingAttributeError, ["'strides'"],
+     OP_ONLY),  # the functional API defaults strides to 1
     ("no_pads", "ConvolutionBackwardData", drop_attr("pads_begin"), E.MissingAttributeError, ["'pads_begin'"],
      OP_ONLY),  # the functional API defaults pads to 0
     ("no_dilations", "ConvTranspose", drop_attr("dilations"), E.MissingAttributeError, ["'dilations'"], OP_ONLY),

@@ -186,7 +186,7 @@ def test_reference_memory_estimate_bounds_the_real_peak(kind: str, strides: int,
     estimate = limits.estimate_bytes(problem, ReferenceEngine())
     tracemalloc.start()
     try:
-        cg.op.execute(problem, arrays, ReferenceEngine())
+        cg.execution.execute(problem, arrays, ReferenceEngine())
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -232,8 +232,13 @@ def test_convgrad_errors_pass_through_with_their_message() -> None:
         ct.convolution(x.numpy(), w, **attrs)
     with pytest.raises(convgrad.InputTypeError, match="input 'weights' is on device meta: expected a CPU tensor"):
         ct.convolution(x, w.to("meta"), **attrs)
-    with pytest.raises(TypeError, match="strides"):  # the signature's one required keyword
-        ct.convolution(x, w)
+    # Scalars for every spatial axis, and omitted strides, dilations and pads (1, 1, 0) as in convgrad's API.
+    rank, geometry = x.ndim - 2, ("strides", "dilations", "pads_begin", "pads_end")
+    rest = {k: v for k, v in attrs.items() if k not in geometry and k != "auto_pad"}
+    want = ct.convolution(x, w, strides=[1] * rank, dilations=[1] * rank, pads_begin=[0] * rank, pads_end=[0] * rank,
+                          **rest)
+    torch.testing.assert_close(ct.convolution(x, w, strides=1, dilations=1, pads_begin=0, pads_end=0, **rest), want)
+    torch.testing.assert_close(ct.convolution(x, w, **rest), want)
     with pytest.raises(convgrad.ShapeError, match="ConvTranspose: input 'weights'"):
         ct.conv_transpose(x, w, strides=[1])  # XOI weights of the wrong channels
     # Under autograd too, and the inputs are untouched.

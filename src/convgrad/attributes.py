@@ -88,11 +88,13 @@ def _parse_one(op: str, spec: AttrSpec, value: Any) -> Any:
     return tuple(_as_int(op, spec, item, value) for item in items)
 
 
-def parse_attributes(definition: OpDef, attrs: Mapping[str, Any]) -> Attrs:
+def parse_attributes(definition: OpDef, attrs: Mapping[str, Any], scalars: bool = False) -> Attrs:
     """Validate ``attrs`` against the op's table; return the given ones, normalised.
 
     ``None`` means "not given". Unknown names are errors. String choices are matched in any letter
-    case. An all-zero shape attribute (as oneDNN writes unset ones) counts as not given.
+    case. An all-zero shape attribute (as oneDNN writes unset ones) counts as not given. With
+    ``scalars`` (the functional API), a per-axis list may be one integer for every spatial axis
+    (``strides=2``), kept as an int until :func:`per_axis` knows the rank.
     """
     op = definition.kind
     known = definition.attr_names
@@ -107,6 +109,9 @@ def parse_attributes(definition: OpDef, attrs: Mapping[str, Any]) -> Attrs:
             raise AttributeValueError(op, name, value, f"{spec.expected()}: at most {MAX_NDIMS} values "
                                       "(oneDNN's DNNL_MAX_NDIMS)")
         if spec.full_shape and _is_list(value) and not any(_nonzero(v) for v in value):
+            continue
+        if scalars and spec.per_axis and not _is_list(value) and not isinstance(value, (str, bytes)):
+            parsed[name] = _parse_one(op, AttrSpec(name, "s64", spec.description, minimum=spec.minimum), value)
             continue
         parsed[name] = _parse_one(op, spec, value)
     return parsed
@@ -137,16 +142,20 @@ def per_axis(definition: OpDef, attrs: Attrs, name: str, rank: int, lenient: boo
         if spec.required and not lenient:
             raise MissingAttributeError(definition.kind, name, f"{spec.expected()} ({rank} values)")
         return (max(spec.minimum or 0, 0),) * rank
+    if isinstance(value, int):  # one value for every axis (the functional API's scalars)
+        return (value,) * rank
     if not fits_rank(spec, value, rank):
         raise AttributeValueError(definition.kind, name, list(value),
                                   f"{rank} values, one per spatial axis of the {rank}-D problem")
     return (0,) * rank if value == () else value[:rank]
 
 
-def fits_rank(spec: AttrSpec, value: tuple[int, ...], rank: int) -> bool:
-    """Whether the given list ``value`` of per-axis attribute ``spec`` fits ``rank`` spatial axes:
-    ``rank`` values, or more when every extra one is 0, or none at all for a list whose values
-    may be 0 (empty pads mean zeros)."""
+def fits_rank(spec: AttrSpec, value: int | tuple[int, ...], rank: int) -> bool:
+    """Whether the given ``value`` of per-axis attribute ``spec`` fits ``rank`` spatial axes: one
+    integer for all, ``rank`` values, or more when every extra one is 0, or none at all for a list
+    whose values may be 0 (empty pads mean zeros)."""
+    if isinstance(value, int):
+        return True
     if value == ():
         return spec.minimum == 0
     return len(value) >= rank and not any(value[rank:])

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import __version__
@@ -168,8 +169,10 @@ def _run_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--max-cases", type=click.IntRange(1), default=DEFAULT_MAX_CASES, show_default=True,
                      help="Refuse to start a run of more cases (counted, nested batches included, before any "
                           "case runs)."),
-        click.option("--plot", type=click.Path(dir_okay=False, writable=True), default=None, metavar="FILE.png",
-                     help="P mode: save a chart of GFLOP/s per case with the machine's GEMM ceiling."),
+        click.option("--plot", type=click.Path(dir_okay=False, writable=True), default=None, is_flag=False,
+                     flag_value="", metavar="[=FILE.png]",
+                     help="P mode: save a chart of GFLOP/s per case with the machine's GEMM ceiling: at FILE.png, "
+                          "or with a bare --plot next to the file stdout goes to (perf.csv -> perf.png)."),
         click.option("--scheduler", default=None, metavar="local:N|ADDRESS", callback=_check_scheduler,
                      help="Run the cases as tasks on a dask.distributed cluster: local:N starts N worker processes "
                           "here, ADDRESS (tcp://host:8786) uses a running scheduler. Same lines, summary and exit "
@@ -199,6 +202,26 @@ def _collect(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...],
     return count, (case for case in cases() if driver.selected(case))
 
 
+def _next_to_stdout() -> str:
+    """Where a bare ``--plot`` goes: next to the regular file stdout is redirected to, with .png."""
+    try:
+        target = Path(os.readlink(f"/proc/self/fd/{sys.stdout.fileno()}"))
+        regular = target.is_file()
+    except (OSError, ValueError, AttributeError):  # no /proc, or stdout is not a real file
+        regular = False
+    if not regular:
+        raise click.BadParameter("a bare --plot writes next to the file stdout is redirected to (convgrad conv "
+                                 "--mode=P --perf-template=csv --plot ... > perf.csv); give --plot=FILE.png",
+                                 param_hint="--plot")
+    return str(target.with_suffix(".png"))
+
+
+def _running(driver: Driver, case: Case, index: int, doing: str) -> str:
+    """The progress line's note on the case running: its number, text (shortened) and task."""
+    text = printable(driver.problem_text(case))
+    return escape(f"{index}: {text if len(text) <= 60 else text[:57] + '...'} ({doing})")
+
+
 def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], mode: str, engine: str | None,
            seed: int | None, perf_template: str, max_ms: float, times: int, max_cases: int, plot_file: str | None,
            scheduler: str | None, **knobs: Any) -> None:
@@ -208,6 +231,8 @@ def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], m
         check_template(perf_template)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--perf-template") from None
+    if plot_file == "":
+        plot_file = _next_to_stdout()
     if plot_file and mode != "P":
         raise click.UsageError("--plot needs --mode=P")
     if plot_file and importlib.util.find_spec("matplotlib") is None:
@@ -231,11 +256,20 @@ def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], m
     summary = Summary(mode, count)
     notes: dict[str, None] = {}
     timed: list[Result] = []  # the first cases timed, for --plot (every passed case is timed in P mode)
+    # On a terminal (stderr), the bar and the elapsed time, and the case running and what it does: a
+    # single long case shows that it runs too. Elsewhere rich draws nothing.
+    doing = "checking against the reference engine" if mode == "C" else "timing"
     with ExitStack() as stack, Progress(TextColumn(f"convgrad {driver.name}"), BarColumn(), MofNCompleteColumn(),
-                                        TimeElapsedColumn(), console=Console(stderr=True), transient=True,
-                                        disable=count < 2) as progress:
-        task = progress.add_task("cases", total=count)
-        for result in _results(stack, driver, settings, cases, scheduler):
+                                        TimeElapsedColumn(), TextColumn("{task.description}"),
+                                        console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("", total=count)
+
+        def announced(cases: Iterator[Case]) -> Iterator[Case]:
+            for index, case in enumerate(cases):  # taken just before it runs
+                progress.update(task, description=_running(driver, case, index, doing))
+                yield case
+
+        for result in _results(stack, driver, settings, announced(cases), scheduler):
             summary.add(result)
             notes.update(dict.fromkeys(result.notes))
             if mode == "P" and result.ok and not result.skipped:
@@ -259,8 +293,8 @@ _GRAPH_HELP = """Run oneDNN Graph JSON cases as benchdnn's graph driver does.
 
 \b
 convgrad graph --case=FILE.json [--dt=f32|bf16|f16] [--in-shapes=ID:AxBxC[*tag][+ID:...]]
-               [--op-attrs=OPID:name:value[*name:value]] [--op-kind=OPID:KIND[+...]] [--mb=N]
-               [--mode=C|P] [--engine=...]
+               [--op-attrs=OPID:name:value[*name:value]] [--op-kind=OPID:KIND|undef[+...]] [--mb=N]
+               [--attr-fpmath=MODE[,...]] [--tensor-property=ID:PROPERTY] [--mode=C|P] [--engine=...]
 convgrad graph --batch=FILE
 
 The graph's ops (the seven convolution ops and the ops around them: element-wise ops such as ReLU,

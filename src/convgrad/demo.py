@@ -35,17 +35,38 @@ class Check:
         return bool(abs(self.value) <= self.limit)
 
 
-def _timed(fn, *args, **kwargs):
-    """Result and seconds of a warm call (the first call of a process pays one-time setup)."""
-    fn(*args, **kwargs)
-    start = time.perf_counter()
+@dataclass
+class Timing:
+    """Seconds of warm calls of one op, timed as the benchmark times them."""
+
+    seconds: list[float]
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.seconds))
+
+    @property
+    def spread(self) -> float:
+        """(slowest - fastest) / median: how far one call's figure can be off on this machine now."""
+        return (max(self.seconds) - min(self.seconds)) / self.median
+
+
+def _timed(fn, *args, min_runs: int = 5, budget: float = 1.0, **kwargs):
+    """Result and :class:`Timing` of ``fn``: one warm-up call (the first call of a process pays
+    one-time setup), then at least ``min_runs`` calls and more while they take under ``budget``
+    seconds in all (at most 50)."""
     out = fn(*args, **kwargs)
-    return out, time.perf_counter() - start
+    seconds: list[float] = []
+    while len(seconds) < min_runs or (sum(seconds) < budget and len(seconds) < 50):
+        start = time.perf_counter()
+        fn(*args, **kwargs)
+        seconds.append(time.perf_counter() - start)
+    return out, Timing(seconds)
 
 
 def run(mb: int = 4, seed: int | None = None, console: Console | None = None) -> bool:
     """Run the demo; print what was done; return True when every check passed."""
-    console = console or Console(width=max(Console().width, 100))
+    console = console or Console(width=max(Console().width, 120))
     rng = np.random.default_rng(seed)
     attrs = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1])
     x = rng.standard_normal((mb, 28, 28, 128)).astype(np.float32)
@@ -62,7 +83,7 @@ def run(mb: int = 4, seed: int | None = None, console: Console | None = None) ->
 
     table = Table(title="ops run")
     table.add_column("op", no_wrap=True)
-    for col in ("output", "ms", "GFLOP/s", "max|err|", "rel. err"):
+    for col in ("output", "median ms", "GFLOP/s", "spread", "runs", "max|err|", "rel. err"):
         table.add_column(col, justify="right", no_wrap=True)
     checks: list[Check] = []
     refs = {
@@ -72,14 +93,18 @@ def run(mb: int = 4, seed: int | None = None, console: Console | None = None) ->
         "ConvolutionBackwardWeights": (dw, lambda: convolution_backward_weights(x, dy, w.shape, **attrs,
                                                                                 engine="reference"), t_bw),
     }
-    for name, (got, reference, seconds) in refs.items():
+    for name, (got, reference, timing) in refs.items():
         want = reference().astype(np.float64)
         err = float(np.max(np.abs(got - want)))
         rel = err / float(np.max(np.abs(want)))
         checks.append(Check(f"{name} vs reference (relative)", rel, 1e-5))
-        table.add_row(name, "x".join(map(str, got.shape)) + f" {dtype_name(got.dtype)}", f"{seconds * 1e3:.1f}", f"{flops / seconds / 1e9:.1f}",
+        table.add_row(name, "x".join(map(str, got.shape)) + f" {dtype_name(got.dtype)}", f"{timing.median * 1e3:.1f}",
+                      f"{flops / timing.median / 1e9:.1f}", f"{timing.spread:.0%}", str(len(timing.seconds)),
                       f"{err:.2e}", f"{rel:.1e}")
     console.print(table)
+    console.print("median ms: of the warm calls after one warm-up call, as `make bench` times; spread: "
+                  "(slowest - fastest) / median of those calls, how much one call's figure varies on this "
+                  "machine now (other jobs, frequency, caches).\n", highlight=False)
 
     # Adjointness, in float64 from the float32 results. The three inner products are one number,
     # bounded by ||y||*||dy|| (Cauchy-Schwarz); it largely cancels, so gaps are measured on that scale.

@@ -21,7 +21,7 @@ from .graph import DIRECTIONS, Graph, check, descriptor_graph, load_graph, make_
 from .graph import parse_dt, parse_in_shapes, parse_mb, parse_op_attrs, parse_op_kind, rewrite, time_plan
 from .graph.conv import ConvSetup
 from .graph.post_ops import PostOp, parse_post_ops
-from .graph.rewrite import FLOAT_DTYPES
+from .graph.rewrite import FLOAT_DTYPES, parse_fpmath, parse_tensor_property
 from .graph.tags import parse_tag, tag_note
 from .graph.run import OpCheck
 from .untrusted import shell_join, shorten
@@ -66,7 +66,9 @@ def _build_graph(case: Case) -> tuple[Graph, str]:
     graph = rewrite(graph, in_shapes=parse_in_shapes(case.knob("in-shapes")) if case.knob("in-shapes") else None,
                     op_attrs=parse_op_attrs(case.knob("op-attrs")) if case.knob("op-attrs") else None,
                     mb=parse_mb(case.knob("mb", "0")), dt=parse_dt(case.knob("dt")) if case.knob("dt") else None,
-                    op_kind=parse_op_kind(case.knob("op-kind")) if case.knob("op-kind") else None)
+                    op_kind=parse_op_kind(case.knob("op-kind")) if case.knob("op-kind") else None,
+                    tensor_property=parse_tensor_property(case.knob("tensor-property"))
+                    if case.knob("tensor-property") else None)
     return graph, Path(case.target).stem
 
 
@@ -200,14 +202,21 @@ def _conv_selected(case: Case) -> bool:
 _MB = Knob("mb", "Minibatch of every data input (0: as in the case).", parse_mb, "0")
 
 GRAPH = Driver("graph", {
-    "dt": Knob("dt", "Data type of every floating-point tensor (f32, bf16, f16), or ID:DT[+ID:DT] per tensor.",
-               parse_dt),
+    "dt": Knob("dt", "Data type of every floating-point tensor (f32, bf16, f16; undef: as in the file), or "
+               "ID:DT[+ID:DT] per tensor.", parse_dt),
     "in-shapes": Knob("in-shapes", "Input shapes and memory order: ID:SHAPE[*TAG][+...], e.g. 0:2x64x56x56*acdb; "
                       "ID:TAG alone changes only the order.", parse_in_shapes),
     "op-attrs": Knob("op-attrs", "Op attributes: OPID:NAME:VALUE[*NAME:VALUE][+OPID:...], lists as 2x2.",
                      parse_op_attrs),
     "op-kind": Knob("op-kind", "Op kinds: OPID:KIND[+OPID:KIND], another element-wise or binary kind of the same "
-                    "family, e.g. 1:GELU+2:Multiply (attributes it needs via --op-attrs).", parse_op_kind),
+                    "family, e.g. 1:GELU+2:Multiply (attributes it needs via --op-attrs); KIND undef removes the op "
+                    "(its consumers read its src, src_0 or diff_dst).", parse_op_kind),
+    "tensor-property": Knob("tensor-property", "Tensor property types: ID:PROPERTY[+...] (undef, variable, "
+                            "constant, host_scalar); recorded, they change nothing convgrad computes.",
+                            parse_tensor_property),
+    "attr-fpmath": Knob("attr-fpmath", "oneDNN's fpmath modes: MODE[:true|false][,MODE...] (strict, bf16, f16, "
+                        "tf32, any). convgrad computes every mode as strict (f32 accumulation), which each allows, "
+                        "so the case runs once for all of them.", parse_fpmath),
     "mb": _MB,
     "expected-n-partitions": Knob("expected-n-partitions", "oneDNN's partition count check: accepted for benchdnn "
                                   "compatibility and ignored (convgrad does not partition: it runs the ops one by "

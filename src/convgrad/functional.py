@@ -1,10 +1,11 @@
 """The functional API: one function per op, generated from the op table.
 
-``convolution_backward_data(diff_dst, weights, dst_shape=None, *, strides, pads_begin=None,
+``convolution_backward_data(diff_dst, weights, dst_shape=None, *, strides=None, pads_begin=None,
 pads_end=None, dilations=None, auto_pad="none", groups=1, data_format="NXC",
 weights_format="XIO", output_padding=None, engine=None)`` and its six siblings take the op's
-inputs positionally (spec index order) and its attributes by keyword. Omitted pads mean 0 and
-omitted dilations mean 1. The other ops' functions (``relu(src)``, ``elu_backward(src_or_dst,
+inputs positionally (spec index order) and its attributes by keyword. Omitted strides and
+dilations mean 1 and omitted pads 0; each per-axis attribute may be one integer for every axis
+(``strides=2``). The other ops' functions (``relu(src)``, ``elu_backward(src_or_dst,
 diff_dst, *, alpha, use_dst=True)``, ``add(src_0, src_1, *, auto_broadcast="numpy")``, ...) take
 their attributes with the table's defaults; a required one (``alpha``) has none. Signatures and
 docstrings come from :mod:`convgrad.opdefs`.
@@ -28,12 +29,11 @@ _P = inspect.Parameter
 
 
 def _keyword_default(d: OpDef, a: AttrSpec) -> Any:
-    """The keyword's default: convolutions are lenient (only strides is required; omitted pads and
-    dilations are None), the other ops take the table's default or, when required, none."""
+    """The keyword's default: convolutions are lenient (omitted strides, pads and dilations are
+    None: strides and dilations 1, pads 0), the other ops take the table's default or, when
+    required, none."""
     if d.family != "convolution":
         return _P.empty if a.required else a.default
-    if a.name == "strides":
-        return _P.empty
     return a.default if a.name in ("auto_pad", "groups", "data_format") or a.choices else None
 
 

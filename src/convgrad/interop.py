@@ -19,11 +19,14 @@ from .problem import Problem
 __all__ = ["plain_attributes", "op_for", "infer", "data_input_names"]
 
 
-def plain_attributes(kind: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
+def plain_attributes(kind: str, attrs: Mapping[str, Any], rank: int) -> dict[str, Any]:
     """The given (non-None) attributes validated as the functional API does (a ConvgradError on a
-    bad one) and normalised to plain types: lists of ints, ints, canonical strings."""
-    parsed = Op(kind, lenient=True, **{k: v for k, v in attrs.items() if v is not None}).attrs
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in parsed.items()}
+    bad one) and normalised to plain types: lists of ints (a per-axis scalar repeated for the
+    ``rank`` spatial axes), ints, canonical strings."""
+    op = Op(kind, lenient=True, **{k: v for k, v in attrs.items() if v is not None})
+    per_axis = {a.name for a in op.definition.attributes if a.per_axis}
+    return {k: list(v) if isinstance(v, tuple) else [v] * max(rank, 0) if k in per_axis else v
+            for k, v in op.attrs.items()}
 
 
 @functools.lru_cache(maxsize=512)

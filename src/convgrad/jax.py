@@ -16,9 +16,15 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
+
+from .extras import missing_extra
+
+try:
+    import jax
+    import jax.numpy as jnp
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "jax", "JAX") from exc
 
 from . import adjoints, interop
 from .errors import InputTypeError
@@ -71,7 +77,7 @@ def _differentiable(kind: str, key: tuple[tuple[str, Any], ...], present: tuple[
 
 def _call(kind: str, arrays: tuple[Any, ...], attrs: dict[str, Any]) -> jax.Array:
     """Validate the attributes as convgrad does, make the inputs jax arrays, run the op."""
-    plain = interop.plain_attributes(kind, attrs)  # ConvgradError on a bad attribute
+    plain = interop.plain_attributes(kind, attrs, getattr(arrays[0], "ndim", 2) - 2)  # ConvgradError if bad
     converted = []
     for value, name in zip(arrays, interop.data_input_names(OPS[kind])):
         if value is not None and not isinstance(value, jax.Array):
@@ -86,9 +92,9 @@ def _call(kind: str, arrays: tuple[Any, ...], attrs: dict[str, Any]) -> jax.Arra
     return _apply(kind, *converted, **plain)
 
 
-def convolution(src: Any, weights: Any, bias: Any = None, *, strides: Sequence[int],
-                pads_begin: Sequence[int] | None = None, pads_end: Sequence[int] | None = None,
-                dilations: Sequence[int] | None = None, groups: int = 1, auto_pad: str = "none",
+def convolution(src: Any, weights: Any, bias: Any = None, *, strides: int | Sequence[int] | None = None,
+                pads_begin: int | Sequence[int] | None = None, pads_end: int | Sequence[int] | None = None,
+                dilations: int | Sequence[int] | None = None, groups: int = 1, auto_pad: str = "none",
                 data_format: str = "NXC", weights_format: str = "XIO", **unknown: Any) -> jax.Array:
     """Convolution (oneDNN Graph ``Convolution``) of jax arrays, differentiable in src, weights and
     bias (``jax.grad``, ``jax.jit``, ``jax.vmap``). Attributes, defaults and errors as
@@ -98,11 +104,11 @@ def convolution(src: Any, weights: Any, bias: Any = None, *, strides: Sequence[i
         auto_pad=auto_pad, data_format=data_format, weights_format=weights_format, **unknown))
 
 
-def conv_transpose(src: Any, weights: Any, bias: Any = None, *, strides: Sequence[int],
-                   pads_begin: Sequence[int] | None = None, pads_end: Sequence[int] | None = None,
-                   dilations: Sequence[int] | None = None, groups: int = 1, auto_pad: str = "none",
+def conv_transpose(src: Any, weights: Any, bias: Any = None, *, strides: int | Sequence[int] | None = None,
+                   pads_begin: int | Sequence[int] | None = None, pads_end: int | Sequence[int] | None = None,
+                   dilations: int | Sequence[int] | None = None, groups: int = 1, auto_pad: str = "none",
                    data_format: str = "NXC", weights_format: str = "XOI",
-                   output_padding: Sequence[int] | None = None, **unknown: Any) -> jax.Array:
+                   output_padding: int | Sequence[int] | None = None, **unknown: Any) -> jax.Array:
     """Transposed convolution (oneDNN Graph ``ConvTranspose``) of jax arrays, differentiable in src,
     weights and bias. Attributes, defaults and errors as :func:`convgrad.conv_transpose`; gradients
     are ConvTransposeBackwardData / ConvTransposeBackwardWeights."""

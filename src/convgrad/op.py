@@ -8,17 +8,16 @@ from typing import Any
 import numpy as np
 
 from .attributes import Attrs, parse_attributes
-from .dtypes import (as_array, as_shape_values, check_data_dtype, check_lazy_array, is_dask_array, parse_dtype,
-                     round_to)
+from .dtypes import as_array, as_shape_values, check_data_dtype, check_lazy_array, is_dask_array, parse_dtype
 from .engines import Engine, get_engine
-from .errors import AttributeValueError, InputError, InputTypeError, describe
-from .layout import data_from_canonical, data_to_canonical, weights_in_format, weights_to_canonical
-from .limits import check_memory
+from .errors import AttributeValueError, InputError, InputTypeError, MissingAttributeError, describe
+from .execution import execute
+from .libraries import in_library_of
 from .opdefs import OpDef, get_opdef
 from .problem import Problem, TensorInfo, build_problem
-from .tensor_ops import TensorProblem, build_tensor_problem, run_tensor_problem
+from .tensor_ops import TensorProblem, build_tensor_problem
 
-__all__ = ["Op", "execute", "execute_canonical", "finish"]
+__all__ = ["Op"]
 
 
 class Op:
@@ -27,8 +26,10 @@ class Op:
     dilations=[1, 1], weights_shape=[3, 3, 16, 32])``.
 
     Attributes take their oneDNN names and are validated at once (unknown names, types, ranges).
-    ``op(*inputs)`` runs it on inputs in the specification's index order and returns a NumPy array
-    (a lazy dask array when an input is one: see :mod:`convgrad.dask`);
+    ``op(*inputs)`` runs it on inputs in the specification's index order and returns a NumPy array,
+    or an array of the first input's library where it speaks DLPack (a torch tensor for torch
+    tensors: :mod:`convgrad.libraries`), or a lazy dask array when an input is one (see
+    :mod:`convgrad.dask`);
     ``op.infer(*inputs_or_shapes)`` resolves shapes, dtype and pads without computing.
 
     The attributes may also come as a mapping, ``Op(kind, {"strides": [1, 1], ...})``, next to
@@ -41,11 +42,25 @@ class Op:
     def __init__(self, kind: str | None = None, attrs: Mapping[str, Any] | None = None, /, *extra: Any,
                  lenient: bool = False, **kwargs: Any) -> None:
         self.definition: OpDef = get_opdef(kind)
-        self.attrs: Attrs = parse_attributes(self.definition, _merge_attrs(self.kind, attrs, extra, kwargs))
         if not isinstance(lenient, (bool, np.bool_)):
             raise InputTypeError(self.kind, None, f"Op(..., lenient={describe(lenient)}): expected True or False")
         self.lenient = bool(lenient)
+        self.attrs: Attrs = parse_attributes(self.definition, _merge_attrs(self.kind, attrs, extra, kwargs),
+                                             scalars=self.lenient)
+        self._check_required()
         self._last: tuple[tuple[Any, ...], Problem] | None = None  # the last resolution (see _resolve)
+
+    def _check_required(self) -> None:
+        """The specification's required attributes, when the op is built: strides, pads (unless
+        auto_pad is not none) and dilations of a convolution, unless ``lenient``, which fills them
+        (strides and dilations 1, pads 0); the other ops' required ones (Elu's alpha) always."""
+        convolution = self.definition.family == "convolution"
+        for spec in self.definition.attributes:
+            if not spec.required or spec.name in self.attrs or (convolution and self.lenient):
+                continue
+            if spec.name.startswith("pads_") and self.attrs.get("auto_pad", "none") != "none":
+                continue
+            raise MissingAttributeError(self.kind, spec.name, spec.expected())
 
     @property
     def kind(self) -> str:
@@ -105,7 +120,7 @@ class Op:
             from .dask.arrays import execute_lazy
 
             return execute_lazy(problem, arrays, get_engine(engine), self)
-        return execute(problem, arrays, get_engine(engine))
+        return in_library_of(inputs[0] if inputs else None, execute(problem, arrays, get_engine(engine)))
 
 
 def _merge_attrs(op: str, attrs: Any, extra: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Any, Any]:
@@ -137,42 +152,3 @@ def _shape_of(value: Sequence[Any], op: str, name: str) -> tuple[int, ...]:
     except (TypeError, ValueError, OverflowError):
         raise InputError(op, name, f"= {value!r}: expected an array or a shape (a tuple of integers)") from None
     return shape
-
-
-def execute(problem: Problem | TensorProblem, arrays: dict[str, np.ndarray], engine: Engine) -> np.ndarray:
-    """Run a resolved problem: canonical views in, one engine call, bias, one rounding, user layout out
-    (the other ops: :func:`~convgrad.tensor_ops.run_tensor_problem`). The memory guard runs first;
-    NaN and Inf propagate as IEEE arithmetic does, without warnings."""
-    if isinstance(problem, TensorProblem):
-        return run_tensor_problem(problem, [arrays[s.name] for s in problem.definition.inputs], engine)
-    return finish(problem, execute_canonical(problem, arrays, engine), arrays.get("bias"))
-
-
-def execute_canonical(problem: Problem, arrays: dict[str, np.ndarray], engine: Engine) -> np.ndarray:
-    """The engine's canonical result (data ``(N, *X, C)``, weights ``(*K, ICg, OC)``) in its
-    accumulation dtype (f32, f64 for f64 data), before bias, rounding and layout: partial results
-    that are summed later (batch or space chunks) are summed in this form and rounded once by
-    :func:`finish`. The memory guard runs first."""
-    check_memory(problem, engine)
-    g, fmt, wfmt = problem.geometry, problem.data_format, problem.weights_format
-    canonical = {role: (weights_to_canonical(a, wfmt) if role == "w" else data_to_canonical(a, fmt))
-                 for role, a in arrays.items() if role != "bias"}
-    with np.errstate(all="ignore"):  # IEEE arithmetic: NaN and Inf propagate, overflow gives Inf
-        if problem.task == "forward":
-            return engine.forward(g, canonical["x"], canonical["w"])
-        if problem.task == "backward_data":
-            return engine.backward_data(g, canonical["y"], canonical["w"])
-        return engine.backward_weights(g, canonical["x"], canonical["y"])
-
-
-def finish(problem: Problem, result: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-    """A canonical result of :func:`execute_canonical` as the op's output: plus bias, rounded once
-    to the output dtype, in the user's layout (a fresh C-contiguous array)."""
-    fmt, wfmt = problem.data_format, problem.weights_format
-    with np.errstate(all="ignore"):
-        if bias is not None:
-            result = result + bias.astype(result.dtype)
-        result = round_to(result, problem.dtype)
-    if problem.definition.output.role == "w":
-        return weights_in_format(result, wfmt)
-    return np.ascontiguousarray(data_from_canonical(result, fmt))

@@ -165,11 +165,12 @@ DATA_FORMAT = AttrSpec("data_format", "string", "Layout of every data tensor: NX
                        default="NXC", choices=("NCX", "NXC"))
 OUTPUT_PADDING = AttrSpec("output_padding", "s64[]", "Extra size added at the end of each spatial axis of "
                           "the transposed convolution's output.", default=None, minimum=0, per_axis=True)
-#: On the ConvTranspose gradients: validated only; diff_dst may have any size of the range.
+#: On the ConvTranspose gradients: the forward's, which relates diff_dst's size to src's.
 GRADIENT_OUTPUT_PADDING = AttrSpec(
-    "output_padding", "s64[]", "The forward ConvTranspose's output_padding: validated, but diff_dst may have "
-    "any size D with floor((D + PB + PE - EK) / S) + 1 = I, up to S - 1 more than S*(I-1) + EK - PB - PE, "
-    "whatever it says (the extra rows get no gradient).", default=None, minimum=0, per_axis=True)
+    "output_padding", "s64[]", "The forward ConvTranspose's output_padding P. Where P >= S, diff_dst's size D "
+    "must be the forward's, S*(I-1) + EK - PB - PE + P; where P < S, any D with floor((D + PB + PE - EK) / S) "
+    "+ 1 = I is accepted, up to S - 1 more than S*(I-1) + EK - PB - PE (the extra rows get no gradient).",
+    default=None, minimum=0, per_axis=True)
 
 
 def _weights_format(name: str, pair: tuple[str, str]) -> AttrSpec:

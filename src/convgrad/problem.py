@@ -11,9 +11,11 @@ Every op of the family is one of three problems on an underlying forward convolu
 
 Sizes per spatial axis: I (x), O (y), K, S, D, PB, PE, EK = (K-1)*D + 1. Every op relates them by
 ``O = floor((I + PB + PE - EK) / S) + 1`` except ConvTranspose (whose src is the convolution's y),
-which sets ``I = S*(O - 1) + EK - PB - PE + output_padding``; so ConvTransposeBackwardData/Weights
-accept every diff_dst size I of that relation, up to S - 1 more than the formula without
-output_padding. Either way every window lies inside the padded input: ``S*(O-1) + EK <= I + PB + PE``.
+which sets ``I = S*(O - 1) + EK - PB - PE + output_padding`` (any output_padding >= 0). The
+ConvTranspose gradients take the same relation: on an axis whose output_padding P is at least S,
+diff_dst's size D must be exactly that of the forward; where P < S every D from
+``S*(O-1) + EK - PB - PE`` up to S - 1 more is accepted (oneDNN's range; P itself is in it).
+Either way every window lies inside the padded input: ``S*(O-1) + EK <= I + PB + PE``.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import numpy as np
 
 from .attributes import Attrs, fits_rank, per_axis
 from .dtypes import dtype_name
-from .errors import AttributeValueError, DTypeError, InputError, ShapeError
+from .errors import AttributeValueError, ConvgradError, DTypeError, InputError, ShapeError
 from .limits import check_sizes
 from .opdefs import InputSpec, OpDef
 
 __all__ = ["ConvGeometry", "Problem", "TensorInfo", "build_problem", "auto_pads", "input_size_range",
+           "transposed_input_size",
            "data_shape", "weights_shape", "split_data_shape", "split_weights_shape"]
 
 
@@ -186,13 +189,13 @@ def weights_shape(oc: int, icg: int, kernel: tuple[int, ...], weights_format: st
 # ---------------------------------------------------------------------------------------------
 # Padding
 # ---------------------------------------------------------------------------------------------
-def auto_pads(mode: str, in_size: tuple[int, ...] | None, strides: tuple[int, ...],
+def auto_pads(mode: str, in_size: tuple[int | None, ...] | None, strides: tuple[int, ...],
               eff_kernel: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Pads for a non-``none`` auto_pad (SEMANTICS.md).
 
     valid: 0. same_*: total = max(0, EK - S) if I % S == 0 else max(0, EK - I % S), where I is the
-    convolution's input size (``None`` for ConvTranspose, which uses max(0, EK - S)).
-    same_upper puts the odd extra pad at the end, same_lower at the beginning.
+    convolution's input size (``None`` for ConvTranspose, which uses max(0, EK - S); a ``None``
+    entry does so on one axis). same_upper puts the odd extra pad at the end, same_lower at the beginning.
     """
     rank = len(strides)
     if mode == "valid":
@@ -200,7 +203,7 @@ def auto_pads(mode: str, in_size: tuple[int, ...] | None, strides: tuple[int, ..
     begin, end = [], []
     for axis in range(rank):
         s, ek = strides[axis], eff_kernel[axis]
-        rem = 0 if in_size is None else in_size[axis] % s
+        rem = 0 if in_size is None or in_size[axis] is None else in_size[axis] % s
         total = max(0, ek - s) if rem == 0 else max(0, ek - rem)
         lo = total // 2 if mode == "same_upper" else total - total // 2
         begin.append(lo)
@@ -209,20 +212,44 @@ def auto_pads(mode: str, in_size: tuple[int, ...] | None, strides: tuple[int, ..
 
 
 def input_size_range(out_size: tuple[int, ...], strides: tuple[int, ...], eff_kernel: tuple[int, ...],
-                     pads_begin: tuple[int, ...], pads_end: tuple[int, ...],
-                     mode: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+                     pads_begin: tuple[int, ...], pads_end: tuple[int, ...], mode: str,
+                     output_padding: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(smallest, largest) convolution input size I per axis whose output size is ``out_size``:
     ``floor((I + PB + PE - EK) / S) + 1 = O`` holds for I from ``S*(O-1) + EK - PB - PE`` up to
     ``S - 1`` more (PB = PE = 0 for auto_pad valid). With same_* the pads follow I and
     O = ceil(I / S), so I runs from ``S*(O-1) + 1`` to ``S*O``. The lower bound is raised to 1
-    where the upper one allows."""
-    if mode.startswith("same"):
-        return tuple(s * (o - 1) + 1 for s, o in zip(strides, out_size)), tuple(s * o for s, o in zip(strides, out_size))
-    if mode == "valid":
-        pads_begin = pads_end = (0,) * len(out_size)
-    lo = [s * (o - 1) + k - b - e for s, o, k, b, e in zip(strides, out_size, eff_kernel, pads_begin, pads_end)]
-    hi = [low + s - 1 for low, s in zip(lo, strides)]
+    where the upper one allows.
+
+    ``output_padding`` (the ConvTranspose gradients): an axis whose value P is not 0 has the
+    ConvTranspose's own pads under same_* (max(0, EK - S) in all), and where P >= S it accepts
+    exactly the forward's size ``S*(O-1) + EK - PB - PE + P`` (:func:`transposed_input_size`)."""
+    rank = len(out_size)
+    output_padding = output_padding or (0,) * rank
+    fixed_pads = auto_pads(mode, None, strides, eff_kernel) if mode != "none" else (pads_begin, pads_end)
+    lo, hi = [], []
+    for axis, (s, o, k, p) in enumerate(zip(strides, out_size, eff_kernel, output_padding)):
+        if mode.startswith("same") and not p:
+            lo.append(s * (o - 1) + 1)
+            hi.append(s * o)
+            continue
+        low = s * (o - 1) + k - fixed_pads[0][axis] - fixed_pads[1][axis] + (p if p >= s else 0)
+        lo.append(low)
+        hi.append(low if p >= s else low + s - 1)
     return tuple(max(1, low) if high >= 1 else low for low, high in zip(lo, hi)), tuple(hi)
+
+
+def transposed_input_size(diff_dst_size: int, stride: int, eff_kernel: int, pad_begin: int, pad_end: int,
+                          output_padding: int) -> int | None:
+    """The ConvTranspose input size I on one axis for its gradients' diff_dst size D, or None if
+    none fits: where output_padding P >= S, D = S*(I-1) + EK - PB - PE + P exactly (the forward's
+    size: nothing else tells I); where P < S, I = floor((D + PB + PE - EK) / S) + 1 (every D of
+    oneDNN's range, P's own among them)."""
+    span = diff_dst_size + pad_begin + pad_end - eff_kernel
+    if output_padding >= stride:
+        span -= output_padding
+        if span % stride:
+            return None
+    return span // stride + 1 if span >= 0 else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,7 +308,7 @@ class _Inference:
         out_pad = per_axis(self.d, self.attrs, "output_padding", rank) if "output_padding" in self.d.attr_names \
             else (0,) * rank
         eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
-        pads_begin, pads_end = self._pads(rank, in_size, strides, eff)
+        pads_begin, pads_end = self._pads(rank, in_size, strides, eff, out_pad)
         in_size, out_size = self._sizes(in_size, out_size, strides, eff, pads_begin, pads_end, out_pad)
         geometry = ConvGeometry(n, self.attrs.get("groups", 1), ic, oc, in_size, out_size, kernel,
                                 strides, dilations, pads_begin, pads_end)
@@ -318,7 +345,7 @@ class _Inference:
         ignored = ("pads_begin", "pads_end") if self.attrs.get("auto_pad", "none") != "none" else ()
         pieces += [(spec.name, self.attrs[spec.name], fits_rank(spec, self.attrs[spec.name], rank), True)
                    for spec in self.d.attributes
-                   if spec.per_axis and spec.name in self.attrs and spec.name not in ignored]
+                   if spec.per_axis and isinstance(self.attrs.get(spec.name), tuple) and spec.name not in ignored]
         if all(piece[2] for piece in pieces):
             return rank
         message = "inputs and attributes disagree on the spatial rank: " + ", ".join(
@@ -402,9 +429,11 @@ class _Inference:
                              f"divided by groups={groups})")
         return n, ic, oc, icg, kernel, in_size, out_size
 
-    def _pads(self, rank: int, in_size, strides, eff) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def _pads(self, rank: int, in_size, strides, eff, out_pad) -> tuple[tuple[int, ...], tuple[int, ...]]:
         mode = self.attrs.get("auto_pad", "none")
         if mode != "none":
+            if self.d.transposed and in_size is not None:  # a gradient: P != 0 keeps the forward's pads
+                in_size = tuple(None if p else i for i, p in zip(in_size, out_pad))
             return auto_pads(mode, in_size, strides, eff)
         return (per_axis(self.d, self.attrs, "pads_begin", rank, self.lenient),
                 per_axis(self.d, self.attrs, "pads_end", rank, self.lenient))
@@ -412,9 +441,8 @@ class _Inference:
     def _sizes(self, in_size, out_size, strides, eff, pb, pe, out_pad):
         """(I, O) of the convolution. ConvTranspose: I from its formula. Every other op: O from
         the convolution formula, checked against the given O; for ConvTransposeBackwardData/Weights
-        x is diff_dst, and every diff_dst size that gives the ConvTranspose input size O is
-        accepted (:func:`input_size_range`: up to S - 1 rows more than the formula without
-        output_padding; no window reads them)."""
+        x is diff_dst, and O follows from it and output_padding (:func:`transposed_input_size`;
+        the trailing rows no window reads get no gradient)."""
         names = {spec.role: spec.name for spec, _ in self.given.values()}
         names.setdefault("x", self.d.shape_attr or self.d.output.name)
         names.setdefault("y", self.d.output.name)
@@ -426,16 +454,18 @@ class _Inference:
             return size, tuple(out_size)
         span = [i + b + e - k for i, b, e, k in zip(in_size, pb, pe, eff)]
         expected = tuple(s // st + 1 for s, st in zip(span, strides))
-        if self.d.transposed and out_size is not None and tuple(out_size) != expected:
-            mode = self.attrs.get("auto_pad", "none")
-            lo, hi = input_size_range(tuple(out_size), strides, eff, pb, pe, mode)
-            rule = (f"S*(I-1) + 1 to S*I with auto_pad {mode} (the pads follow D), S={list(strides)}"
-                    if mode.startswith("same") else "S*(I-1) + EK - PB - PE up to S - 1 more (the rows an "
-                    f"output_padding adds), S={list(strides)}, EK={list(eff)}, PB={list(pb)}, PE={list(pe)}")
-            raise ShapeError(self.op, names["x"], f"has spatial size {list(in_size)}: expected a size from {list(lo)} "
-                             f"to {list(hi)} per axis, the sizes D whose convolution gives the ConvTranspose input "
-                             f"size I={list(out_size)} of '{names['y']}' (floor((D + PB + PE - EK) / S) + 1 = I): "
-                             f"{rule}")
+        if self.d.transposed:
+            fitted = tuple(transposed_input_size(*sizes) for sizes in zip(in_size, strides, eff, pb, pe, out_pad))
+            if out_size is not None and tuple(out_size) != fitted:
+                self._transposed_size_error(names, in_size, out_size, strides, eff, pb, pe, out_pad)
+            if None in fitted:
+                raise ShapeError(self.op, names["x"], f"has spatial size {list(in_size)}: no ConvTranspose input size "
+                                 "I gives it as D = S*(I-1) + EK - PB - PE + P, I >= 1 (P = output_padding "
+                                 "where it is >= S, else any P from 0 to S - 1): D + PB + PE - EK - P = "
+                                 f"{[sp - (p if p >= st else 0) for sp, p, st in zip(span, out_pad, strides)]} must be "
+                                 f">= 0, and a multiple of S where P >= S (S={list(strides)}, EK={list(eff)}, "
+                                 f"PB={list(pb)}, PE={list(pe)}, P={list(out_pad)})")
+            return tuple(in_size), fitted
         if any(s < 0 for s in span):
             raise ShapeError(self.op, names["x"], f"has spatial size {list(in_size)}: with pads_begin "
                              f"{list(pb)}, pads_end {list(pe)} and effective kernel {list(eff)} "
@@ -447,11 +477,47 @@ class _Inference:
         return tuple(in_size), expected
 
 
+    def _transposed_size_error(self, names, in_size, out_size, strides, eff, pb, pe, out_pad):
+        mode = self.attrs.get("auto_pad", "none")
+        lo, hi = input_size_range(tuple(out_size), strides, eff, pb, pe, mode, out_pad)
+        rule = (f"S*(I-1) + EK - PB - PE + P where output_padding P >= S, else from S*(I-1) + EK - PB - PE (S*(I-1) + 1 "
+                f"with auto_pad {mode}, whose pads then follow D) up to S - 1 more (the rows an output_padding < S "
+                f"adds); S={list(strides)}, EK={list(eff)}, PB={list(pb)}, PE={list(pe)}, P={list(out_pad)}")
+        raise ShapeError(self.op, names["x"], f"has spatial size {list(in_size)}: expected a size from {list(lo)} "
+                         f"to {list(hi)} per axis, the sizes D of the ConvTranspose output for its input size "
+                         f"I={list(out_size)} of '{names['y']}': {rule}")
+
+
+def _layout_hint(definition: OpDef, attrs: Attrs, inputs: list[TensorInfo | None], lenient: bool) -> str | None:
+    """"did you mean data_format='NCX', weights_format='OIX'?" where the shapes that failed fit other
+    formats (PyTorch's NCX with OIX/IOX first): arrays in PyTorch's layout under the defaults."""
+    wf = definition.weights_format_attr
+    given = (attrs.get("data_format", "NXC"), attrs.get(wf, definition.attr(wf).default))
+    choices = definition.attr(wf).choices
+    for fmt, wfmt in sorted(((f, w) for f in ("NCX", "NXC") for w in choices), key=lambda p: (p[0] != "NCX", p[1][0] == "X")):
+        if (fmt, wfmt) == given:
+            continue
+        try:
+            _Inference(definition, {**attrs, "data_format": fmt, wf: wfmt}, inputs, lenient).run()
+        except ConvgradError:
+            continue
+        changes = [f"{name}={value!r}" for name, value, old in (("data_format", fmt, given[0]), (wf, wfmt, given[1]))
+                   if value != old]
+        return f"did you mean {', '.join(changes)}?"
+    return None
+
+
 def build_problem(definition: OpDef, attrs: Attrs, inputs: list[TensorInfo | None], lenient: bool = False) -> Problem:
     """Resolve an op invocation into a :class:`Problem`, or raise a convgrad error saying why not
     (including sizes beyond int64 and an output over the memory budget: nothing is allocated)."""
     bias = next((i for s, i in zip(definition.inputs, inputs) if s.role == "bias" and i is not None), None)
-    problem = _Inference(definition, attrs, list(inputs), lenient).run()
+    try:
+        problem = _Inference(definition, attrs, list(inputs), lenient).run()
+    except (ShapeError, AttributeValueError) as exc:
+        hint = _layout_hint(definition, attrs, list(inputs), lenient)
+        if hint:
+            exc.args = (f"{exc.args[0]} ({hint})",)
+        raise
     check_sizes(problem)
     if bias is not None:
         channels = problem.geometry.oc if definition.output.role == "y" else problem.geometry.ic

@@ -201,10 +201,11 @@ def plot(results: Sequence[Result], path: str | Path, ceiling: float, left_out: 
     for y, value in enumerate(values):
         ax.annotate(f" {value:.3g}", (value, y), va="center", fontsize="small")
     ax.invert_yaxis()
+    ax.set_xlim(0, 1.15 * max([*values, ceiling]))  # room for the values written after the bars
     ax.set_xlabel("GFLOP/s")
     ax.set_title("convgrad: GFLOP/s per case" + (f" (the first {len(timed)}; {left_out} more not shown)"
                                                   if left_out else ""))
-    ax.legend(loc="lower right", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.6 / fig.get_figheight()), ncol=2, fontsize="small",
+              frameon=False)  # below the axes: it covers no bar or label
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)

@@ -21,7 +21,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
+
+from .extras import missing_extra
+
+try:
+    import torch
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "torch", "PyTorch") from exc
 
 from . import adjoints, interop
 from .dtypes import DATA_DTYPES, as_array, bfloat16
@@ -76,8 +82,6 @@ def _problem(d: OpDef, tensors: Sequence[torch.Tensor | None], attrs: dict[str, 
 # The registered ops
 # ---------------------------------------------------------------------------------------------
 def _attribute_schema(a: AttrSpec) -> str:
-    if a.name == "strides":
-        return "int[] strides"
     if a.type == "s64":
         return f"int {a.name}={a.default}"
     if a.type == "string":
@@ -86,7 +90,7 @@ def _attribute_schema(a: AttrSpec) -> str:
 
 
 def _schema(d: OpDef) -> str:
-    """``(Tensor src, Tensor weights, Tensor? bias=None, *, int[] strides, int[]? pads_begin=None, ...)
+    """``(Tensor src, Tensor weights, Tensor? bias=None, *, int[]? strides=None, int[]? pads_begin=None, ...)
     -> Tensor``: data inputs positionally, every attribute by keyword (a shape input as its
     attribute, dst_shape / weights_shape)."""
     inputs = [f"Tensor {s.name}" if s.required else f"Tensor? {s.name}=None" for s in d.inputs if s.role != "shape"]
@@ -129,7 +133,7 @@ def _apply(kind: str, *tensors: torch.Tensor | None, **attrs: Any) -> torch.Tens
 
 def _call(kind: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> torch.Tensor:
     """Validate the attributes as convgrad does, check the tensors, run the registered op."""
-    plain = interop.plain_attributes(kind, attrs)  # ConvgradError on a bad attribute
+    plain = interop.plain_attributes(kind, attrs, getattr(tensors[0], "ndim", 2) - 2)  # ConvgradError if bad
     for tensor, name in zip(tensors, interop.data_input_names(OPS[kind])):
         if tensor is None:
             continue
@@ -145,12 +149,12 @@ def _call(kind: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> torch.T
 # Public functions
 # ---------------------------------------------------------------------------------------------
 def convolution(src: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | None = None, *,
-                strides: Sequence[int], pads_begin: Sequence[int] | None = None,
-                pads_end: Sequence[int] | None = None, dilations: Sequence[int] | None = None,
+                strides: int | Sequence[int] | None = None, pads_begin: int | Sequence[int] | None = None,
+                pads_end: int | Sequence[int] | None = None, dilations: int | Sequence[int] | None = None,
                 groups: int = 1, auto_pad: str = "none", data_format: str = "NXC",
                 weights_format: str = "XIO", **unknown: Any) -> torch.Tensor:
     """Convolution (oneDNN Graph ``Convolution``) of CPU tensors, differentiable in src, weights
-    and bias. Attributes, defaults and errors as :func:`convgrad.convolution`: omitted pads mean 0,
+    and bias. Attributes, defaults and errors as :func:`convgrad.convolution`: omitted strides 1, pads 0,
     omitted dilations 1, an unknown keyword is an UnknownAttributeError; ``data_format`` NXC or NCX,
     ``weights_format`` XIO or OIX; bias has one value per output channel. Gradients: ConvolutionBackwardData / ConvolutionBackwardWeights."""
     return _call("Convolution", (src, weights, bias), dict(
@@ -159,10 +163,10 @@ def convolution(src: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | N
 
 
 def conv_transpose(src: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | None = None, *,
-                   strides: Sequence[int], pads_begin: Sequence[int] | None = None,
-                   pads_end: Sequence[int] | None = None, dilations: Sequence[int] | None = None,
+                   strides: int | Sequence[int] | None = None, pads_begin: int | Sequence[int] | None = None,
+                   pads_end: int | Sequence[int] | None = None, dilations: int | Sequence[int] | None = None,
                    groups: int = 1, auto_pad: str = "none", data_format: str = "NXC",
-                   weights_format: str = "XOI", output_padding: Sequence[int] | None = None, **unknown: Any) -> torch.Tensor:
+                   weights_format: str = "XOI", output_padding: int | Sequence[int] | None = None, **unknown: Any) -> torch.Tensor:
     """Transposed convolution (oneDNN Graph ``ConvTranspose``) of CPU tensors, differentiable in
     src, weights and bias. Attributes, defaults and errors as :func:`convgrad.conv_transpose`;
     ``weights_format`` XOI or IOX (IOX is PyTorch's ConvTranspose weight layout). Gradients:
@@ -213,7 +217,7 @@ class Conv(torch.nn.Module):
             "weights_format": weights_format or OPS[kind].attr("weights_format").default,
             **{k: _per_axis(v, rank) for k, v in extra.items()},
         }
-        fmt = interop.plain_attributes(kind, self.attrs)["weights_format"]  # ConvgradError on a bad one
+        fmt = interop.plain_attributes(kind, self.attrs, rank)["weights_format"]  # ConvgradError on a bad one
         for name, channels in (("in_channels", in_channels), ("out_channels", out_channels)):
             if channels % groups:
                 raise AttributeValueError(kind, "groups", groups, f"a divisor of {name} = {channels}")

@@ -9,3 +9,10 @@
 The rest of convgrad never imports this package (nor dask): an op comes here only when one of
 its inputs is a dask array.
 """
+
+from ..extras import missing_extra
+
+try:
+    import dask.array  # noqa: F401  (the extra's libraries, checked once here)
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "dask", "dask") from exc

@@ -22,7 +22,7 @@ lazy dask array of the op's output shape and dtype:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask.array as da
 import numpy as np
@@ -31,10 +31,13 @@ from ..dtypes import compute_dtype, is_dask_array
 from ..engines import Engine, available_engines, get_engine
 from ..errors import InputTypeError
 from ..limits import check_memory
-from ..op import Op, execute_canonical, finish
+from ..execution import execute_canonical, finish
 from ..problem import Problem, data_shape
 from ..tensor_ops import TensorProblem
 from .blocks import AxisSplit, Window, boundaries, split_axis
+
+if TYPE_CHECKING:
+    from ..op import Op
 
 __all__ = ["execute_lazy", "SPLIT_EVERY", "ELEMENTWISE_FAMILIES"]
 

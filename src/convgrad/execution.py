@@ -1,0 +1,54 @@
+"""Running a resolved problem: canonical views in, one engine call, bias, one rounding, the user's
+layout out. What :class:`convgrad.Op` and :mod:`convgrad.dask.arrays` (per block) both run."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .dtypes import round_to
+from .engines import Engine
+from .layout import data_from_canonical, data_to_canonical, weights_in_format, weights_to_canonical
+from .limits import check_memory
+from .problem import Problem
+from .tensor_ops import TensorProblem, run_tensor_problem
+
+__all__ = ["execute", "execute_canonical", "finish"]
+
+
+def execute(problem: Problem | TensorProblem, arrays: dict[str, np.ndarray], engine: Engine) -> np.ndarray:
+    """Run a resolved problem: canonical views in, one engine call, bias, one rounding, user layout out
+    (the other ops: :func:`~convgrad.tensor_ops.run_tensor_problem`). The memory guard runs first;
+    NaN and Inf propagate as IEEE arithmetic does, without warnings."""
+    if isinstance(problem, TensorProblem):
+        return run_tensor_problem(problem, [arrays[s.name] for s in problem.definition.inputs], engine)
+    return finish(problem, execute_canonical(problem, arrays, engine), arrays.get("bias"))
+
+
+def execute_canonical(problem: Problem, arrays: dict[str, np.ndarray], engine: Engine) -> np.ndarray:
+    """The engine's canonical result (data ``(N, *X, C)``, weights ``(*K, ICg, OC)``) in its
+    accumulation dtype (f32, f64 for f64 data), before bias, rounding and layout: partial results
+    that are summed later (batch or space chunks) are summed in this form and rounded once by
+    :func:`finish`. The memory guard runs first."""
+    check_memory(problem, engine)
+    g, fmt, wfmt = problem.geometry, problem.data_format, problem.weights_format
+    canonical = {role: (weights_to_canonical(a, wfmt) if role == "w" else data_to_canonical(a, fmt))
+                 for role, a in arrays.items() if role != "bias"}
+    with np.errstate(all="ignore"):  # IEEE arithmetic: NaN and Inf propagate, overflow gives Inf
+        if problem.task == "forward":
+            return engine.forward(g, canonical["x"], canonical["w"])
+        if problem.task == "backward_data":
+            return engine.backward_data(g, canonical["y"], canonical["w"])
+        return engine.backward_weights(g, canonical["x"], canonical["y"])
+
+
+def finish(problem: Problem, result: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """A canonical result of :func:`execute_canonical` as the op's output: plus bias, rounded once
+    to the output dtype, in the user's layout (a fresh C-contiguous array)."""
+    fmt, wfmt = problem.data_format, problem.weights_format
+    with np.errstate(all="ignore"):
+        if bias is not None:
+            result = result + bias.astype(result.dtype)
+        result = round_to(result, problem.dtype)
+    if problem.definition.output.role == "w":
+        return weights_in_format(result, wfmt)
+    return np.ascontiguousarray(data_from_canonical(result, fmt))
