@@ -55,6 +55,23 @@ def test_lists_run_every_combination_in_order():
     assert repros[-1] == "--dir=BWD_D --dt=bf16 --mb=3 ic2ih4oc3oh4kh3ph1"
 
 
+def test_lists_are_counted_before_running(tmp_path):
+    """--max-cases counts every combination of the list options, in batch files too, before any
+    case runs (the nested file inherits the options in force and passes its own back)."""
+    inner = tmp_path / "inner"
+    inner.write_text("--dt=f32,bf16,f16\nic2ih4oc3oh4kh3ph1\n")
+    batch = tmp_path / "outer"
+    batch.write_text("--dir=FWD_B,BWD_D --mb=1,2\nic2ih4oc3oh4kh3ph1\n--batch=inner\nic2ih5oc3oh5kh3ph1\n")
+    # 4 (2 dirs x 2 mb) + 12 (x 3 dts, in the nested file) + 12 (the dts persist after it)
+    result = CliRunner().invoke(main, ["conv", f"--batch={batch}", "--max-cases=27"])
+    assert result.exit_code == 2 and "hold 28 cases" in result.output, result.output
+    result = CliRunner().invoke(main, ["conv", "--dir=FWD_B,BWD_D,BWD_W", "--mb=1,2", "--max-cases=5",
+                                       "ic2ih4oc3oh4kh3ph1"])
+    assert result.exit_code == 2 and "hold 6 cases" in result.output, result.output
+    code, out, summary = run("--seed=2", f"--batch={batch}", "--max-cases=28")
+    assert code == 0 and summary == (28, 28, 0, 0), out
+
+
 def test_integer_quantization_is_skipped_and_does_not_fail(tmp_path):
     batch = tmp_path / "quant"
     batch.write_text("--reset --dt=u8:s8:u8 ic4ih5oc4oh5kh3ph1\n"
