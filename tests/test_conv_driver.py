@@ -205,6 +205,15 @@ def test_post_ops_match_pytorch():
     np.testing.assert_allclose(y, expected, rtol=2e-6, atol=2e-6)
 
 
+def test_every_eltwise_and_binary_post_op_passes_the_check():
+    entries = ("abs,exp,gelu_erf,gelu_tanh,tanh_dst,logistic_dst,mish,round,square,sqrt_dst,log,elu:0.5,"
+               "clip:-0.5:0.5,clip_v2_dst:-1:1,hardsigmoid:0.2:0.5,hardswish:0.1666667:0.5,soft_relu:2,pow:1:2,"
+               "relu_dst:0.1,eltwise_relu,binary_add:f16:per_oc,div:f32:common,max:bf16:per_tensor:axb,sub:f32:3,"
+               "min:f32:per_dim_01,mul:f32:per_oc+sum:0.5+prelu:per_tensor")
+    code, out, summary = run("--seed=3", f"--attr-post-ops={entries}", "--dir=FWD_B,FWD_I", "mb2ic3ih4iw5oc4kh3kw2ph1")
+    assert code == 0 and summary == (52, 52, 0, 0), out
+
+
 def test_dw_post_op_runs_a_depthwise_convolution_after_the_1x1():
     torch = pytest.importorskip("torch")
     setup = ConvSetup("FWD_B", post_ops=parse_post_ops("relu+dw:k3s2p1+sqrt"))
