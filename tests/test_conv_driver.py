@@ -35,12 +35,12 @@ def statuses(out: str) -> list[str]:
     return re.findall(r"^\d+:(PASSED|SKIPPED|FAILED)", out, re.M)
 
 
-def run_graph(text: str, setup: ConvSetup, engine: str = "fast") -> tuple[list[np.ndarray], dict[int, np.ndarray], list]:
+def run_graph(text: str, setup: ConvSetup) -> tuple[list[np.ndarray], dict[int, np.ndarray], list[np.ndarray]]:
     """The graph's inputs in the order the builder makes them (src or diff_dst first, then weights,
     bias, post-op operands), every tensor's value, and the plan's outputs."""
     plan = plan_graph(descriptor_graph(parse_descriptor(text), setup))
     inputs = make_inputs(plan, fresh_rng()[0])
-    values = execute(plan, engine, inputs)
+    values = execute(plan, "fast", inputs)
     return [inputs[t] for t in sorted(plan.inputs)], values, [values[t] for t in plan.graph.output_ids()]
 
 
@@ -66,7 +66,8 @@ def test_integer_quantization_is_skipped_and_does_not_fail(tmp_path):
     assert code == 0 and summary == (6, 1, 5, 0), out
     assert statuses(out) == ["SKIPPED"] * 4 + ["PASSED", "SKIPPED"]
     for reason in ("integer data type u8 (--dt=u8:s8:u8)", "--attr-scales=wei:common:0.25",
-                   "--attr-zero-points=src:common:1", "post-op 'sum:0.5:1': zero point 1", "integer data type s8 (--dt=s8:s8:s32)"):
+                   "--attr-zero-points=src:common:1", "post-op 'sum:0.5:1': zero point 1",
+                   "integer data type s8 (--dt=s8:s8:s32)"):
         assert f"SKIPPED (integer quantization is not convgrad's job: {reason}" in out, reason
     batch.write_text("--dt=u8:s8:u8 ic4ih5oc4oh5kh3ph1\n--dt=f32 --nonsense=1 ic4ih5oc4oh5kh3ph1\n")
     code, out, summary = run(f"--batch={batch}")
@@ -79,7 +80,8 @@ def test_integer_quantization_is_skipped_and_does_not_fail(tmp_path):
     (["--attr-post-ops=relu+eq:f32"], "'eq:f32': convgrad cannot apply eq: a comparison"),
     (["--attr-post-ops=bogus"], "'bogus': unknown post-op 'bogus'"),
     (["--attr-post-ops=add:f32:per_hw"], "'add:f32:per_hw': mask 'per_hw': expected common"),
-    (["--dir=BWD_D", "--attr-post-ops=relu"], "post-ops apply to the forward directions (FWD_B, FWD_D, FWD_I), not BWD_D"),
+    (["--dir=BWD_D", "--attr-post-ops=relu"], "post-ops apply to the forward directions (FWD_B, FWD_D, FWD_I), "
+                                               "not BWD_D"),
     (["--wtag=ogiw"], "--wtag: tag 'ogiw': grouped weights need g immediately outside o"),
     (["--stag=abcde"], "tag 'abcde' does not fit a 3D data tensor (ncw)"),
 ])
@@ -159,7 +161,7 @@ def test_bwd_wb_bias_gradient_matches_pytorch(dt):
     src_dt, wei_dt, dst_dt = (dt.split(":") * 3)[:3]
     text = "g2mb3ic4ih7iw6oc6oh4ow3kh3kw3sh2sw2ph1pw1"
     (x, dy), values, (dw, db) = run_graph(text, ConvSetup("BWD_WB", src_dt, wei_dt, dst_dt))
-    assert db.dtype == np.float32 and dw.dtype == {"f32": np.float32, "bf16": ml_dtypes.bfloat16}.get(wei_dt, np.float32)
+    assert db.dtype == np.float32 and dw.dtype == (ml_dtypes.bfloat16 if wei_dt == "bf16" else np.float32)
     xt = torch.from_numpy(np.moveaxis(x.astype(np.float64), -1, 1).copy())
     w = torch.zeros((6, 2, 3, 3), dtype=torch.float64, requires_grad=True)
     b = torch.zeros(6, dtype=torch.float64, requires_grad=True)
@@ -197,7 +199,9 @@ def test_post_ops_match_pytorch():
         run_graph("mb2ic4ih5oc6oh5kh3ph1", ConvSetup("FWD_B", post_ops=post_ops))
     assert np.all(scale_input == 2) and add.shape == (1, 1, 1, 6) and mul.shape == y.shape
     xt, wt = _torch_layout(x, w)
-    t = lambda a: torch.from_numpy(np.moveaxis(np.broadcast_to(a.astype(np.float64), y.shape), -1, 1).copy())  # noqa: E731
+    def t(a: np.ndarray):
+        return torch.from_numpy(np.moveaxis(np.broadcast_to(a.astype(np.float64), y.shape), -1, 1).copy())
+
     z = torch.nn.functional.conv2d(xt, wt, torch.from_numpy(b.astype(np.float64)), padding=1) + 2 * t(previous)
     z = torch.nn.functional.leaky_relu(z, 0.25) + t(add)
     z = torch.where(z > 0, z, t(slope) * z) * t(mul)

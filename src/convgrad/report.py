@@ -101,7 +101,8 @@ def summary_table(results: Sequence[Result], mode: str) -> Table:
     for column in numbers:
         table.add_column(column, justify="right")
     for r in results:
-        status = "[red]FAILED[/red]" if not r.ok else "[yellow]SKIPPED[/yellow]" if r.skipped else "[green]PASSED[/green]"
+        status = ("[red]FAILED[/red]" if not r.ok else "[yellow]SKIPPED[/yellow]" if r.skipped
+                  else "[green]PASSED[/green]")
         if not r.ok or r.skipped or (mode == "C" and not r.checks) or (mode == "P" and not r.times):
             cells = ("",) * len(numbers)
         elif mode == "P":
