@@ -216,7 +216,7 @@ GRAPH = Driver("graph", {
                                   "one).", parse_mb, "0"),
 }, "case", _build_graph)
 
-_LIST = " A comma-separated list runs every value (with the other lists: every combination)."
+_LIST = " Takes a comma-separated list (every combination runs)."
 CONV = Driver("conv", {
     "dir": Knob("dir", "Direction: FWD_B (forward with bias), FWD_D (without), FWD_I (inference: the same "
                 "math as FWD_D), BWD_D (data gradient), BWD_W (weights gradient), BWD_WB (weights and bias "
