@@ -260,3 +260,11 @@ def test_onednn_files_pass(name):
     assert tests == (expected_tests or tests) and skipped == (skipped if expected_skipped is None else expected_skipped)
     reasons = re.findall(r"^\d+:SKIPPED \((.*?)\) __REPRO", out, re.M)
     assert len(reasons) == skipped and all(r.startswith("integer quantization is not convgrad's job") for r in reasons)
+
+
+def test_post_ops_on_bf16_data_run_on_the_f32_accumulator_and_round_once():
+    setup = ConvSetup("FWD_D", "bf16", "bf16", "bf16", post_ops=parse_post_ops("sum+relu"))
+    assert setup.compute_dtype() == "f32" and ConvSetup("FWD_D", "bf16", "bf16", "bf16").compute_dtype() == "bf16"
+    graph = descriptor_graph(parse_descriptor("mb2ic4ih5oc6oh5kh3ph1"), setup)
+    assert [op.kind for op in graph.ops] == ["TypeCast", "TypeCast", "Convolution", "TypeCast", "Add", "ReLU",
+                                             "TypeCast"]

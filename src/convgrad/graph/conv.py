@@ -10,9 +10,9 @@ tensors the user sees.
 
 Data types: ``src``, ``wei`` and ``dst`` apply to src/diff_src, weights/diff_weights and
 dst/diff_dst, ``bias`` to bias/diff_bias. When every type involved (post-op operands included) is
-the same, the ops run in it. Otherwise they run in f32: inputs are widened by TypeCast (exact), the
-convolution accumulates in f32 and each output is rounded once to its own type by a final
-TypeCast. Every op is checked against the reference engine in its own type, so the tolerance of
+the same, the ops run in it. Otherwise, and for post-ops on bf16/f16 data, they run in f32: inputs
+are widened by TypeCast (exact), the convolution and its post-ops compute in f32 and each output is
+rounded once to its own type by a final TypeCast. Every op is checked against the reference engine in its own type, so the tolerance of
 the rounding follows the lowest precision involved.
 
 Post-ops (:mod:`.post_ops`) follow the forward convolution as graph ops in the compute type, in
@@ -57,11 +57,13 @@ class ConvSetup:
     post_ops: tuple[PostOp, ...] = ()
 
     def compute_dtype(self) -> str:
-        """The type the ops run in: the one type involved, else f32."""
+        """The type the ops run in: the one type involved, else (mixed types, or post-ops on bf16/f16
+        data, which oneDNN applies to the f32 accumulator) f32."""
         used = {self.src_dt, self.wei_dt, self.dst_dt}
         used |= {self.bias_dt} if self.direction in _WITH_BIAS else set()
         used |= {p.dt for p in self.post_ops if p.dt}
-        return used.pop() if len(used) == 1 else "f32"
+        one = len(used) == 1 and not (self.post_ops and used & {"bf16", "f16"})
+        return used.pop() if one else "f32"
 
 
 @dataclass
