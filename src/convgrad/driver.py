@@ -20,7 +20,7 @@ from .errors import ConvgradError
 from .graph import DIRECTIONS, Graph, check, descriptor_graph, load_graph, make_inputs, plan_graph
 from .graph import parse_dt, parse_in_shapes, parse_mb, parse_op_attrs, parse_op_kind, rewrite, time_plan
 from .graph.conv import ConvSetup
-from .graph.post_ops import PostOp, parse_post_ops
+from .graph.post_ops import parse_post_ops
 from .graph.rewrite import FLOAT_DTYPES, parse_fpmath, parse_tensor_property
 from .graph.tags import parse_tag, tag_note
 from .graph.run import OpCheck
@@ -128,31 +128,34 @@ def _parse_quantization(option: str) -> Callable[[str], str]:
     return parse
 
 
-def _quantization(case: Case, dts: tuple[str, ...], post_ops: tuple[PostOp, ...]) -> str:
-    """Why ``case`` is integer quantization, or ""."""
-    integer = [dt for dt in dts if dt in _INTEGER_DTYPES]
-    if integer:
-        return f"integer data type {integer[0]} (--dt={case.knob('dt')})"
-    for option in ("attr-scales", "attr-zero-points"):
-        if case.knob(option):
-            return f"--{option}={case.knob(option)}"
-    quantized = next((p for p in post_ops if p.quantization), None)
-    return f"post-op {quantized.text!r}: {quantized.quantization}" if quantized else ""
+def _quantization(case: Case, dts: dict[str, str]) -> str:
+    """Why ``case``, with the data types ``dts`` (option -> type), is integer quantization, or ""."""
+    integer = next((f"integer data type {dt} (--{option}={case.knob(option)})" for option, dt in dts.items()
+                    if dt in _INTEGER_DTYPES), "")
+    options = [f"--{option}={case.knob(option)}" for option in ("attr-scales", "attr-zero-points") if case.knob(option)]
+    return integer or (options[0] if options else "")
 
 
 def _conv_setup(case: Case) -> tuple[ConvDescriptor, ConvSetup]:
-    """The case's descriptor and setup; CaseSkipped for integer quantization."""
+    """The case's descriptor and setup; CaseSkipped for integer quantization (checked before the
+    post-ops are read, so that an integer line is skipped whatever its post-ops)."""
     desc = parse_descriptor(case.target)
     mb = parse_mb(case.knob("mb", "0"))
     if mb:
         desc = desc.with_mb(mb)
     dts = _parse_conv_dt(case.knob("dt", "f32"))
     direction = _parse_dir(case.knob("dir", "FWD_B"))
-    post_ops = parse_post_ops(case.knob("attr-post-ops"))
     bias_dt = _parse_bias_dt(case.knob("bia-dt", "undef"))
-    skip = _quantization(case, (*dts, bias_dt), post_ops)
+    name = desc.name or desc.canonical()
+    skip = _quantization(case, {"dt": next((dt for dt in dts if dt in _INTEGER_DTYPES), dts[0]),
+                                **({"bia-dt": bias_dt} if direction in ("FWD_B", "BWD_WB") else {})})
     if skip:
-        raise CaseSkipped(f"integer quantization is not convgrad's job: {skip}", desc.name or desc.canonical())
+        raise CaseSkipped(f"integer quantization is not convgrad's job: {skip}", name)
+    post_ops = parse_post_ops(case.knob("attr-post-ops"))
+    quantized = next((p for p in post_ops if p.quantization), None)
+    if quantized:
+        raise CaseSkipped(f"integer quantization is not convgrad's job: post-op {quantized.text!r}: "
+                          f"{quantized.quantization}", name)
     if post_ops and not direction.startswith("FWD"):
         raise ValueError(f"--attr-post-ops={case.knob('attr-post-ops')}: post-ops apply to the forward "
                          f"directions (FWD_B, FWD_D, FWD_I), not {direction}")
@@ -223,7 +226,7 @@ GRAPH = Driver("graph", {
                                   "one).", parse_mb, "0"),
 }, "case", _build_graph)
 
-_LIST = " A comma-separated list runs every value (with the other lists: every combination)."
+_LIST = " Takes a comma-separated list (every combination runs)."
 CONV = Driver("conv", {
     "dir": Knob("dir", "Direction: FWD_B (forward with bias), FWD_D (without), FWD_I (inference: the same "
                 "math as FWD_D), BWD_D (data gradient), BWD_W (weights gradient), BWD_WB (weights and bias "

@@ -10,9 +10,9 @@ tensors the user sees.
 
 Data types: ``src``, ``wei`` and ``dst`` apply to src/diff_src, weights/diff_weights and
 dst/diff_dst, ``bias`` to bias/diff_bias. When every type involved (post-op operands included) is
-the same, the ops run in it. Otherwise they run in f32: inputs are widened by TypeCast (exact), the
-convolution accumulates in f32 and each output is rounded once to its own type by a final
-TypeCast. Every op is checked against the reference engine in its own type, so the tolerance of
+the same, the ops run in it. Otherwise, and for post-ops on bf16/f16 data, they run in f32: inputs
+are widened by TypeCast (exact), the convolution and its post-ops compute in f32 and each output is
+rounded once to its own type by a final TypeCast. Every op is checked against the reference engine in its own type, so the tolerance of
 the rounding follows the lowest precision involved.
 
 Post-ops (:mod:`.post_ops`) follow the forward convolution as graph ops in the compute type, in
@@ -57,11 +57,13 @@ class ConvSetup:
     post_ops: tuple[PostOp, ...] = ()
 
     def compute_dtype(self) -> str:
-        """The type the ops run in: the one type involved, else f32."""
+        """The type the ops run in: the one type involved, else (mixed types, or post-ops on bf16/f16
+        data, which oneDNN applies to the f32 accumulator) f32."""
         used = {self.src_dt, self.wei_dt, self.dst_dt}
         used |= {self.bias_dt} if self.direction in _WITH_BIAS else set()
         used |= {p.dt for p in self.post_ops if p.dt}
-        return used.pop() if len(used) == 1 else "f32"
+        one = len(used) == 1 and not (self.post_ops and used & {"bf16", "f16"})
+        return used.pop() if one else "f32"
 
 
 @dataclass
@@ -94,6 +96,8 @@ class _Builder:
         to another type, else the last op writes ``out`` (with its strides) directly."""
         if value.dtype != out.dtype:
             return self.op("TypeCast", {}, (value,), out)
+        if out.stride is None:
+            return value
         last = self.ops[-1]
         self.ops[-1] = GraphOp(last.id, last.name, last.kind, last.attrs, last.inputs, (out,))
         return out
@@ -121,12 +125,14 @@ def _conv_attrs(desc: ConvDescriptor, layout: str) -> dict[str, Any]:
             "data_format": data_format, "weights_format": weights_format}
 
 
-def _user_tensor(b: _Builder, dtype: str, shape: tuple[int, ...], tag: str, kind: str,
-                 axes: list[str]) -> LogicalTensor:
+def _user_tensor(b: _Builder, dtype: str, shape: tuple[int, ...], option: str, axes: list[str],
+                 tag: str | None = None) -> LogicalTensor:
+    """A tensor the user sees, laid out as the tag of ``option`` (stag, wtag, dtag) or ``tag``."""
+    tag = getattr(b.setup, option) if tag is None else tag
     try:
-        stride = tag_strides(tag, kind, shape, axes)
+        stride = tag_strides(tag, "weights" if option == "wtag" else "data", shape, axes)
     except ValueError as exc:
-        raise ValueError(f"--{'wtag' if kind == 'weights' else 'stag/--dtag'}: {exc}") from None
+        raise ValueError(f"--{option}: {exc}") from None
     return b.tensor(dtype, shape, stride)
 
 
@@ -150,8 +156,11 @@ def _post_op(b: _Builder, post_op: PostOp, value: LogicalTensor, axes: list[str]
             previous = b.op("Multiply", {}, (previous, scale), b.tensor(c, shape), post_op.text)
         return b.op("Add", {}, (value, previous), b.tensor(c, shape), post_op.text)
     operand_shape = _operand_shape(post_op, shape, axes)
-    operand = b.tensor(post_op.dt, operand_shape, tag_strides(post_op.tag, "data", operand_shape, axes))
-    operand = b.widen(operand)
+    try:
+        stride = tag_strides(post_op.tag, "data", operand_shape, axes)
+    except ValueError as exc:
+        raise ValueError(f"--attr-post-ops: {post_op.text!r}: {exc}") from None
+    operand = b.widen(b.tensor(post_op.dt, operand_shape, stride))
     if post_op.family == "binary":
         return b.op(post_op.op_kind, {}, (value, operand), b.tensor(c, shape), post_op.text)
     # prelu: max(x, 0) + w * min(x, 0), each value rounded once
@@ -177,14 +186,13 @@ def _dw_descriptor(desc: ConvDescriptor, post_op: PostOp) -> ConvDescriptor:
 
 def _forward(b: _Builder, desc: ConvDescriptor, src: LogicalTensor, wtag: str, post_ops: tuple[PostOp, ...],
              name: str) -> LogicalTensor:
-    """A forward stage: weights (and bias) inputs, the convolution and its post-ops; the value before
-    its final rounding (compute type)."""
+    """A forward stage: weights (laid out as ``wtag``) and bias inputs, the convolution and its
+    post-ops; the value before its final rounding (compute type)."""
     s = b.setup
     data_format, weights_format = _formats(s.layout)
     grouped = desc.groups > 1
     w_shape = weights_shape(desc.oc, desc.ic // desc.groups, desc.kernel, weights_format)
-    weights = _user_tensor(b, s.wei_dt, w_shape, wtag, "weights",
-                           _weights_axes(desc.rank, weights_format, grouped))
+    weights = _user_tensor(b, s.wei_dt, w_shape, "wtag", _weights_axes(desc.rank, weights_format, grouped), wtag)
     inputs = (b.widen(src), b.widen(weights))
     if s.direction == "FWD_B":
         inputs += (b.widen(b.tensor(s.bias_dt, (desc.oc,))),)
@@ -202,7 +210,7 @@ def _forward(b: _Builder, desc: ConvDescriptor, src: LogicalTensor, wtag: str, p
 
 def _final_dst_dt(setup: ConvSetup) -> str:
     dw = [p for p in setup.post_ops if p.family == "dw"]
-    return dw[0].dt or setup.dst_dt if dw else setup.dst_dt
+    return (dw[0].dt or setup.dst_dt) if dw else setup.dst_dt
 
 
 def descriptor_graph(desc: ConvDescriptor, setup: ConvSetup) -> Graph:
@@ -217,21 +225,21 @@ def descriptor_graph(desc: ConvDescriptor, setup: ConvSetup) -> Graph:
     attrs = _conv_attrs(desc, setup.layout)
     name = desc.name or DIRECTIONS[setup.direction]
     if setup.direction.startswith("FWD"):
-        src = _user_tensor(b, setup.src_dt, x_shape, setup.stag, "data", axes)
+        src = _user_tensor(b, setup.src_dt, x_shape, "stag", axes)
         value = _forward(b, desc, src, setup.wtag, setup.post_ops, name)
-        b.store(value, _user_tensor(b, _final_dst_dt(setup), value.shape, setup.dtag, "data", axes))
+        b.store(value, _user_tensor(b, _final_dst_dt(setup), value.shape, "dtag", axes))
     elif setup.direction == "BWD_D":
-        diff_dst = b.widen(_user_tensor(b, setup.dst_dt, y_shape, setup.dtag, "data", axes))
-        weights = b.widen(_user_tensor(b, setup.wei_dt, w_shape, setup.wtag, "weights", w_axes))
+        diff_dst = b.widen(_user_tensor(b, setup.dst_dt, y_shape, "dtag", axes))
+        weights = b.widen(_user_tensor(b, setup.wei_dt, w_shape, "wtag", w_axes))
         attrs["dst_shape"] = list(x_shape)
         value = b.op("ConvolutionBackwardData", attrs, (diff_dst, weights), b.tensor(b.compute, x_shape), name)
-        b.store(value, _user_tensor(b, setup.src_dt, x_shape, setup.stag, "data", axes))
+        b.store(value, _user_tensor(b, setup.src_dt, x_shape, "stag", axes))
     else:
-        src = b.widen(_user_tensor(b, setup.src_dt, x_shape, setup.stag, "data", axes))
-        diff_dst = b.widen(_user_tensor(b, setup.dst_dt, y_shape, setup.dtag, "data", axes))
+        src = b.widen(_user_tensor(b, setup.src_dt, x_shape, "stag", axes))
+        diff_dst = b.widen(_user_tensor(b, setup.dst_dt, y_shape, "dtag", axes))
         attrs["weights_shape"] = list(w_shape)
         value = b.op("ConvolutionBackwardWeights", attrs, (src, diff_dst), b.tensor(b.compute, w_shape), name)
-        b.store(value, _user_tensor(b, setup.wei_dt, w_shape, setup.wtag, "weights", w_axes))
+        b.store(value, _user_tensor(b, setup.wei_dt, w_shape, "wtag", w_axes))
         if setup.direction == "BWD_WB":
             bias = b.op("BiasAddBackward", {"data_format": data_format}, (diff_dst,),
                         b.tensor(b.compute, (desc.oc,)), f"{name}:bias")

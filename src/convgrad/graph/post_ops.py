@@ -6,10 +6,10 @@ Syntax (``+`` between entries; benchdnn's own names, with their ``eltwise_``/``b
 - ``sum[:SCALE[:ZERO_POINT[:DT]]]``: dst = result + SCALE * (previous dst - ZERO_POINT) (Add, and
   Multiply by the scale when it is not 1);
 - ``ELTWISE[:ALPHA[:BETA[:SCALE]]]``: the graph's element-wise ops (relu -> ReLU or LeakyReLU with
-  a non-zero alpha, logistic -> Sigmoid, clip/clip_v2 -> Clamp, soft_relu -> SoftPlus, gelu_erf and
-  gelu_tanh -> GELU, pow with alpha 1 -> Pow, hardswish with its default 1/6, 1/2 -> HardSwish,
-  abs, elu, exp, hardsigmoid, log, mish, round, sqrt, square, tanh; the ``_dst`` forms compute the
-  same forward values);
+  a non-zero alpha, logistic -> Sigmoid, clip/clip_v2 -> Clamp, soft_relu (alpha non-zero) ->
+  SoftPlus, gelu_erf and gelu_tanh -> GELU, pow with alpha 1 -> Pow, hardswish with alpha 1/6 and
+  beta 1/2 -> HardSwish, abs, elu, exp, hardsigmoid, log, mish, round, sqrt, square, tanh; ALPHA
+  and BETA default to 0 as in benchdnn; the ``_dst`` forms compute the same forward values);
 - ``BINARY:DT[:MASK[:TAG]]``: add, sub, mul, div, max, min with a second operand of data type DT
   whose shape follows MASK (``common`` one value, ``per_oc`` one per channel, ``per_tensor`` the
   whole dst, or an integer bit mask over n, c, spatial dims), laid out as TAG;
@@ -109,28 +109,30 @@ def _eltwise(entry: str, name: str, args: list[str]) -> PostOp:
     if len(args) > 3:
         raise ValueError(f"--attr-post-ops: {entry!r}: expected at most ALPHA:BETA:SCALE after {name}")
     alpha, beta, scale = ([_number(entry, w, a) for w, a in zip(("alpha", "beta", "scale"), args)] + [None] * 3)[:3]
+    alpha, beta = alpha or 0.0, beta or 0.0  # benchdnn's defaults
     attrs: dict[str, Any] = {}
     kind = _ELTWISE[base]
+    refuse = ""
     if base == "relu" and alpha:
         kind, attrs = "LeakyReLU", {"alpha": alpha}
     elif base == "elu":
-        attrs = {"alpha": 0.0 if alpha is None else alpha}
+        attrs = {"alpha": alpha}
     elif base.startswith("gelu"):
         attrs = {"mode": base}
     elif base == "hardsigmoid":
-        attrs = {"alpha": alpha or 0.0, "beta": beta or 0.0}
+        attrs = {"alpha": alpha, "beta": beta}
     elif base in ("clip", "clip_v2"):
-        attrs = {"min": alpha or 0.0, "max": beta or 0.0}
+        attrs = {"min": alpha, "max": beta}
     elif base in ("soft_relu", "srelu"):
-        attrs = {"beta": alpha or 1.0}
+        attrs = {"beta": alpha}
+        refuse = "" if alpha else "soft_relu needs a non-zero alpha (ln(1 + exp(alpha * x)) / alpha)"
     elif base == "pow":
-        if alpha not in (None, 1.0):
-            raise ValueError(f"--attr-post-ops: {entry!r}: pow with alpha {alpha:g}: the graph's Pow computes "
-                             "src^beta only (alpha must be 1)")
-        attrs = {"beta": 1.0 if beta is None else beta}
-    elif base == "hardswish" and (alpha, beta) not in ((None, None), (1 / 6, 0.5)):
-        raise ValueError(f"--attr-post-ops: {entry!r}: hardswish with alpha {alpha}, beta {beta}: the graph's "
-                         "HardSwish computes x * min(max(x / 6 + 1 / 2, 0), 1) only")
+        attrs = {"beta": beta}
+        refuse = "" if alpha == 1 else "the graph's Pow computes x^beta only: give pow:1:BETA"
+    elif base == "hardswish" and not (abs(alpha - 1 / 6) < 1e-6 and beta == 0.5):
+        refuse = "the graph's HardSwish is x * min(max(x / 6 + 1 / 2, 0), 1) only: give hardswish:0.166667:0.5"
+    if refuse:
+        raise ValueError(f"--attr-post-ops: {entry!r}: {refuse}")
     quantization = f"eltwise output scale {scale:g}" if scale not in (None, 1.0) else ""
     return PostOp("eltwise", entry, kind, attrs, quantization=quantization)
 
