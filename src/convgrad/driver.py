@@ -20,7 +20,7 @@ from .graph import DIRECTIONS, Graph, check, descriptor_graph, load_graph, make_
 from .graph import parse_dt, parse_in_shapes, parse_mb, parse_op_attrs, parse_op_kind, rewrite, time_plan
 from .graph.rewrite import FLOAT_DTYPES
 from .graph.run import OpCheck
-from .untrusted import shell_join, shorten
+from .untrusted import MAX_NAME_CHARS, shell_join, shorten
 
 __all__ = ["Driver", "GRAPH", "CONV", "RunSettings", "Result", "run_case", "new_result", "fail"]
 
@@ -163,8 +163,9 @@ def fail(result: Result, reason: str) -> Result:
     """``result`` failed for ``reason``, which is made to name the case's file or descriptor and
     the batch line it came from."""
     case = result.case
-    if not case.error and shorten(case.target, 100) not in reason:
-        reason = f"{shorten(case.target, 100)}: {reason}"  # name the case file or descriptor
+    name = shorten(case.target, MAX_NAME_CHARS)
+    if not case.error and name not in reason:
+        reason = f"{name}: {reason}"  # name the case file or descriptor
     if case.origin != "command line" and not reason.startswith(case.origin):
         reason = f"{case.origin}: {reason}"
     result.reason = reason
