@@ -383,3 +383,17 @@ def test_op_count_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert code == 1 and "g.json: graph: has 6 ops: expected at most 5" in out, out
     code, out = run("graph", f"--case={write_graph(tmp_path / 'g.json', relu_graph(5))}")
     assert code == 0, out
+
+
+def test_limits_are_documented() -> None:
+    """docs/cli-guarantees.md states each limit with the value the code uses."""
+    from convgrad import cli, report
+    from convgrad.batch import MAX_FILE_BYTES
+    from convgrad.graph.model import MAX_OPS
+
+    text = (ROOT / "docs" / "cli-guarantees.md").read_text()
+    for value in (MAX_LINE_CHARS, MAX_TOKEN_CHARS, DEFAULT_MAX_CASES, MAX_OPS, report.MAX_TABLE_ROWS,
+                  report.MAX_PLOT_BARS, report.MAX_REASON_CHARS, cli.MAX_TIMES_PER_PRB, int(cli.MAX_MS_PER_PRB)):
+        assert f"{value:,}" in text, value
+    assert f"{MAX_DIGITS} digits" in text and f"{MAX_INCLUDE_DEPTH} levels" in text
+    assert f"{MAX_FILE_BYTES // 2**20} MiB" in text
