@@ -66,10 +66,10 @@ def run(*args: str, seconds: float = 60) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def subprocess_run(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def subprocess_run(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
     """A real ``python -m convgrad`` (its real stdout encoding, both streams as bytes)."""
     return subprocess.run([sys.executable, "-m", "convgrad", *args], capture_output=True, timeout=timeout,
-                          check=False, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                          check=False, env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **env})
 
 
 def counts(out: str) -> tuple[int, int, int]:
@@ -152,6 +152,13 @@ def test_lone_surrogate_names_do_not_end_the_batch(tmp_path: Path) -> None:
     out = result.stdout.decode()
     assert result.returncode == 1 and b"Traceback" not in result.stderr, result
     assert counts(out) == (3, 2, 1) and "op 0 '\\ud800' (ReLU)" in out and "'\\ud800'" in out, out
+
+
+def test_terminal_that_cannot_show_a_name() -> None:
+    """A name the terminal's encoding (latin-1) cannot show is written escaped, not a traceback."""
+    result = subprocess_run("conv", f'{DESCRIPTOR}n"caf\u00e9 \U0001f600"', PYTHONIOENCODING="latin-1")
+    assert result.returncode == 0 and b"Traceback" not in result.stderr, result
+    assert "café \\U0001f600".encode("latin-1") in result.stdout, result.stdout
 
 
 # --- 4. include chains ------------------------------------------------------------------------------
