@@ -130,7 +130,8 @@ def test_terminal_escapes_are_escaped(tmp_path: Path) -> None:
              write_graph(tmp_path / f"file{title}.json", relu_graph())]
     results = [subprocess_run("graph", *(f"--case={p}" for p in paths)),
                subprocess_run("conv", f'{DESCRIPTOR}n"{title}"'),
-               subprocess_run("conv", "--mode=P", "--fix-times-per-prb=1", "--perf-template=csv", f'{DESCRIPTOR}n"{title}"'),
+               subprocess_run("conv", "--mode=P", "--fix-times-per-prb=1", "--perf-template=csv",
+                              f'{DESCRIPTOR}n"{title}"'),
                subprocess_run("graph", f"--mb={title}", f"--case={paths[0]}")]
     for result, code in zip(results, (1, 0, 0, 2), strict=True):
         out = result.stdout + result.stderr

@@ -73,7 +73,8 @@ def _fields(result: Result) -> dict[str, str]:
     mean = sum(result.times) / runs
     mean_conv = sum(result.convolution_times) / runs
     gops = result.flops / 1e9
-    return {"engine": "cpu", "impl": result.engine, "name": printable(result.name), "prb": result.prb, "Gops": f"{gops:.6g}",
+    return {"engine": "cpu", "impl": result.engine, "name": printable(result.name), "prb": result.prb,
+            "Gops": f"{gops:.6g}",
             "-time": f"{result.times[best] * 1e3:.6g}", "-Gflops": f"{best_gflops(result):.6g}",
             "0time": f"{mean * 1e3:.6g}", "0Gflops": f"{_gflops(gops, mean_conv):.6g}",
             "-other": f"{(result.times[best] - result.convolution_times[best]) * 1e3:.6g}",
