@@ -119,8 +119,8 @@ def test_shell_join_round_trips() -> None:
 # --- 2, 3. untrusted text reaches the terminal escaped; lone surrogates do not crash -----------
 
 def test_terminal_escapes_are_escaped(tmp_path: Path) -> None:
-    """Escape sequences in an op name, an op kind, a file name, a descriptor name and an option
-    value: printed escaped on both streams of a real process (also when piped), never raw."""
+    """Escape sequences in an op name, an op kind, a file name, a descriptor name, a perf template
+    and an option value: printed escaped on both streams of a real process (also when piped), never raw."""
     title = "\x1b]0;pwned\x07\x1b[2J"
     bad_name = relu_graph(name=title)
     bad_name["graph"][0]["attrs"] = {"alpha": {"type": "f32", "value": 1.0}}  # ReLU has none: fails naming the op
@@ -132,8 +132,10 @@ def test_terminal_escapes_are_escaped(tmp_path: Path) -> None:
                subprocess_run("conv", f'{DESCRIPTOR}n"{title}"'),
                subprocess_run("conv", "--mode=P", "--fix-times-per-prb=1", "--perf-template=csv",
                               f'{DESCRIPTOR}n"{title}"'),
+               subprocess_run("conv", "--mode=P", "--fix-times-per-prb=1", f"--perf-template=%name%{title}",
+                              DESCRIPTOR),
                subprocess_run("graph", f"--mb={title}", f"--case={paths[0]}")]
-    for result, code in zip(results, (1, 0, 0, 2), strict=True):
+    for result, code in zip(results, (1, 0, 0, 0, 2), strict=True):
         out = result.stdout + result.stderr
         assert result.returncode == code, out
         assert b"\x1b" not in out and b"\x07" not in out and b"Traceback" not in out, out
