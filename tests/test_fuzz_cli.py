@@ -21,6 +21,8 @@ import re
 import shlex
 import subprocess
 import sys
+import time
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +37,9 @@ from convgrad.cli import main
 from convgrad.driver import CONV, GRAPH, Driver
 from convgrad.graph import DIRECTIONS
 from convgrad.graph.model import TENSOR_DTYPES
-from convgrad.untrusted import shorten
 from convgrad.opdefs import OPS
 from convgrad.report import check_template
+from convgrad.untrusted import printable, shorten
 
 from reliability_support import fuzz_settings as fuzz
 
@@ -370,7 +372,7 @@ def test_conv_descriptors(descs: list[str], options: dict[str, str]) -> None:
     assert (outcome.code == 2) == (not parses(CONV, options)), outcome.output
     if outcome.code != 2:
         assert len(outcome.passed) + len(outcome.failed) == len(descs)
-        assert all(any(shorten(d, 100) in r for d in descs) for r in outcome.failed), outcome.output
+        assert all(any(shorten(printable(d), 100) in r for d in descs) for r in outcome.failed), outcome.output
 
 
 @fuzz(15)
@@ -502,3 +504,77 @@ def test_found_by_fuzzing(tmp_path: Path, args: list[str], expected: str, code: 
                                                                                         "dtype": "s32"}]}]}))
     outcome = invoke([a.format(tmp=tmp_path) for a in args], perf="--mode=P" in args)
     assert outcome.code == code and expected in outcome.output, outcome.output
+
+
+# --- hostile files and tokens for both commands (issue 25) -------------------------------------
+
+HOSTILE = st.one_of(
+    st.text(max_size=12),  # any character: controls, lone surrogates, separators, format characters
+    st.sampled_from(["\x1b]0;pwned\x07\x1b[2J", "\ud800", "$(touch pwned)", "`touch pwned`", ";touch pwned", "'", '"',
+                     "\\", "\ufeff", "\u202e", "9" * 30, "9" * 5000, "-1", str(2**70), "#", "--reset", "", "a b"]))
+HOSTILE_JSON = st.recursive(
+    st.none() | st.booleans() | INTS | st.sampled_from([2**64, 2**70, -(2**70)]) | st.floats() | HOSTILE,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(HOSTILE, inner, max_size=3), max_leaves=8)
+_UNSAFE = ("Cc", "Cf", "Cs")  # categories that must never be printed raw (newlines end lines)
+
+
+@st.composite
+def hostile_documents(draw: st.DrawFn) -> str:
+    """An example graph with 1-4 fields (any field, at any depth) replaced by random JSON values,
+    or keys replaced by random text."""
+    doc = copy.deepcopy(GRAPHS[draw(st.sampled_from(sorted(GRAPHS)))])
+    for _ in range(draw(st.integers(1, 4))):
+        nodes = _nodes(doc)
+        if not nodes:
+            break
+        container, key = draw(st.sampled_from(nodes))
+        if isinstance(container, dict) and draw(st.booleans()):
+            container[draw(HOSTILE)] = container.pop(key)
+        else:
+            container[key] = draw(HOSTILE_JSON)
+    return json.dumps(doc, ensure_ascii=draw(st.booleans()))
+
+
+def _hostile_line(draw: st.DrawFn, driver: Driver) -> bytes:
+    """A batch line: hostile option tokens (quoted or not), random text or bytes, or a good case."""
+    knob = st.sampled_from([*driver.knobs, "batch", "case" if driver is GRAPH else "reset"])
+    token = st.one_of(st.builds(lambda k, v: f"--{k}={v}", knob, HOSTILE), HOSTILE)
+    line = draw(st.one_of(
+        st.lists(token, max_size=3).map(lambda ts: " ".join(shlex.quote(t) for t in ts)),
+        st.lists(token, max_size=3).map(" ".join),
+        st.just("--reset --case=good.json" if driver is GRAPH else "--reset ic2ih4oc2kh3"),
+        st.just("--batch=hostile.batch")))
+    data = line.encode("utf-8", "surrogatepass" if draw(st.booleans()) else "replace")  # surrogatepass: not UTF-8
+    return draw(st.one_of(st.just(data), st.binary(max_size=24)))
+
+
+@fuzz(25)
+@given(data=st.data(), driver=st.sampled_from([GRAPH, CONV]), document=hostile_documents())
+def test_hostile_inputs(workdir: Path, data: st.DataObject, driver: Driver, document: str) -> None:
+    """Both commands on hostile files (random JSON values in any field of a case file, random
+    bytes and tokens in a batch file that may include itself) and hostile option values and
+    arguments: a documented exit code, no traceback, nothing unprintable printed raw, every repro a
+    command that bash runs as one convgrad command and nothing else, in bounded time."""
+    folder = workdir / "hostile"
+    folder.mkdir(exist_ok=True)
+    (folder / "good.json").write_text(json.dumps(GRAPHS["conv_fwd_nxc_f32.json"]))
+    (folder / "case.json").write_text(document, encoding="utf-8", errors="surrogatepass")
+    lines = [_hostile_line(data.draw, driver) for _ in range(data.draw(st.integers(0, 5)))]
+    (folder / "hostile.batch").write_bytes(b"\n".join(lines) + b"\n")
+    options = [f"--{name}={data.draw(HOSTILE)}" for name in data.draw(st.lists(st.sampled_from(sorted(driver.knobs)),
+                                                                               max_size=2, unique=True))]
+    targets = ([f"--case={folder / 'case.json'}", f"--case={data.draw(HOSTILE)}"] if driver is GRAPH
+               else ["--", *data.draw(st.lists(st.one_of(descriptors(), HOSTILE, HOSTILE.map(
+                   lambda name: f'ic2ih4oc2kh3n"{name}"')), min_size=1, max_size=2))])
+    start = time.perf_counter()
+    outcome = invoke([driver.name, "--seed=6", *options, f"--batch={folder / 'hostile.batch'}", *targets])
+    assert time.perf_counter() - start < 60
+    raw = [c for c in outcome.output if c != "\n" and unicodedata.category(c) in _UNSAFE]
+    assert not raw, (raw, outcome.output)
+    repros = [m[3] for m in _CASE.findall(outcome.output)]
+    paste = folder / "paste"
+    paste.mkdir(exist_ok=True)
+    script = 'convgrad() { printf "%s\\n" "$1"; }; ' + "".join(f"{r}\n" for r in repros)
+    pasted = subprocess.run(["bash", "-c", script], capture_output=True, cwd=paste, timeout=30, check=False)
+    assert pasted.returncode == 0 and pasted.stdout.decode().split() == [driver.name] * len(repros), repros
+    assert not any(paste.iterdir()), repros  # pasting the repros ran nothing

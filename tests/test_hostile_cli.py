@@ -66,10 +66,10 @@ def run(*args: str, seconds: float = 60) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def subprocess_run(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def subprocess_run(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
     """A real ``python -m convgrad`` (its real stdout encoding, both streams as bytes)."""
     return subprocess.run([sys.executable, "-m", "convgrad", *args], capture_output=True, timeout=timeout,
-                          check=False, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                          check=False, env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **env})
 
 
 def counts(out: str) -> tuple[int, int, int]:
@@ -119,8 +119,8 @@ def test_shell_join_round_trips() -> None:
 # --- 2, 3. untrusted text reaches the terminal escaped; lone surrogates do not crash -----------
 
 def test_terminal_escapes_are_escaped(tmp_path: Path) -> None:
-    """Escape sequences in an op name, an op kind, a file name, a descriptor name and an option
-    value: printed escaped on both streams of a real process (also when piped), never raw."""
+    """Escape sequences in an op name, an op kind, a file name, a descriptor name, a perf template
+    and an option value: printed escaped on both streams of a real process (also when piped), never raw."""
     title = "\x1b]0;pwned\x07\x1b[2J"
     bad_name = relu_graph(name=title)
     bad_name["graph"][0]["attrs"] = {"alpha": {"type": "f32", "value": 1.0}}  # ReLU has none: fails naming the op
@@ -130,9 +130,12 @@ def test_terminal_escapes_are_escaped(tmp_path: Path) -> None:
              write_graph(tmp_path / f"file{title}.json", relu_graph())]
     results = [subprocess_run("graph", *(f"--case={p}" for p in paths)),
                subprocess_run("conv", f'{DESCRIPTOR}n"{title}"'),
-               subprocess_run("conv", "--mode=P", "--fix-times-per-prb=1", "--perf-template=csv", f'{DESCRIPTOR}n"{title}"'),
+               subprocess_run("conv", "--mode=P", "--fix-times-per-prb=1", "--perf-template=csv",
+                              f'{DESCRIPTOR}n"{title}"'),
+               subprocess_run("conv", "--mode=P", "--fix-times-per-prb=1", f"--perf-template=%name%{title}",
+                              DESCRIPTOR),
                subprocess_run("graph", f"--mb={title}", f"--case={paths[0]}")]
-    for result, code in zip(results, (1, 0, 0, 2), strict=True):
+    for result, code in zip(results, (1, 0, 0, 0, 2), strict=True):
         out = result.stdout + result.stderr
         assert result.returncode == code, out
         assert b"\x1b" not in out and b"\x07" not in out and b"Traceback" not in out, out
@@ -152,6 +155,13 @@ def test_lone_surrogate_names_do_not_end_the_batch(tmp_path: Path) -> None:
     out = result.stdout.decode()
     assert result.returncode == 1 and b"Traceback" not in result.stderr, result
     assert counts(out) == (3, 2, 1) and "op 0 '\\ud800' (ReLU)" in out and "'\\ud800'" in out, out
+
+
+def test_terminal_that_cannot_show_a_name() -> None:
+    """A name the terminal's encoding (latin-1) cannot show is written escaped, not a traceback."""
+    result = subprocess_run("conv", f'{DESCRIPTOR}n"caf\u00e9 \U0001f600"', PYTHONIOENCODING="latin-1")
+    assert result.returncode == 0 and b"Traceback" not in result.stderr, result
+    assert "café \\U0001f600".encode("latin-1") in result.stdout, result.stdout
 
 
 # --- 4. include chains ------------------------------------------------------------------------------
@@ -383,3 +393,17 @@ def test_op_count_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert code == 1 and "g.json: graph: has 6 ops: expected at most 5" in out, out
     code, out = run("graph", f"--case={write_graph(tmp_path / 'g.json', relu_graph(5))}")
     assert code == 0, out
+
+
+def test_limits_are_documented() -> None:
+    """docs/cli-guarantees.md states each limit with the value the code uses."""
+    from convgrad import cli, report
+    from convgrad.batch import MAX_FILE_BYTES
+    from convgrad.graph.model import MAX_OPS
+
+    text = (ROOT / "docs" / "cli-guarantees.md").read_text()
+    for value in (MAX_LINE_CHARS, MAX_TOKEN_CHARS, DEFAULT_MAX_CASES, MAX_OPS, report.MAX_TABLE_ROWS,
+                  report.MAX_PLOT_BARS, report.MAX_REASON_CHARS, cli.MAX_TIMES_PER_PRB, int(cli.MAX_MS_PER_PRB)):
+        assert f"{value:,}" in text, value
+    assert f"{MAX_DIGITS} digits" in text and f"{MAX_INCLUDE_DEPTH} levels" in text
+    assert f"{MAX_FILE_BYTES // 2**20} MiB" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import math
 import os
 import secrets
@@ -56,6 +57,9 @@ class _Commands(click.Group):
             return super().make_context(*args, **kwargs)
 
     def invoke(self, ctx: click.Context) -> Any:
+        for stream in (sys.stdout, sys.stderr):  # a character the terminal cannot show: escaped, not an error
+            if isinstance(stream, io.TextIOWrapper):
+                stream.reconfigure(errors="backslashreplace")
         with _printable_errors():
             return super().invoke(ctx)
 

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, replace
 
 from .problem import ConvGeometry
-from .untrusted import integer, shorten
+from .untrusted import MAX_NAME_CHARS, integer, shorten
 
 __all__ = ["ConvDescriptor", "DescriptorError", "parse_descriptor", "parse_descriptor_file"]
 
@@ -53,7 +53,7 @@ class ConvDescriptor(ConvGeometry):
 
 def _named(text: str) -> str:
     """How messages name a descriptor (a long one cut)."""
-    return f"descriptor {shorten(text, 100)!r}"
+    return f"descriptor {shorten(text, MAX_NAME_CHARS)!r}"
 
 
 def parse_descriptor(text: str) -> ConvDescriptor:

@@ -24,7 +24,7 @@ from .graph.post_ops import parse_post_ops
 from .graph.rewrite import FLOAT_DTYPES, parse_fpmath, parse_tensor_property
 from .graph.tags import parse_tag, tag_note
 from .graph.run import OpCheck
-from .untrusted import shell_join, shorten
+from .untrusted import MAX_NAME_CHARS, shell_join, shorten
 
 __all__ = ["Driver", "GRAPH", "CONV", "RunSettings", "Result", "CaseSkipped", "run_case", "new_result", "fail"]
 
@@ -332,8 +332,9 @@ def fail(result: Result, reason: str) -> Result:
     """``result`` failed for ``reason``, which is made to name the case's file or descriptor and
     the batch line it came from."""
     case = result.case
-    if not case.error and shorten(case.target, 100) not in reason:
-        reason = f"{shorten(case.target, 100)}: {reason}"  # name the case file or descriptor
+    name = shorten(case.target, MAX_NAME_CHARS)
+    if not case.error and name not in reason:
+        reason = f"{name}: {reason}"  # name the case file or descriptor
     if case.origin != "command line" and not reason.startswith(case.origin):
         reason = f"{case.origin}: {reason}"
     result.reason = reason

@@ -73,7 +73,7 @@ def _fields(result: Result) -> dict[str, str]:
     mean = sum(result.times) / runs
     mean_conv = sum(result.convolution_times) / runs
     gops = result.flops / 1e9
-    return {"engine": "cpu", "impl": result.engine, "name": printable(result.name), "prb": result.prb, "Gops": f"{gops:.6g}",
+    return {"engine": "cpu", "impl": result.engine, "name": result.name, "prb": result.prb, "Gops": f"{gops:.6g}",
             "-time": f"{result.times[best] * 1e3:.6g}", "-Gflops": f"{best_gflops(result):.6g}",
             "0time": f"{mean * 1e3:.6g}", "0Gflops": f"{_gflops(gops, mean_conv):.6g}",
             "-other": f"{(result.times[best] - result.convolution_times[best]) * 1e3:.6g}",
@@ -81,14 +81,15 @@ def _fields(result: Result) -> dict[str, str]:
 
 
 def perf_line(result: Result, template: str) -> str:
-    """The perf line of a timed case (``csv``: one quoted CSV row)."""
+    """The perf line of a timed case (``csv``: one quoted CSV row), printable (names and the
+    template are untrusted)."""
     fields = _fields(result)
     text = check_template(template)
     if template == "csv":
         row = io.StringIO()
         csv.writer(row, lineterminator="").writerow(["perf", *(fields[f] for f in _FIELD.findall(text))])
-        return row.getvalue()
-    return _FIELD.sub(lambda m: fields[m.group(1)], text)
+        return printable(row.getvalue())
+    return printable(_FIELD.sub(lambda m: fields[m.group(1)], text))
 
 
 def csv_header() -> str:

@@ -20,7 +20,7 @@ import shlex
 from collections.abc import Iterable
 
 __all__ = ["MAX_LINE_CHARS", "MAX_TOKEN_CHARS", "MAX_DIGITS", "printable", "shell_join", "split_line",
-           "check_token", "integer", "shorten"]
+           "check_token", "integer", "shorten", "MAX_NAME_CHARS"]
 
 #: Longest batch-file line, in characters.
 MAX_LINE_CHARS = 65_536
@@ -28,6 +28,8 @@ MAX_LINE_CHARS = 65_536
 MAX_TOKEN_CHARS = 16_384
 #: Most digits of a number in an option or a descriptor (2^64 has 20).
 MAX_DIGITS = 20
+#: Longest case file or descriptor quoted in full in a message (longer ones are cut).
+MAX_NAME_CHARS = 500
 
 _QUOTING = re.compile(r"['\"\\]")
 _BLANKS = re.compile(r"[ \t\r\n]+")  # shlex's whitespace

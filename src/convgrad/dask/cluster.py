@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import dask
@@ -76,7 +76,7 @@ def _collect(future: Future, pending: Result) -> Result:
         return fail(pending, f"cluster error: {type(exc).__name__}: {exc}")
 
 
-def run_cases(client: Client, driver: Driver, settings: RunSettings, cases: Sequence[Case]) -> Iterator[Result]:
+def run_cases(client: Client, driver: Driver, settings: RunSettings, cases: Iterable[Case]) -> Iterator[Result]:
     """The results of ``cases``, in order, each run as a task on ``client``'s cluster."""
     run = uuid.uuid4().hex[:8]
     queue = iter(enumerate(cases))
