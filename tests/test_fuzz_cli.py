@@ -39,7 +39,7 @@ from convgrad.graph import DIRECTIONS
 from convgrad.graph.model import TENSOR_DTYPES
 from convgrad.opdefs import OPS
 from convgrad.report import check_template
-from convgrad.untrusted import printable, shorten
+from convgrad.untrusted import MAX_NAME_CHARS, printable, shorten
 
 from reliability_support import fuzz_settings as fuzz
 
@@ -372,7 +372,7 @@ def test_conv_descriptors(descs: list[str], options: dict[str, str]) -> None:
     assert (outcome.code == 2) == (not parses(CONV, options)), outcome.output
     if outcome.code != 2:
         assert len(outcome.passed) + len(outcome.failed) == len(descs)
-        assert all(any(shorten(printable(d), 100) in r for d in descs) for r in outcome.failed), outcome.output
+        assert all(any(printable(shorten(d, MAX_NAME_CHARS)) in r for d in descs) for r in outcome.failed), outcome.output
 
 
 @fuzz(15)
