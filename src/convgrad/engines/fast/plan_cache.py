@@ -166,7 +166,8 @@ def _current() -> dict[str, Any]:
 
 def lookup(f: Features) -> Plan | None:
     """The plan cached for problem ``f`` on this machine, or ``None`` (none cached, plans off, or
-    the entry is not a valid plan: then one warning)."""
+    the entry is not a valid plan: then one warning). With ``CONVGRAD_AUTOTUNE=1`` a problem
+    without a cached plan is tuned first (:func:`.tune.autotuned`)."""
     if not enabled():
         return None
     state = _current()
@@ -175,6 +176,9 @@ def lookup(f: Features) -> Plan | None:
     if key not in plans:
         entry = state["data"]["machines"].get(key[0], {}).get("plans", {}).get(key[1])
         plans[key] = _plan(entry, state["stamp"][0]) if entry is not None else None
+    if plans[key] is None:
+        from .tune import autotuned
+        return autotuned(f)
     return plans[key]
 
 
