@@ -35,7 +35,7 @@ from . import isa
 from .features import Features
 from .plan import Plan
 
-__all__ = ["PlanCacheWarning", "Entry", "cache_file", "enabled", "lookup", "store", "entries", "clear",
+__all__ = ["PlanCacheWarning", "Entry", "warn", "cache_file", "enabled", "lookup", "store", "entries", "clear",
            "machine_key"]
 
 FORMAT, VERSION = "convgrad-plans", 1
@@ -116,7 +116,7 @@ _warned: set[str] = set()
 _loaded: dict[str, Any] = {}   # "stamp": (path, mtime_ns, size), "data": the file's dict, "plans": {}
 
 
-def _warn(message: str) -> None:
+def warn(message: str) -> None:
     """One warning per distinct message per process."""
     if message not in _warned:
         _warned.add(message)
@@ -137,11 +137,11 @@ def _read(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         return _empty()
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        _warn(f"plan cache {path}: cannot be read ({type(exc).__name__}: {str(exc)[:200]}); ignored: the tuning "
+        warn(f"plan cache {path}: cannot be read ({type(exc).__name__}: {str(exc)[:200]}); ignored: the tuning "
               "table's plans run (`convgrad tune` rewrites it)")
         return _empty()
     if not _valid(data):
-        _warn(f"plan cache {path}: not a convgrad plan cache of format {FORMAT!r} version {VERSION}; ignored: the "
+        warn(f"plan cache {path}: not a convgrad plan cache of format {FORMAT!r} version {VERSION}; ignored: the "
               "tuning table's plans run (`convgrad tune` rewrites it)")
         return _empty()
     return data
@@ -188,7 +188,7 @@ def _plan(entry: Any, path: str) -> Plan | None:
             raise ValueError(f"expected an object, got {type(entry).__name__}")
         return Plan.from_json(entry["plan"])
     except (KeyError, TypeError, ValueError) as exc:
-        _warn(f"plan cache {path}: an entry is not a plan ({type(exc).__name__}: {str(exc)[:200]}); ignored")
+        warn(f"plan cache {path}: an entry is not a plan ({type(exc).__name__}: {str(exc)[:200]}); ignored")
         return None
 
 

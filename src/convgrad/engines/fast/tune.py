@@ -134,10 +134,15 @@ def tune(f: Features, *, store: bool = True, min_runs: int = 3, block_seconds: f
         chosen = best.plan if best.median_ms < (1 - margin) * base.median_ms else default
     tuned = Tuned(f, timings, default, chosen)
     if store:
-        t = tuned.timing(chosen)
-        plan_cache.store(f, chosen, None if math.isnan(t.median_ms) else t.median_ms,
-                         None if math.isnan(timings[0].median_ms) else timings[0].median_ms)
+        _store(tuned)
     return tuned
+
+
+def _store(tuned: Tuned) -> None:
+    """Cache the chosen plan of ``tuned`` with its median time and the default plan's."""
+    def ms(t: Timing) -> float | None:
+        return None if math.isnan(t.median_ms) else t.median_ms
+    plan_cache.store(tuned.features, tuned.chosen, ms(tuned.timing(tuned.chosen)), ms(tuned.timing(tuned.default)))
 
 
 # -- CONVGRAD_AUTOTUNE ---------------------------------------------------------------------------
@@ -164,4 +169,10 @@ def autotuned(f: Features) -> Plan | None:
     if _tuning or not autotune_enabled() or not plan_cache.enabled():
         return None
     with _tuning_now():
-        return tune(f).chosen
+        tuned = tune(f, store=False)
+    try:
+        _store(tuned)
+    except OSError as exc:  # a read-only or full cache directory: the plan still serves this call
+        plan_cache.warn(f"plan cache {plan_cache.cache_file()}: cannot be written ({exc}); plans tuned by "
+                        "CONVGRAD_AUTOTUNE are not kept")
+    return tuned.chosen
