@@ -18,7 +18,7 @@ import pytest
 
 import convgrad as cg
 from convgrad.engines import get_engine
-from convgrad.engines.fast import _algorithm, forced_strategy, isa, jit, microkernel
+from convgrad.engines.fast import Features, Plan, forced_strategy, isa, jit, microkernel, select
 from convgrad.problem import ConvGeometry
 
 TASKS = ("forward", "backward_data", "backward_weights")
@@ -138,9 +138,9 @@ def test_forced_jit_through_the_api(dtype, data_format, family, rng):
     y = cg.Op("Convolution", **attrs)(x, w, engine="reference")
     dy = rng.uniform(-1, 1, y.shape).astype(dt)
     with forced_strategy("jit"):
-        chosen = _algorithm(_geometry(2, 2, 3, 5, (7, 6), (3, 2), (2, 1), (1, 2), (1, 0), (1, 2)), "forward",
-                            cg.dtypes.compute_dtype(dt), None)
-        assert (chosen == "jit") == (dtype != "f64")
+        chosen = select(Features.of(_geometry(2, 2, 3, 5, (7, 6), (3, 2), (2, 1), (1, 2), (1, 0), (1, 2)), "forward",
+                                    dt, data_format == "NCX"))
+        assert (chosen.strategy == "jit") == (dtype != "f64")
         got = {"y": cg.Op("Convolution", **attrs)(x, w),
                "dx": cg.Op("ConvolutionBackwardData", **attrs)(dy, w, np.array(x.shape)),
                "dw": cg.Op("ConvolutionBackwardWeights", **attrs)(x, dy, np.array(w.shape))}
@@ -158,7 +158,7 @@ def test_portable_family_runs_without_jit_kernels(rng):
     try:
         g = CASES["3x3 tails"]
         with forced_strategy("jit"):
-            assert all(_algorithm(g, task, np.dtype(np.float32), None) != "jit" for task in TASKS)
+            assert all(select(Features.of(g, task, np.float32, False)).strategy != "jit" for task in TASKS)
             fast, reference = get_engine("fast"), get_engine("reference")
             for task, args in _inputs(g, rng, np.float32).items():
                 _close(getattr(fast, task)(g, *args), getattr(reference, task)(g, *args), TOLERANCE["f32"], task)
@@ -178,9 +178,11 @@ def test_workspace_estimate_bounds_the_allocations(task, dtype, rng):
     result = getattr(jit, task)(g, *args)
     peak = tracemalloc.get_traced_memory()[1] - result.nbytes
     tracemalloc.stop()
-    assert 0 < peak <= jit.workspace_bytes(g, task, dt)
+    f = Features.of(g, task, dt, False)
+    bound = jit.workspace_bytes(f, Plan.of("jit", **jit.complete(f, {})))
+    assert 0 < peak <= bound
     with forced_strategy("jit"):
-        assert get_engine("fast").workspace_bytes(g, task, dt) == jit.workspace_bytes(g, task, dt)
+        assert get_engine("fast").workspace_bytes(g, task, dt) == bound
 
 
 def test_strategy_forcing_is_checked(monkeypatch):
@@ -190,9 +192,9 @@ def test_strategy_forcing_is_checked(monkeypatch):
             pass
     monkeypatch.setenv("CONVGRAD_STRATEGY", "bogus")
     with pytest.raises(cg.ConvgradError, match="'bogus' is not a strategy"):
-        _algorithm(CASES["3x3 tails"], "forward", np.dtype(np.float32), None)
+        select(Features.of(CASES["3x3 tails"], "forward", np.float32, False))
     monkeypatch.setenv("CONVGRAD_STRATEGY", "frame")
-    assert _algorithm(CASES["wide 1x1"], "backward_data", np.dtype(np.float32), None) == "frame"
+    assert select(Features.of(CASES["wide 1x1"], "backward_data", np.float32, False)).param("variant") == "frame"
 
 
 def test_families_and_widths():

@@ -26,7 +26,7 @@ import numba
 import numpy as np
 
 from ...problem import ConvGeometry
-from .direct import params, spatial3, tap
+from .geometry import params, spatial3, tap
 
 __all__ = ["Grid", "scatter", "gather", "gather_phases", "scatter_phases"]
 

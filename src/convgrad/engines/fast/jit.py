@@ -15,10 +15,10 @@ width, per group ``g``:
   skipping of non-dividing taps, per phase); a phase without taps is written as zeros.
 - backward weights: ``dw[k, ic, oc] = sum_{n, o} xp[n, o*S + k*D, ic] * dy[n, o, oc]``: blocks of
   ``R`` input channels (broadcast) x ``V`` vectors of output channels, the reduction over the
-  positions of a chunk of output rows (about ``TUNING.cache_bytes`` of x and dy), every tap and
+  positions of a chunk of output rows (about the plan's ``cache_bytes`` of x and dy), every tap and
   channel block run per chunk; each thread sums its share of the rows into its own partial dw,
-  then the partials are added (or, where dw is large next to x and dy, ``TUNING.weights_split``,
-  each thread owns a share of dw's blocks over all positions).
+  then the partials are added (or, with the plan's ``split`` "blocks", each thread owns a share of
+  dw's blocks over all positions).
 
 Threads: numba ``prange`` over (image, output row, group, channel block) items (forward, data)
 or over shares of the output rows or of dw's blocks (weights). The source copies carry a zeroed tail so that
@@ -32,55 +32,104 @@ import math
 import numba
 import numpy as np
 
+from typing import TYPE_CHECKING
+
 from ...problem import ConvGeometry
 from . import isa, microkernel
-from .direct import spatial3
+from .features import Features
+from . import geometry
+from .geometry import padded, phase_taps, spatial
 from .tuning import TUNING
 
-__all__ = ["applies", "selected", "workspace_bytes", "forward", "backward_data", "backward_weights"]
+if TYPE_CHECKING:
+    from .plan import Plan
+
+__all__ = ["applies", "selected", "complete", "options", "run", "workspace_bytes", "forward", "backward_data",
+           "backward_weights"]
 
 F32 = np.dtype(np.float32)
+#: Plan parameters: ``block`` the register block "RxV" (:data:`.microkernel.BLOCKS`),
+#: ``cache_bytes`` (see :class:`.tuning.Tuning`), and for the weights gradient ``split``: the
+#: threads share the output positions ("rows") or dw's blocks ("blocks").
+SPLITS = ("rows", "blocks")
 
 
-def applies(g: ConvGeometry, acc: np.dtype) -> bool:
-    """Whether the jit kernels can run ``g``: an f32-accumulating problem (f32/bf16/f16 data),
-    not depthwise, on a host family with JIT kernels (``isa.family() != "portable"``)."""
-    return acc == F32 and isa.family() in isa.WIDTH and not (g.icg == 1 and g.ocg == 1) and g.n > 0
-
-
-def selected(g: ConvGeometry, task: str, acc: np.dtype, data: np.dtype) -> bool:
-    """Whether the selection rule picks the jit strategy (where it :func:`applies`) for ``data`` of
-    that dtype: on a family of ``TUNING.jit_families``, kernels of several taps with at most
-    ``TUNING.jit_channels[task]`` channels per group on either side and, for the gradients, at
-    least ``TUNING.jit_min_input_channels`` input channels per group (fewer leave most lanes or
-    rows of the register block idle); the weights gradient only of data already in ``acc`` (its
-    f32 copies of bf16/f16 x and dy took 2.1-2.4x the op's own memory). Measurements: :mod:`.tuning`."""
-    if not applies(g, acc) or isa.family() not in TUNING.jit_families or math.prod(g.kernel) < 2 \
-            or max(g.icg, g.ocg) > TUNING.jit_channels[task] or task == "backward_weights" and data != acc:
+def applies(f: Features, plan: Plan | None = None) -> bool:
+    """Whether the jit kernels can run ``f`` (with ``plan``): an f32-accumulating problem
+    (f32/bf16/f16 data), not depthwise, on a host family with JIT kernels (not ``portable``)."""
+    if not (f.acc == F32 and isa.family() in isa.WIDTH and not f.depthwise and f.n > 0):
         return False
-    return task == "forward" or g.icg >= TUNING.jit_min_input_channels
+    return plan is None or (_block_index(plan.param("block")) is not None and plan.param("split") in SPLITS
+                            and isinstance(plan.param("cache_bytes"), int) and plan.param("cache_bytes") > 0)
 
 
-def _block(g: ConvGeometry, task: str) -> tuple[int, int, int]:
-    """(block index, rows R, lanes V*W) of ``task``: its vectors run over OCg (ICg for backward data)."""
-    width = _width()
-    block = microkernel.block_for(g.icg if task == "backward_data" else g.ocg, width)
+def selected(f: Features) -> bool:
+    """Whether the tuning table's rule picks the jit strategy for ``f`` (see :mod:`.plan`)."""
+    if not applies(f) or f.family not in TUNING.jit_families or f.taps < 2 \
+            or max(f.icg, f.ocg) > TUNING.jit_channels[f.task] or f.junk_heavy():
+        return False
+    if f.task == "backward_weights" and f.data_dtype != f.acc and not TUNING.jit_weights_16_bit:
+        return False
+    return f.task == "forward" or f.icg >= TUNING.jit_min_input_channels
+
+
+def _block_index(name: object) -> int | None:
+    names = [f"{r}x{v}" for r, v in microkernel.BLOCKS]
+    return names.index(name) if name in names else None
+
+
+def complete(f: Features, params: dict) -> dict:
+    """``params`` with the missing ones defaulted for ``f``: the block with the fewest idle lanes
+    over the vectorised channels (:func:`.microkernel.block_for`), ``TUNING.cache_bytes``, and the
+    weights gradient's split by dw's size next to x and dy (``TUNING.weights_split``)."""
+    g = f.geometry
+    rows, vecs = microkernel.BLOCKS[microkernel.block_for(g.icg if f.task == "backward_data" else g.ocg, _width())]
+    by_blocks = math.prod(g.w_shape) > TUNING.weights_split * (math.prod(g.x_shape) + math.prod(g.y_shape))
+    return {"block": f"{rows}x{vecs}", "cache_bytes": TUNING.cache_bytes,
+            "split": "blocks" if f.task == "backward_weights" and by_blocks else "rows", **params}
+
+
+def options(f: Features) -> list[dict]:
+    """Parameter sets worth timing: each register block (and for the weights gradient, each split)."""
+    splits = SPLITS if f.task == "backward_weights" else ("rows",)
+    return [{"block": f"{r}x{v}", "split": s} for r, v in microkernel.BLOCKS for s in splits]
+
+
+def _plan(g: ConvGeometry, task: str, plan: Plan | None) -> Plan:
+    """``plan``, or the default plan of f32 NXC data for ``task`` on ``g``."""
+    from .plan import Plan
+    if plan is not None:
+        return plan
+    f = Features.of(g, task, F32, False)
+    return Plan.of("jit", **complete(f, {}))
+
+
+def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) -> np.ndarray:
+    """``task`` on its two canonical inputs, f32 result."""
+    return {"forward": forward, "backward_data": backward_data, "backward_weights": backward_weights}[task](
+        g, a, b, plan)
+
+
+def _block(g: ConvGeometry, plan: Plan) -> tuple[int, int, int]:
+    """(block index, rows R, lanes V*W) of ``plan``'s register block."""
+    block = _block_index(plan.param("block"))
     rows, vecs = microkernel.BLOCKS[block]
-    return block, rows, vecs * width
+    return block, rows, vecs * _width()
 
 
-def workspace_bytes(g: ConvGeometry, task: str, dtype: np.dtype) -> int:
+def workspace_bytes(f: Features, plan: Plan) -> int:
     """Upper estimate of the extra bytes ``task`` allocates (f32 values; for bf16/f16 ``dtype``
     the f32 result the API rounds included): the padded copy of x (forward, weights) or dy (data)
     with its slack, the packed weights (forward, data), or for the weights gradient the packed dy,
     the partial sums of every share (at most the threads) and their total; plus 64 KiB of tables and
     per-thread accumulator blocks."""
-    _, rows, vw = _block(g, task)
-    s, d, kernel = _spatial(g.strides, 1), _spatial(g.dilations, 1), _spatial(g.kernel, 1)
-    taps, o = math.prod(g.kernel), _spatial(g.out_size, 1)
+    g, task = f.geometry, f.task
+    _, rows, vw = _block(g, plan)
+    s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
+    taps, o = math.prod(g.kernel), spatial(g.out_size, 1)
     if task == "backward_data":
-        sizes = [max(o[a], -(-_spatial(g.in_size, 1)[a] // s[a])) + 2 * ((kernel[a] - 1) * d[a] // s[a] + 1)
-                 + _spatial(g.pads_begin, 0)[a] + 1 for a in range(3)]
+        sizes = [max(o[a], -(-spatial(g.in_size, 1)[a] // s[a])) + 2 * ((kernel[a] - 1) * d[a] // s[a] + 1)
+                 + spatial(g.pads_begin, 0)[a] + 1 for a in range(3)]
         source = g.n * math.prod(sizes) * g.oc + rows * (g.oc + 1) + 64
         other = g.groups * taps * g.ocg * -(-g.icg // vw) * vw
     else:
@@ -88,8 +137,9 @@ def workspace_bytes(g: ConvGeometry, task: str, dtype: np.dtype) -> int:
         other = g.groups * taps * g.icg * -(-g.ocg // vw) * vw
         if task == "backward_weights":
             block = g.groups * taps * -(-g.icg // rows) * rows * -(-g.ocg // vw) * vw
-            other = g.n * math.prod(o) * g.groups * -(-g.ocg // vw) * vw + (numba.get_num_threads() + 1) * block
-    result = 0 if dtype == F32 else math.prod({"forward": g.y_shape, "backward_data": g.x_shape,
+            shares = 1 if plan.param("split") == "blocks" else numba.get_num_threads()
+            other = g.n * math.prod(o) * g.groups * -(-g.ocg // vw) * vw + (shares + 1) * block
+    result = 0 if f.data_dtype == F32 else math.prod({"forward": g.y_shape, "backward_data": g.x_shape,
                                                "backward_weights": g.w_shape}[task])
     return 4 * (source + other + result) + (64 << 10)
 
@@ -98,8 +148,6 @@ def _width() -> int:
     return isa.WIDTH[isa.family()]
 
 
-def _spatial(t: tuple[int, ...], fill: int) -> tuple[int, ...]:
-    return (fill,) * (3 - len(t)) + tuple(t)
 
 
 def _tail(block: int, row: int) -> int:
@@ -107,20 +155,8 @@ def _tail(block: int, row: int) -> int:
     return microkernel.BLOCKS[block][0] * (row + 1) + 64
 
 
-def _padded(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], slack: int) -> np.ndarray:
-    """Canonical (N, *X, C) data as a zeroed f32 (N, P0, P1, P2, C) array (``size`` = P) with
-    ``a`` at offsets ``lo``, on a flat buffer with ``slack`` zeroed values after it."""
-    a3 = spatial3(a)
-    shape = (a3.shape[0], *size, a3.shape[-1])
-    flat = np.zeros(math.prod(shape) + slack, F32)
-    out = flat[:math.prod(shape)].reshape(shape)
-    out[(slice(None), *(slice(b, b + n) for b, n in zip(lo, a3.shape[1:4])), slice(None))] = a3
-    return out
 
 
-def _flat(a: np.ndarray) -> np.ndarray:
-    """The flat buffer under an array made by :func:`_padded` (its slack included)."""
-    return a.base if a.base is not None and a.base.ndim == 1 else a.reshape(-1)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -171,12 +207,12 @@ def _outputs(width, block, src, steps, taps_a, out, out_base, out_steps, out_gri
 
 def _run_outputs(block: int, src: np.ndarray, steps: np.ndarray, taps_a: np.ndarray, out: np.ndarray,
                  out_base: int, out_steps: np.ndarray, grid: tuple[int, ...], wp: np.ndarray, taps: int,
-                 taps_b: np.ndarray, groups: int, kred: int, channels: int) -> None:
-    """:func:`_outputs` on ``src`` (a padded array of :func:`_padded`) for the output ``grid``
+                 taps_b: np.ndarray, groups: int, kred: int, channels: int, cache_bytes: int) -> None:
+    """:func:`_outputs` on ``src`` (a padded array of :func:`.geometry.padded`) for the output ``grid``
     (N, Q0, Q1, Q2): the last two axes flattened into rows of the source's width where the source
     steps by one position along both and that computes fewer junk positions than blocks cut at
     every output row; the channel blocks outermost where the packed weights exceed
-    ``TUNING.cache_bytes``."""
+    ``cache_bytes``."""
     rows, vw = microkernel.BLOCKS[block][0], microkernel.BLOCKS[block][1] * _width()
     n, q0, q1, q2 = grid
     pitch = src.shape[3]
@@ -186,9 +222,9 @@ def _run_outputs(block: int, src: np.ndarray, steps: np.ndarray, taps_a: np.ndar
         shape, pitch = (n, q0, 1, flat), pitch
     else:
         shape, pitch = (n, q0, q1, q2), q2
-    _outputs(_width(), block, _flat(src), steps, taps_a, out.reshape(-1), out_base, out_steps,
+    _outputs(_width(), block, geometry.flat(src), steps, taps_a, out.reshape(-1), out_base, out_steps,
              np.array(shape, np.int64), pitch, q2, wp, taps * kred * vw, taps_b, groups, kred, channels,
-             wp.nbytes > TUNING.cache_bytes)
+             wp.nbytes > cache_bytes)
 
 
 def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool) -> np.ndarray:
@@ -210,41 +246,40 @@ def _strides(shape: tuple[int, ...]) -> np.ndarray:
     return np.array([math.prod(shape[j + 1:]) for j in range(len(shape))], np.int64)
 
 
-def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """y (N, *O, OC) in f32 (see the module docstring)."""
-    block, _, vw = _block(g, "forward")
-    s, d, kernel = _spatial(g.strides, 1), _spatial(g.dilations, 1), _spatial(g.kernel, 1)
-    size = _spatial(g.padded_size, 1)
+def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = None) -> np.ndarray:
+    """y (N, *O, OC) in f32 (see the module docstring), by ``plan`` (default: :func:`complete`'s)."""
+    plan = _plan(g, "forward", plan)
+    block, _, vw = _block(g, plan)
+    s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
+    size = spatial(g.padded_size, 1)
     row = s[2] * g.ic
-    xp = _padded(x, _spatial(g.pads_begin, 0), size, _tail(block, row))
+    xp = padded(x, spatial(g.pads_begin, 0), size, F32, _tail(block, row))
     xs = _strides(xp.shape)
     taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3]
                        for k0 in range(kernel[0]) for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
     taps_b = np.arange(len(taps_a), dtype=np.int64) * g.icg * vw
     y = np.empty(g.y_shape, F32)
-    o = _spatial(g.out_size, 1)
+    o = spatial(g.out_size, 1)
     _run_outputs(block, xp, np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64), taps_a,
                  y, 0, _strides((g.n, *o, g.oc))[:4], (g.n, *o), _packed_weights(g, w, vw, False).reshape(-1),
-                 len(taps_a), taps_b, g.groups, g.icg, g.ocg)
+                 len(taps_a), taps_b, g.groups, g.icg, g.ocg, plan.param("cache_bytes"))
     return y
 
 
-def _phase_taps(r: int, k: int, s: int, d: int, pb: int) -> list[tuple[int, int]]:
-    """(tap, offset c_k) of the taps of phase ``r`` on one axis: (r + PB - k*D) divisible by S."""
-    return [(j, (r + pb - j * d) // s) for j in range(k) if (r + pb - j * d) % s == 0]
 
 
-def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
+def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | None = None) -> np.ndarray:
     """dx (N, *I, IC) in f32: one stride-1 convolution of padded dy per stride phase."""
-    block, _, vw = _block(g, "backward_data")
-    s, d, kernel = _spatial(g.strides, 1), _spatial(g.dilations, 1), _spatial(g.kernel, 1)
-    pb, i_size, o_size = _spatial(g.pads_begin, 0), _spatial(g.in_size, 1), _spatial(g.out_size, 1)
-    phases = [[_phase_taps(r, kernel[a], s[a], d[a], pb[a]) for r in range(min(s[a], i_size[a]))] for a in range(3)]
+    plan = _plan(g, "backward_data", plan)
+    block, _, vw = _block(g, plan)
+    s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
+    pb, i_size, o_size = spatial(g.pads_begin, 0), spatial(g.in_size, 1), spatial(g.out_size, 1)
+    phases = [[phase_taps(r, kernel[a], s[a], d[a], pb[a]) for r in range(min(s[a], i_size[a]))] for a in range(3)]
     offsets = [[c for taps in axis for _, c in taps] or [0] for axis in phases]
     counts = [-(-i_size[a] // s[a]) for a in range(3)]           # the most q of any phase
     lo = [max(0, -min(offsets[a])) for a in range(3)]
     size = tuple(lo[a] + max(o_size[a], counts[a] + max(offsets[a])) for a in range(3))
-    dyp = _padded(dy, tuple(lo), size, _tail(block, g.oc))
+    dyp = padded(dy, tuple(lo), size, F32, _tail(block, g.oc))
     ds = _strides(dyp.shape)
     wp = _packed_weights(g, w, vw, True).reshape(-1)
     dx = np.empty(g.x_shape, F32)
@@ -261,7 +296,7 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
                 base = r0 * xs[1] + r1 * xs[2] + r2 * xs[3]
                 out_steps = np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64)
                 _run_outputs(block, dyp, steps, taps_a, dx, base, out_steps, grid, wp, math.prod(kernel), taps_b,
-                             g.groups, g.ocg, g.icg)
+                             g.groups, g.ocg, g.icg, plan.param("cache_bytes"))
     return dx
 
 
@@ -305,15 +340,16 @@ def _weights(width, block, xp, x_steps, taps_a, dyp, dy_row, rows_grid, chunk, p
                                     1, x_steps[3], dyp, g * ldc + nb * vw, dy_row, ra, rb, count, o2_)
 
 
-def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan | None = None) -> np.ndarray:
     """dw (*K, ICg, OC) in f32: the reduction over output positions split among the threads
-    (partial sums per thread, then added) where dw is smaller than ``TUNING.weights_split`` times
-    x and dy, else the dw blocks split among them (every thread over all positions)."""
+    (partial sums per thread, then added; ``split`` "rows") or the dw blocks split among them
+    (every thread over all positions; "blocks")."""
+    plan = _plan(g, "backward_weights", plan)
     width = _width()
-    block, rows, vw = _block(g, "backward_weights")
-    s, d, kernel = _spatial(g.strides, 1), _spatial(g.dilations, 1), _spatial(g.kernel, 1)
-    size, o = _spatial(g.padded_size, 1), _spatial(g.out_size, 1)
-    xp = _padded(x, _spatial(g.pads_begin, 0), size, _tail(block, s[2] * g.ic) + rows)
+    block, rows, vw = _block(g, plan)
+    s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
+    size, o = spatial(g.padded_size, 1), spatial(g.out_size, 1)
+    xp = padded(x, spatial(g.pads_begin, 0), size, F32, _tail(block, s[2] * g.ic) + rows)
     xs = _strides(xp.shape)
     taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3]
                        for k0 in range(kernel[0]) for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
@@ -322,11 +358,10 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarr
     dyp[..., :g.ocg] = dy.reshape(*dy.shape[:-1], g.groups, g.ocg)  # a view, whatever dy's memory order
     row_blocks = -(-g.icg // rows)
     threads, rows_total = numba.get_num_threads(), g.n * o[0] * o[1]
-    by_blocks = math.prod(g.w_shape) > TUNING.weights_split * (math.prod(g.x_shape) + math.prod(g.y_shape))
-    shares, split = (1, threads) if by_blocks else (min(threads, rows_total), 1)
-    chunk = max(1, TUNING.cache_bytes // (4 * o[2] * (g.ic + g.oc)))
+    shares, split = (1, threads) if plan.param("split") == "blocks" else (min(threads, rows_total), 1)
+    chunk = max(1, plan.param("cache_bytes") // (4 * o[2] * (g.ic + g.oc)))
     parts = np.zeros((shares, len(taps_a), g.groups, row_blocks * rows, nblocks * vw), F32)
-    _weights(width, block, _flat(xp), np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64), taps_a,
+    _weights(width, block, geometry.flat(xp), np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64), taps_a,
              dyp.reshape(-1), g.groups * nblocks * vw, np.array((g.n, *o), np.int64), min(chunk, rows_total),
              parts.reshape(-1), shares, split, g.groups, g.icg, g.ocg)
     total = parts.sum(axis=0) if shares > 1 else parts[0]
