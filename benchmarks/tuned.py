@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     for d, task, dt, t in tuned:
         f = t.features
         arrays = tune.inputs(f, np.random.default_rng(0))
-        g = tune.geometry(f)
+        g = f.geometry
         run = (lambda: tune._run(f, g, arrays))
         with forced_plan(t.default):
             base = _block(run, args.runs)

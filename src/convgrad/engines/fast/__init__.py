@@ -48,7 +48,7 @@ class FastEngine:
                 return np.zeros(g.w_shape, acc)
             return empty_like_data(g.y_shape if task == "forward" else g.x_shape, acc, a, fill=True)
         f = Features.of(g, task, a.dtype, layout.channels_first(a))
-        plan = select(f)
+        plan = select(f, tune=True)
         return strategy_module(plan.strategy).run(plan, g, a, b, task)
 
     def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:

@@ -160,9 +160,12 @@ def forced() -> Plan | None:
     return _named(name) if name else None
 
 
-def select(f: Features) -> Plan:
-    """The plan that runs the non-empty problem ``f``: forced > cached > :func:`default_plan`."""
-    for plan in (forced(), plan_cache.lookup(f)):
+def select(f: Features, *, tune: bool = False) -> Plan:
+    """The plan that runs the non-empty problem ``f``: forced > cached > :func:`default_plan`.
+    With ``tune`` (a call about to run, not a memory estimate) and ``CONVGRAD_AUTOTUNE=1``, a
+    problem without a cached plan is tuned first (:func:`.plan_cache.lookup`)."""
+    for source in (forced, lambda: plan_cache.lookup(f, tune=tune)):
+        plan = source()
         complete = _complete(f, plan) if plan is not None else None
         if complete is not None:
             return complete

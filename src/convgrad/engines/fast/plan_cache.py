@@ -29,11 +29,13 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import isa
-from .features import Features
-from .plan import Plan
+
+if TYPE_CHECKING:  # plan.py asks this module (lookup), so it imports Plan only where it reads one
+    from .features import Features
+    from .plan import Plan
 
 __all__ = ["PlanCacheWarning", "Entry", "warn", "cache_file", "enabled", "lookup", "store", "entries", "clear",
            "machine_key"]
@@ -164,10 +166,10 @@ def _current() -> dict[str, Any]:
     return _loaded
 
 
-def lookup(f: Features) -> Plan | None:
+def lookup(f: Features, tune: bool = False) -> Plan | None:
     """The plan cached for problem ``f`` on this machine, or ``None`` (none cached, plans off, or
-    the entry is not a valid plan: then one warning). With ``CONVGRAD_AUTOTUNE=1`` a problem
-    without a cached plan is tuned first (:func:`.tune.autotuned`)."""
+    the entry is not a valid plan: then one warning). With ``tune`` and ``CONVGRAD_AUTOTUNE=1``
+    a problem without a cached plan is tuned first (:func:`.tune.autotuned`)."""
     if not enabled():
         return None
     state = _current()
@@ -176,13 +178,14 @@ def lookup(f: Features) -> Plan | None:
     if key not in plans:
         entry = state["data"]["machines"].get(key[0], {}).get("plans", {}).get(key[1])
         plans[key] = _plan(entry, state["stamp"][0]) if entry is not None else None
-    if plans[key] is None:
+    if plans[key] is None and tune:
         from .tune import autotuned
         return autotuned(f)
     return plans[key]
 
 
 def _plan(entry: Any, path: str) -> Plan | None:
+    from .plan import Plan
     try:
         if not isinstance(entry, dict):
             raise ValueError(f"expected an object, got {type(entry).__name__}")

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ... import layout
-from ...dtypes import parse_dtype
+from ...limits import memory_budget
 from ...problem import ConvGeometry
 from . import plan_cache
 from .features import Features
-from .plan import Plan, candidates, default_plan, forced_plan
+from .plan import Plan, candidates, default_plan, forced_plan, strategy_module
 
-__all__ = ["Timing", "Tuned", "geometry", "inputs", "tune", "autotune_enabled", "autotuned"]
+__all__ = ["Timing", "Tuned", "inputs", "tune", "autotune_enabled", "autotuned"]
 
 #: Relative speed-up a candidate needs over the default plan to be chosen instead of it.
 MARGIN = 0.03
@@ -63,18 +63,11 @@ class Tuned:
         return self.timing(self.default).median_ms / self.timing(self.chosen).median_ms
 
 
-def geometry(f: Features) -> ConvGeometry:
-    """The convolution that ``f`` describes."""
-    return ConvGeometry(f.n, f.groups, f.icg * f.groups, f.ocg * f.groups, tuple(f.in_size), tuple(f.out_size),
-                        tuple(f.kernel), tuple(f.strides), tuple(f.dilations), tuple(f.pads_begin),
-                        tuple(f.pads_end))
-
-
 def inputs(f: Features, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Random canonical inputs of ``f``'s task (x and w, dy and w, or x and dy) in its dtype and
     memory order (NCX data with OIX weights where ``f.channels_first``, else NXC with XIO)."""
-    g = geometry(f)
-    dtype = parse_dtype(f.dtype)
+    g = f.geometry
+    dtype = f.data_dtype
     fmt, wfmt = ("NCX", "OIX") if f.channels_first else ("NXC", "XIO")
 
     def data(shape: tuple[int, ...]) -> np.ndarray:
@@ -95,9 +88,8 @@ def inputs(f: Features, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarra
 
 def _run(f: Features, g: ConvGeometry, arrays: tuple[np.ndarray, np.ndarray]) -> None:
     from . import FastEngine
-    engine = FastEngine()
     with np.errstate(all="ignore"):
-        getattr(engine, f.task)(g, *arrays)
+        getattr(FastEngine(), f.task)(g, *arrays)
 
 
 def _time(plan: Plan, f: Features, g: ConvGeometry, arrays: tuple[np.ndarray, np.ndarray], min_runs: int,
@@ -119,10 +111,13 @@ def _time(plan: Plan, f: Features, g: ConvGeometry, arrays: tuple[np.ndarray, np
 def tune(f: Features, *, store: bool = True, min_runs: int = 3, block_seconds: float = 0.2, pause: float = 0.05,
          margin: float = MARGIN, seed: int = 0) -> Tuned:
     """Time every candidate plan of ``f`` (each in its own block) and, with ``store``, cache the
-    fastest (the default plan unless another beats it by more than ``margin``)."""
-    g = geometry(f)
+    fastest (the default plan unless another beats it by more than ``margin``). Plans whose
+    memory bound exceeds the memory budget are not tried."""
+    g = f.geometry
     default = default_plan(f)
-    plans = list(dict.fromkeys([default, *candidates(f)]))
+    budget = memory_budget()
+    plans = list(dict.fromkeys([default, *(p for p in candidates(f)
+                                            if strategy_module(p.strategy).workspace_bytes(f, p) <= budget)]))
     if len(plans) == 1:
         timings = (Timing(default, math.nan, math.nan, 0),)
         chosen = default
