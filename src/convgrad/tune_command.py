@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .descriptor import ConvDescriptor, DescriptorError, parse_descriptor, parse_descriptor_file
-from .dtypes import DATA_DTYPES
+from .dtypes import DATA_DTYPES, dtype_name
 from .problem import ConvGeometry
 
 __all__ = ["DIRECTIONS", "Problem", "collect", "run", "show", "clear", "describe_plan"]
@@ -87,6 +87,27 @@ def describe_plan(plan) -> str:
     return plan.strategy + (f"({', '.join(f'{k}={v}' for k, v in sorted(params.items()))})" if params else "")
 
 
+_TASK_DIRS = {"forward": "FWD_D", "backward_data": "BWD_D", "backward_weights": "BWD_W"}
+
+
+def describe_key(key: str) -> str:
+    """A cached problem's key (:meth:`Features.key`) in a short benchdnn-like form, e.g.
+    ``BWD_D f32 nxc g1mb16ic64ih56iw56oc64oh56ow56kh3kw3sh1sw1ph1pw1`` (the key itself where it
+    is not one)."""
+    try:
+        v = dict(part.split("=", 1) for part in key.split(";"))
+        axes = "dhw"[3 - len(v["kernel"].split("x")):]
+        def per_axis(prefix: str, text: str, minus: int = 0) -> str:
+            return "".join(f"{prefix}{a}{int(x) - minus}" for a, x in zip(axes, text.split("x")))
+        groups = int(v["groups"])
+        return (f"{_TASK_DIRS[v['task']]} {dtype_name(v['dtype'])} {'ncx' if v['channels_first'] == 'true' else 'nxc'} "
+                f"g{groups}mb{v['n']}ic{groups * int(v['icg'])}{per_axis('i', v['in_size'])}oc{groups * int(v['ocg'])}"
+                f"{per_axis('o', v['out_size'])}{per_axis('k', v['kernel'])}{per_axis('s', v['strides'])}"
+                f"{per_axis('p', v['pads_begin'])}{per_axis('d', v['dilations'], 1)}")
+    except (KeyError, ValueError, TypeError):
+        return key
+
+
 def _features(p: Problem):
     from .engines.fast import Features
     return Features.of(p.desc, DIRECTIONS[p.direction], DATA_DTYPES[p.dt], TAGS[p.tag])
@@ -102,7 +123,7 @@ def run(problems: list[Problem], errors: list[str], block_ms: float, console: Co
     for column, justify in (("name", "left"), ("dir", "left"), ("dt", "left"), ("tag", "left"),
                             ("plans", "right"), ("default", "left"), ("ms", "right"), ("chosen", "left"),
                             ("ms", "right"), ("speed-up", "right")):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+        table.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
     start = time.perf_counter()
     failed = len(errors)
     for index, p in enumerate(problems):
@@ -136,10 +157,10 @@ def show(console: Console) -> int:
     entries = plan_cache.entries()
     here = plan_cache.machine_key()
     table = Table(title=f"plans cached in {path}")
-    for column in ("this machine", "problem", "plan", "ms", "default ms", "tuned"):
-        table.add_column(column)
+    for column in ("here", "problem", "plan", "ms", "default ms", "tuned"):
+        table.add_column(column, overflow="fold")
     for e in entries:
-        table.add_row("yes" if e.current else "no", escape(e.problem),
+        table.add_row("yes" if e.current else "no", escape(describe_key(e.problem)),
                       describe_plan(e.plan) if e.plan else "(not a plan: ignored)",
                       "-" if e.ms is None else f"{e.ms:.3f}", "-" if e.default_ms is None else f"{e.default_ms:.3f}",
                       e.tuned)
