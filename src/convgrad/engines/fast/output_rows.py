@@ -29,6 +29,7 @@ from ... import casts, layout
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
 from . import columns, kernels
+from .geometry import tap_weights
 from .tuning import TUNING
 
 __all__ = ["workspace_bytes", "backward_data", "backward_weights"]
@@ -131,7 +132,7 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
     narrow, taps_inner, taps = dy.dtype.itemsize < dtype.itemsize, _oix(w), math.prod(g.kernel)
     # the weights as they lie in memory: (G, OCg, ICg, taps) for OIX, else (taps, ICg, G, OCg)
     memory = layout.weights_from_canonical(w, "OIX").reshape(g.groups, g.ocg, g.icg, taps) if taps_inner \
-        else w.reshape(taps, g.icg, g.groups, g.ocg)
+        else tap_weights(g, w).transpose(0, 2, 1, 3)
     tap_blocks = [(0, taps)] if taps_inner else _blocks(g, dy.dtype, dtype, taps)
     channel_blocks = _blocks(g, dy.dtype, dtype, g.ocg) if taps_inner else [(0, g.ocg)]
 
