@@ -175,7 +175,7 @@ class Frame:
     # -- buffers --------------------------------------------------------------------------------
     @staticmethod
     def _widened(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
-        """f16 data converted by :mod:`convgrad.casts` (NumPy's cast is 10x slower); other dtypes
+        """f16 data converted by :mod:`convgrad.casts` (faster than NumPy's cast); other dtypes
         are converted by the copy into the frame."""
         return casts.to_f32(a) if a.dtype == np.float16 and dtype == np.float32 else a
 
@@ -247,7 +247,7 @@ class Frame:
     def scatter_input(self, phases: np.ndarray, dx: np.ndarray) -> None:
         """Copy phase buffers back to ``dx`` (zero-filled; positions no tap reads stay 0). A
         16-bit ``dx`` is assembled in the buffers' dtype first, in its own memory order, and
-        then rounded along memory (NumPy's rounding of the strided phase copies ran 3x slower)."""
+        then rounded along memory (rather than in the strided phase copies)."""
         if np.shares_memory(phases, dx):
             return
         wide = dx if dx.dtype == phases.dtype else \
