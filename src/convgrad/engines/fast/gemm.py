@@ -82,8 +82,8 @@ def variant(f: Features) -> str:
     """The tuning table's variant for ``f``: ``pointwise`` for 16-bit NXC pointwise layers;
     ``output_rows`` for junk-heavy gradients (:meth:`.Features.junk_heavy`) and multi-tap ones
     from ``TUNING.wide_channels`` (ICg, OCg) channels per group (backward data also from that
-    ICg where the frame would sum narrow results at their shifts); ``image_gemms`` for pointwise NCX layers with at least
-    ``TUNING.image_gemm_rows`` positions per image; else ``frame``."""
+    ICg where the frame would sum narrow results at their shifts); ``image_gemms`` for pointwise
+    NCX layers with at least ``TUNING.image_gemm_rows`` positions per image; else ``frame``."""
     if _variant_applies(f, "pointwise") and not f.channels_first:
         return "pointwise"
     if f.task != "forward":
