@@ -425,7 +425,8 @@ def test_frame_path_without_blas_accumulation(monkeypatch, channels_first, rng):
     """The NumPy fallback (matmul into scratch, then +=) gives the reference results too."""
     from convgrad.engines.fast import blas
     monkeypatch.setattr(blas, "addmm", lambda *a, **k: False)
-    for (groups, icg, ocg), variant in itertools.product(((1, 70, 66), (2, 5, 3), (1, 3, 64)), ("frame", "output_rows")):
+    channels = ((1, 70, 66), (2, 5, 3), (1, 3, 64))
+    for (groups, icg, ocg), variant in itertools.product(channels, ("frame", "output_rows")):
         g = _geometry(2, groups, icg, ocg, (7, 6), (3, 3), (2, 1), (1, 1), (1, 1), (1, 0))
         inputs = _engine_inputs(g, rng, np.float64, channels_first)
         with forced_strategy(variant):

@@ -23,7 +23,7 @@ import numpy as np
 from ... import casts
 from ...problem import ConvGeometry
 from .frame import empty_like_data
-from .geometry import params, spatial3, tap
+from .geometry import params, spatial, spatial3, tap
 
 __all__ = ["FASTMATH", "run", "parts", "forward", "backward_data", "backward_weights"]
 
@@ -89,7 +89,7 @@ def _backward_weights(x, dy, dw, stride, dilation, pad, parts):  # pragma: no co
 
 def _weights(g: ConvGeometry, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Canonical (*K, 1, C) weights as a contiguous (K0, K1, K2, C) array in ``dtype``."""
-    return np.ascontiguousarray(w.reshape(*(1,) * (3 - g.rank), *g.kernel, g.ic), dtype=dtype)
+    return np.ascontiguousarray(w.reshape(*spatial(g.kernel, 1), g.ic), dtype=dtype)
 
 
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
@@ -110,7 +110,7 @@ def parts(g: ConvGeometry) -> int:
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
     """Add the weights gradient to ``dw`` (*K, 1, C)."""
-    _backward_weights(spatial3(x), spatial3(dy), dw.reshape(*(1,) * (3 - g.rank), *g.kernel, g.ic),
+    _backward_weights(spatial3(x), spatial3(dy), dw.reshape(*spatial(g.kernel, 1), g.ic),
                       *params(g), parts(g))
 
 

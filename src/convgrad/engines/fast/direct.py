@@ -32,7 +32,7 @@ from ...problem import ConvGeometry
 from . import depthwise
 from .depthwise import FASTMATH
 from .features import Features
-from .geometry import params, spatial3, tap
+from .geometry import params, spatial, spatial3, tap, tap_weights
 from .tuning import TUNING
 
 if TYPE_CHECKING:
@@ -146,11 +146,10 @@ def _grouped(a: np.ndarray, groups: int, dtype: np.dtype) -> np.ndarray:
 
 
 def _tap_weights(g: ConvGeometry, w: np.ndarray, dtype: np.dtype, transpose: bool) -> np.ndarray:
-    """Canonical (*K, ICg, G*OCg) weights as (K0, K1, K2, G, ICg, OCg), or (..., G, OCg, ICg) with
-    ``transpose``, contiguous in ``dtype``."""
-    w = w.reshape(*(1,) * (3 - g.rank), *g.kernel, g.icg, g.groups, g.ocg)
-    return np.ascontiguousarray(w.transpose(0, 1, 2, 4, 5, 3) if transpose else w.transpose(0, 1, 2, 4, 3, 5),
-                                dtype=dtype)
+    """Canonical weights as a contiguous ``dtype`` (K0, K1, K2, G, ICg, OCg) array, or
+    (..., G, OCg, ICg) with ``transpose`` (:func:`.geometry.tap_weights` with 3-D taps)."""
+    taps = np.ascontiguousarray(tap_weights(g, w, transpose), dtype=dtype)
+    return taps.reshape(*spatial(g.kernel, 1), *taps.shape[1:])
 
 
 def _result(shape: tuple[int, ...], groups: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -176,7 +175,7 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """dw in ``dtype``, canonical (*K, ICg, OC)."""
-    dw = np.empty((*(1,) * (3 - g.rank), *g.kernel, g.groups, g.icg, g.ocg), dtype)
+    dw = np.empty((*spatial(g.kernel, 1), g.groups, g.icg, g.ocg), dtype)
     grid = _grouped(dy, g.groups, dtype)
     _loops(_grouped(x, g.groups, dtype), grid, grid, dw, *params(g), BACKWARD_WEIGHTS)
     return np.ascontiguousarray(dw.transpose(0, 1, 2, 4, 3, 5)).reshape(g.w_shape)

@@ -11,6 +11,7 @@ import numpy as np
 from ...dtypes import DATA_DTYPES, compute_dtype
 from ...problem import ConvGeometry
 from . import isa
+from .frame import Frame
 from .tuning import TUNING
 
 __all__ = ["Features", "TASKS"]
@@ -90,10 +91,10 @@ class Features:
         """A 1x1 kernel without padding and with one group (any stride): one GEMM."""
         return self.taps == 1 and self.groups == 1 and self.unpadded
 
-    @functools.cached_property
+    @property
     def frame_size(self) -> tuple[int, ...]:
-        """Positions per axis of the phase frame: ``O + (K-1)*D // S`` (see :mod:`.frame`)."""
-        return tuple(o + (k - 1) * d // s for o, k, d, s in zip(self.out_size, self.kernel, self.dilations, self.strides))
+        """Positions per axis of the ``gemm`` strategy's phase frame (:class:`.frame.Frame`)."""
+        return Frame.of(self.geometry).size
 
     def junk_heavy(self) -> bool:
         """Whether a gradient's frame has ``TUNING.junk_ratio`` times more rows than there are

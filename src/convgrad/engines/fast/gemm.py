@@ -82,8 +82,8 @@ def variant(f: Features) -> str:
     """The tuning table's variant for ``f``: ``pointwise`` for 16-bit NXC pointwise layers;
     ``output_rows`` for junk-heavy gradients (:meth:`.Features.junk_heavy`) and multi-tap ones
     from ``TUNING.wide_channels`` (ICg, OCg) channels per group (backward data also from that
-    ICg where the frame would sum narrow results at their shifts); ``image_gemms`` for pointwise NCX layers with at least
-    ``TUNING.image_gemm_rows`` positions per image; else ``frame``."""
+    ICg where the frame would sum narrow results at their shifts); ``image_gemms`` for pointwise
+    NCX layers with at least ``TUNING.image_gemm_rows`` positions per image; else ``frame``."""
     if _variant_applies(f, "pointwise") and not f.channels_first:
         return "pointwise"
     if f.task != "forward":
@@ -113,9 +113,11 @@ def options(f: Features) -> list[dict]:
 def chunk_budget(g: ConvGeometry, data: np.dtype, chunk_bytes: int) -> int:
     """Bytes of temporaries per batch chunk: at most ``chunk_bytes`` and half the bytes of the op's
     inputs and output in ``data`` (so extra memory stays below 2x of them even when bf16/f16
-    data is widened to f32), but not cut below ``TUNING.min_chunk_bytes`` for the latter."""
+    data is widened to f32), but not cut below ``TUNING.min_chunk_bytes`` for the latter, unless
+    that is more than the inputs and output themselves (small problems: chunks of at most their
+    bytes, so that the extra memory stays within the 2x bound there too)."""
     io_bytes = (math.prod(g.x_shape) + math.prod(g.y_shape) + math.prod(g.w_shape)) * data.itemsize
-    return min(chunk_bytes, max(TUNING.min_chunk_bytes, io_bytes // 2))
+    return min(chunk_bytes, max(min(TUNING.min_chunk_bytes, io_bytes), io_bytes // 2))
 
 
 # -- running ---------------------------------------------------------------------------------------
@@ -290,7 +292,12 @@ def _backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.
 def workspace_bytes(f: Features, plan: Plan) -> int:
     """Upper estimate of the extra bytes ``plan`` allocates for ``f`` beyond its inputs and result:
     per variant, one batch chunk of temporaries, the row-block temporaries, converted weights and,
-    for bf16/f16, the f32 result before the API rounds it."""
+    for bf16/f16, the f32 result before the API rounds it; plus 16 KiB of views, tables and
+    per-call objects (what dominates small problems)."""
+    return _workspace(f, plan) + (16 << 10)
+
+
+def _workspace(f: Features, plan: Plan) -> int:
     g, data, acc, task = f.geometry, f.data_dtype, f.acc, f.task
     name, budget, block = plan.param("variant"), chunk_budget(g, data, plan.param("chunk_bytes")), \
         plan.param("block_bytes")
@@ -301,9 +308,9 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
     if name == "pointwise":  # two f32 row buffers of a block (or of a run of images), f32 weights, f32 dw
         width = g.ic + g.oc
         rows = max(256, block // (4 * width), math.prod(g.out_size))
-        return 2 * rows * width * 4 + 2 * math.prod(g.w_shape) * 4 + 4096
+        return 2 * rows * width * 4 + 2 * math.prod(g.w_shape) * 4
     if name == "image_gemms":
-        return 2 * math.prod(g.w_shape) * acc.itemsize + 4096
+        return 2 * math.prod(g.w_shape) * acc.itemsize
     return _frame_workspace(f, budget, block) + result
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...problem import ConvGeometry
 
-__all__ = ["spatial", "spatial3", "params", "tap", "phase_taps", "tap_weights", "padded", "flat"]
+__all__ = ["spatial", "spatial3", "params", "tap", "stride_phase", "phase_taps", "tap_weights", "padded", "flat"]
 
 
 def spatial(values: tuple[int, ...], fill: int) -> tuple[int, ...]:
@@ -46,11 +46,20 @@ def tap(a, k, stride, dilation, pad, size, transposed):  # pragma: no cover - co
     return i if 0 <= i < size else -1
 
 
+def stride_phase(j: int, d: int, s: int, pb: int = 0) -> tuple[int, int]:
+    """The stride-phase split along one axis: tap ``j`` of output ``o`` reads the input at
+    ``o*S + j*D - PB = S*(o + q) + r`` with ``(q, r) = divmod(j*D - PB, S)``, i.e. phase ``r``
+    (positions ``S*m + r``) at ``m = o + q``; (r, q). With ``PB = 0``: the phases of a padded
+    input (:mod:`.frame`)."""
+    q, r = divmod(j * d - pb, s)
+    return r, q
+
+
 def phase_taps(r: int, k: int, s: int, d: int, pb: int) -> list[tuple[int, int]]:
-    """The stride-phase split of backward data along one axis: input positions ``i = q*S + r``
-    get ``dy[q + c]`` through tap ``j`` for the taps whose ``(r + PB - j*D)`` divides by S, with
-    ``c = (r + PB - j*D) / S``; (tap j, offset c) of each."""
-    return [(j, (r + pb - j * d) // s) for j in range(k) if (r + pb - j * d) % s == 0]
+    """Backward data per stride phase along one axis: the input positions ``i = m*S + r`` get
+    ``dy[m + c]`` through the taps ``j`` of phase ``r`` (:func:`stride_phase`), ``c = -q``:
+    (tap j, offset c) of each."""
+    return [(j, -q) for j in range(k) for rj, q in [stride_phase(j, d, s, pb)] if rj == r]
 
 
 def tap_weights(g: ConvGeometry, w: np.ndarray, transpose: bool = False) -> np.ndarray:

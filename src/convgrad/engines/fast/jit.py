@@ -38,7 +38,7 @@ from ...problem import ConvGeometry
 from . import isa, microkernel
 from .features import Features
 from . import geometry
-from .geometry import padded, phase_taps, spatial
+from .geometry import padded, phase_taps, spatial, tap_weights
 from .tuning import TUNING
 
 if TYPE_CHECKING:
@@ -231,9 +231,7 @@ def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool) ->
     """Canonical (*K, ICg, OC) weights as f32 ``(G, blocks, T, red, vw)``: red = ICg and blocks
     of OCg (forward), or with ``transpose`` red = OCg and blocks of ICg; zero past the channels."""
     t = math.prod(g.kernel)
-    taps = w.reshape(t, g.icg, g.groups, g.ocg).transpose(2, 0, 1, 3)  # (G, T, ICg, OCg)
-    if transpose:
-        taps = taps.transpose(0, 1, 3, 2)
+    taps = tap_weights(g, w, transpose).transpose(1, 0, 2, 3)  # (G, T, red, width)
     red, width = taps.shape[2:]
     blocks = -(-width // vw)
     out = np.zeros((g.groups, t, red, blocks * vw), F32)

@@ -29,6 +29,7 @@ from ... import casts, layout
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
 from . import columns, kernels
+from .geometry import tap_weights
 from .tuning import TUNING
 
 __all__ = ["workspace_bytes", "backward_data", "backward_weights"]
@@ -37,7 +38,7 @@ __all__ = ["workspace_bytes", "backward_data", "backward_weights"]
 def workspace_bytes(g: ConvGeometry, task: str, data: np.dtype, budget: int) -> int:
     """Upper estimate of the extra bytes for ``data`` of the op's dtype, in its accumulation dtype:
     :func:`backward_data` converts the weights (or a block) and holds one chunk of Z and of
-    converted dy (and for bf16/f16, the chunk's sums before they are rounded); :func:`backward_weights` one chunk of
+    converted dy (and for bf16/f16, the chunk's sums and their rounding into dx); :func:`backward_weights` one chunk of
     the input, its gathered taps and converted dy, and three weights' worth (the sums, NumPy's
     product temporary where BLAS cannot accumulate (many groups), one spare)."""
     acc = compute_dtype(data)
@@ -48,7 +49,7 @@ def workspace_bytes(g: ConvGeometry, task: str, data: np.dtype, budget: int) -> 
         worst = 0
         for block in (math.ceil(share * taps), taps):  # Z per block of taps (XIO weights), or all (OIX)
             n, rows = _chunk_size(g, block * g.ic * acc.itemsize, budget, sums)
-            worst = max(worst, n * sums + rows * (block * g.ic + 2 * g.oc) * acc.itemsize)
+            worst = max(worst, 2 * n * sums + rows * (block * g.ic + 2 * g.oc) * acc.itemsize)
         return worst + math.ceil(share * math.prod(g.w_shape)) * acc.itemsize
     n, rows = _chunk_size(g, taps * g.ic * acc.itemsize, budget, image)
     return n * image + (rows * (taps * g.ic + 2 * g.oc) + 3 * math.prod(g.w_shape)) * acc.itemsize
@@ -131,7 +132,7 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
     narrow, taps_inner, taps = dy.dtype.itemsize < dtype.itemsize, _oix(w), math.prod(g.kernel)
     # the weights as they lie in memory: (G, OCg, ICg, taps) for OIX, else (taps, ICg, G, OCg)
     memory = layout.weights_from_canonical(w, "OIX").reshape(g.groups, g.ocg, g.icg, taps) if taps_inner \
-        else w.reshape(taps, g.icg, g.groups, g.ocg)
+        else tap_weights(g, w).transpose(0, 2, 1, 3)
     tap_blocks = [(0, taps)] if taps_inner else _blocks(g, dy.dtype, dtype, taps)
     channel_blocks = _blocks(g, dy.dtype, dtype, g.ocg) if taps_inner else [(0, g.ocg)]
 
