@@ -38,9 +38,8 @@ class Tuning:
     #: backward data's vectors, the rows of the weights gradient's blocks): ResNet-50's 3-channel
     #: conv1 ran at 0.47 | 0.65 (data) and 0.70 | 2.24 (weights), its forward 1.61 | 5.87.
     jit_min_input_channels: int = 8
-    #: Kernel families on which the rule selects the jit strategy at all (elsewhere only forced):
-    #: AVX2 is measured above; the AVX-512 families' 16-wide kernels are tested for correctness
-    #: here (LLVM splits their vectors on AVX2) but not yet timed on an AVX-512 CPU.
-    jit_families: tuple[str, ...] = ("avx2",)
+    #: Kernel families on which the rule selects the jit strategy at all: every family with JIT
+    #: kernels (``portable`` has none).
+    jit_families: tuple[str, ...] = ("avx512_bf16", "avx512", "avx2")
 
 TUNING = Tuning()
