@@ -65,9 +65,11 @@ def selected(g: ConvGeometry, task: str, acc: np.dtype, data: np.dtype) -> bool:
 
 
 def _block(g: ConvGeometry, task: str) -> tuple[int, int, int]:
-    """(rows R, vectors V, lanes V*W) of ``task``'s block: its vectors run over OCg (ICg for backward data)."""
+    """(rows R, vectors V, lanes V*W) of ``task``'s block: its vectors run over OCg (ICg for
+    backward data), its rows over the positions (ICg for the weights gradient)."""
     width = _width()
-    rows, vecs = microkernel.block_for(g.icg if task == "backward_data" else g.ocg, width)
+    rows, vecs = microkernel.block_for(g.icg if task == "backward_data" else g.ocg, width,
+                                       g.icg if task == "backward_weights" else None)
     return rows, vecs, vecs * width
 
 

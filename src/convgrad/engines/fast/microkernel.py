@@ -21,7 +21,7 @@ plain-IR stand-in computes the same sums in the same order with two FMAs (bit-ex
 instruction's denormal flushing). Offsets and strides count uint16 elements.
 
 Blocks (:data:`BLOCKS`) fit the register file: ``R*V`` accumulators + ``V`` operands + one
-broadcast <= 16 ymm registers (``W`` = 8, AVX2) or 32 zmm (``W`` = 16, AVX-512). A 16-wide kernel
+broadcast <= 16 ymm registers (``W`` = 8, AVX2) or 31 of the 32 zmm (``W`` = 16, AVX-512). A 16-wide kernel
 on an AVX2 host is legalised by LLVM into pairs of 8-wide instructions (correct, not fast).
 
 Each caller compiles only the kernels it uses: ``width``, ``rows`` and ``vecs`` must be
@@ -60,13 +60,18 @@ _CHAINS = {8: 12, 16: 24}
 SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
-def block_for(channels: int, width: int) -> tuple[int, int]:
-    """The block (R, V) for ``channels`` output channels in vectors of ``width``: one vector only
-    where that is all there is; else the fewest idle lanes on the channel tail, then the most
-    accumulators, then the most rows."""
+def block_for(channels: int, width: int, rows: int | None = None) -> tuple[int, int]:
+    """The block (R, V) for ``channels`` output channels in vectors of ``width`` (and, if given,
+    ``rows`` rows to cut into blocks of R): one vector only where that is all there is; else the
+    fewest idle lanes and rows, then the most accumulators, then the fewest loads per FMA."""
     vectors = -(-channels // width)
-    fits = [b for b in BLOCKS[width] if b[1] <= vectors and (b[1] > 1 or vectors == 1)]
-    return min(fits, key=lambda b: (-(-vectors // b[1]) * b[1] - vectors, -b[0] * b[1], -b[0]))
+
+    def cost(block: tuple[int, int]) -> tuple[float, int, float]:
+        r, v = block
+        used = vectors / (-(-vectors // v) * v) * (rows / (-(-rows // r) * r) if rows else 1.0)
+        return -used, -r * v, (r + v) / (r * v)
+
+    return min((b for b in BLOCKS[width] if b[1] <= vectors and (b[1] > 1 or vectors == 1)), key=cost)
 
 
 def _bf16_native() -> bool:
