@@ -71,13 +71,11 @@ def _close(got: np.ndarray, want: np.ndarray, tol: float, msg: str) -> None:
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(1.0, np.abs(want).max()), err_msg=msg)
 
 
-@pytest.mark.parametrize("width", microkernel.WIDTHS)
-@pytest.mark.parametrize("block", range(len(microkernel.BLOCKS)))
-def test_microkernel_blocks_against_numpy(block, width, rng):
+@pytest.mark.parametrize("width, rows, vecs", [(w, *b) for w, blocks in microkernel.BLOCKS.items() for b in blocks])
+def test_microkernel_blocks_against_numpy(width, rows, vecs, rng):
     """c[r, v*W + l] += sum_t sum_i a[ta[t] + r*lda + i*astep] * b[tb[t] + i*bstep + v*W + l] for
     every block shape and width, with offsets, strides, several taps and an accumulated c; no
     taps or an empty reduction leave c as it was."""
-    rows, vecs = microkernel.BLOCKS[block]
     vw, k, lda, astep, bstep, ldc = vecs * width, 13, 3, 5, vecs * width + 4, vecs * width + 8
     a = rng.standard_normal(400).astype(np.float32)
     b = rng.standard_normal(2000).astype(np.float32)
@@ -90,11 +88,12 @@ def test_microkernel_blocks_against_numpy(block, width, rng):
                 row = b[3 + tb[t] + i * bstep:3 + tb[t] + i * bstep + vw].astype(np.float64)
                 want[5 + r * ldc:5 + r * ldc + vw] += a[11 + ta[t] + r * lda + i * astep] * row
     got = c.copy()
-    microkernel.call(width, block, got, 5, ldc, a, 11, lda, astep, b, 3, bstep, ta, tb, 3, k)
+    call = microkernel.kernel_call(width, rows, vecs)
+    call(got, 5, ldc, a, 11, lda, astep, b, 3, bstep, ta, tb, 3, k)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
     for ntaps, depth in ((0, k), (3, 0)):
         same = c.copy()
-        microkernel.call(width, block, same, 5, ldc, a, 11, lda, astep, b, 3, bstep, ta, tb, ntaps, depth)
+        call(same, 5, ldc, a, 11, lda, astep, b, 3, bstep, ta, tb, ntaps, depth)
         np.testing.assert_array_equal(same, c)
 
 

@@ -25,8 +25,9 @@ class Tuning:
     #: Problems of at most this many FLOPs (2*N*OC*ICg*prod(K)*prod(O)) run on the ``direct``
     #: strategy's loops, where the GEMM paths' fixed per-call costs would dominate.
     direct_flops: int = 500_000
-    #: Kernel families on which the rule selects the ``jit`` strategy (elsewhere only forced).
-    jit_families: tuple[str, ...] = ("avx2",)
+    #: Kernel families on which the rule selects the ``jit`` strategy: every family with JIT
+    #: kernels (``portable`` has none).
+    jit_families: tuple[str, ...] = ("avx512_bf16", "avx512", "avx2")
     #: The rule selects ``jit`` for kernels of several taps with at most this many channels per
     #: group on either side, per task ...
     jit_channels: dict[str, float] = field(default_factory=lambda: _per_task(128, 64, 64))
