@@ -28,23 +28,21 @@ the rows of a block past the end of an output row read in bounds (their results 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
 
-from typing import TYPE_CHECKING
-
 from ...problem import ConvGeometry
-from . import isa, microkernel
+from . import geometry, isa, microkernel
 from .features import Features
-from . import geometry
 from .geometry import padded, phase_taps, spatial, tap_weights
 from .tuning import TUNING
 
 if TYPE_CHECKING:
     from .plan import Plan
 
-__all__ = ["applies", "selected", "complete", "options", "run", "workspace_bytes", "forward", "backward_data",
+__all__ = ["applies", "complete", "options", "run", "workspace_bytes", "forward", "backward_data",
            "backward_weights"]
 
 F32 = np.dtype(np.float32)
@@ -63,14 +61,6 @@ def applies(f: Features, plan: Plan | None = None) -> bool:
                             and isinstance(plan.param("cache_bytes"), int) and plan.param("cache_bytes") > 0)
 
 
-def selected(f: Features) -> bool:
-    """Whether the tuning table's rule picks the jit strategy for ``f`` (see :mod:`.plan`)."""
-    if not applies(f) or f.family not in TUNING.jit_families or f.taps < 2 \
-            or max(f.icg, f.ocg) > TUNING.jit_channels[f.task] or f.junk_heavy():
-        return False
-    if f.task == "backward_weights" and f.data_dtype != f.acc and not TUNING.jit_weights_16_bit:
-        return False
-    return f.task == "forward" or f.icg >= TUNING.jit_min_input_channels
 
 
 def _block_index(name: object) -> int | None:
