@@ -33,9 +33,6 @@ from .tuning import TUNING
 __all__ = ["FastEngine", "Features", "Plan", "STRATEGIES", "TUNING", "Frame", "candidates", "default_plan", "select",
            "forced_plan", "forced_strategy", "strategy_module", "jit_selected", "gemm_variant"]
 
-_INPUTS = {"forward": ("x", "w"), "backward_data": ("dy", "w"), "backward_weights": ("x", "dy")}
-
-
 class FastEngine:
     """The fast engine (``engine="fast"``, the default)."""
 

@@ -295,7 +295,7 @@ def _workspace(f: Features, plan: Plan) -> int:
             math.prod(g.w_shape) * acc.itemsize if task == "backward_weights" and data != acc else 0)
     if name == "pointwise":  # two f32 row buffers of a block (or of a run of images), f32 weights, f32 dw
         width = g.ic + g.oc
-        rows = max(256, block // (4 * width), math.prod(g.out_size))
+        rows = max(TUNING.min_block_rows, block // (4 * width), math.prod(g.out_size))
         return 2 * rows * width * 4 + 2 * math.prod(g.w_shape) * 4
     if name == "image_gemms":
         return 2 * math.prod(g.w_shape) * acc.itemsize
@@ -314,7 +314,7 @@ def _frame_workspace(f: Features, budget: int, block: int) -> int:
     images = min(max(g.n, 1), _images_per_chunk(g, frame, task, data, budget))
     rows = images * frame.image_rows + frame.max_shift(images)
     block_bytes = block * (TUNING.spread_blocks if spreads else 1)
-    blocks = 3 * min(rows * widest, max(block_bytes, 256 * widest))
+    blocks = 3 * min(rows * widest, max(block_bytes, TUNING.min_block_rows * widest))
     widened = images * (math.prod(g.x_shape[1:]) + math.prod(g.y_shape[1:])) * acc.itemsize \
         if data == np.float16 else 0  # casts.to_f32 of the chunk before its frame copy
     return images * _frame_bytes(g, frame, task, data) + blocks + widened + 3 * taps * g.icg * g.oc * acc.itemsize
