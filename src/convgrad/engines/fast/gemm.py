@@ -80,7 +80,6 @@ def applies(f: Features, plan: Plan | None = None) -> bool:
     return variant_applies(f, plan.param("variant")) and all(isinstance(v, int) and v > 0 for v in sizes)
 
 
-
 def complete(f: Features, params: dict) -> dict:
     """``params`` (their ``variant`` given: the rule's, :func:`.plan.gemm_variant`) with
     ``chunk_bytes`` and ``block_bytes`` defaulted from the tuning table (``pointwise_block_bytes``

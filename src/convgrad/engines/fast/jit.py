@@ -61,8 +61,6 @@ def applies(f: Features, plan: Plan | None = None) -> bool:
                             and isinstance(plan.param("cache_bytes"), int) and plan.param("cache_bytes") > 0)
 
 
-
-
 def _block_index(name: object) -> int | None:
     names = [f"{r}x{v}" for r, v in microkernel.BLOCKS]
     return names.index(name) if name in names else None
@@ -138,15 +136,9 @@ def _width() -> int:
     return isa.WIDTH[isa.family()]
 
 
-
-
 def _tail(block: int, row: int) -> int:
     """Zeroed slack after a flat source: the rows of a last block past its output row."""
     return microkernel.BLOCKS[block][0] * (row + 1) + 64
-
-
-
-
 
 
 @numba.njit(parallel=True, cache=True)
@@ -252,8 +244,6 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = N
                  y, 0, _strides((g.n, *o, g.oc))[:4], (g.n, *o), _packed_weights(g, w, vw, False).reshape(-1),
                  len(taps_a), taps_b, g.groups, g.icg, g.ocg, plan.param("cache_bytes"))
     return y
-
-
 
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | None = None) -> np.ndarray:
