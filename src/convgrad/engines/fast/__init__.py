@@ -26,14 +26,12 @@ from ...problem import ConvGeometry
 from .. import register
 from .features import Features
 from .frame import Frame, empty_like_data
-from .plan import STRATEGIES, Plan, candidates, default_plan, forced_plan, forced_strategy, select, strategy_module
+from .plan import (STRATEGIES, Plan, candidates, default_plan, forced_plan, forced_strategy, gemm_variant, jit_selected,
+                   select, strategy_module)
 from .tuning import TUNING
 
 __all__ = ["FastEngine", "Features", "Plan", "STRATEGIES", "TUNING", "Frame", "candidates", "default_plan", "select",
-           "forced_plan", "forced_strategy", "strategy_module"]
-
-_INPUTS = {"forward": ("x", "w"), "backward_data": ("dy", "w"), "backward_weights": ("x", "dy")}
-
+           "forced_plan", "forced_strategy", "strategy_module", "jit_selected", "gemm_variant"]
 
 class FastEngine:
     """The fast engine (``engine="fast"``, the default)."""

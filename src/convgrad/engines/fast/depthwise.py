@@ -24,6 +24,7 @@ from ... import casts
 from ...problem import ConvGeometry
 from .frame import empty_like_data
 from .geometry import params, spatial, spatial3, tap
+from .tuning import TUNING
 
 __all__ = ["FASTMATH", "run", "parts", "forward", "backward_data", "backward_weights"]
 
@@ -103,8 +104,9 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dx: np.ndarray
 
 
 def parts(g: ConvGeometry) -> int:
-    """Parallel partial sums of the weights gradient: 4 per thread, at most one per row."""
-    return max(1, min(4 * numba.get_num_threads(), g.n * (g.out_size[0] if g.rank == 3 else 1)
+    """Parallel partial sums of the weights gradient: ``TUNING.depthwise_parts_per_thread`` per
+    thread, at most one per row."""
+    return max(1, min(TUNING.depthwise_parts_per_thread * numba.get_num_threads(), g.n * (g.out_size[0] if g.rank == 3 else 1)
                       * (g.out_size[-2] if g.rank >= 2 else 1)))
 
 

@@ -48,7 +48,7 @@ def applies(f: Features, plan: Plan | None = None) -> bool:
     """Any non-empty problem; the ``depthwise`` loops only depthwise ones."""
     if f.n == 0:
         return False
-    return plan is None or plan.param("loops") == "general" or (plan.param("loops") == "depthwise" and f.depthwise)
+    return plan is None or plan.param("loops") in LOOPS and (plan.param("loops") == "general" or f.depthwise)
 
 
 def complete(f: Features, params: dict) -> dict:

@@ -29,7 +29,8 @@ The plan parameter ``variant`` picks how the convolution becomes GEMMs:
 
 Extra memory stays within 2x the op's inputs + output: a chunk takes at most
 :func:`chunk_budget` bytes of temporaries (``chunk_bytes``, and half the op's inputs + output or
-``TUNING.min_chunk_bytes``), whatever N is.
+``TUNING.min_chunk_bytes``, the latter at most the inputs + output for the output-row variant),
+whatever N is.
 """
 
 from __future__ import annotations
@@ -52,12 +53,13 @@ from .tuning import TUNING
 if TYPE_CHECKING:
     from .plan import Plan
 
-__all__ = ["VARIANTS", "applies", "complete", "options", "run", "workspace_bytes", "chunk_budget", "variant"]
+__all__ = ["VARIANTS", "applies", "variant_applies", "complete", "options", "run", "workspace_bytes", "chunk_budget"]
 
 VARIANTS = ("frame", "output_rows", "pointwise", "image_gemms")
 
 
-def _variant_applies(f: Features, name: str) -> bool:
+def variant_applies(f: Features, name: str) -> bool:
+    """Whether the variant ``name`` can run ``f`` (see the module docstring)."""
     if name == "output_rows":
         return f.task != "forward"
     if name == "pointwise":
@@ -75,49 +77,33 @@ def applies(f: Features, plan: Plan | None = None) -> bool:
     if plan is None:
         return True
     sizes = (plan.param("chunk_bytes"), plan.param("block_bytes"))
-    return _variant_applies(f, plan.param("variant")) and all(isinstance(v, int) and v > 0 for v in sizes)
-
-
-def variant(f: Features) -> str:
-    """The tuning table's variant for ``f``: ``pointwise`` for 16-bit NXC pointwise layers;
-    ``output_rows`` for junk-heavy gradients (:meth:`.Features.junk_heavy`) and multi-tap ones
-    from ``TUNING.wide_channels`` (ICg, OCg) channels per group (backward data also from that
-    ICg where the frame would sum narrow results at their shifts); ``image_gemms`` for pointwise
-    NCX layers with at least ``TUNING.image_gemm_rows`` positions per image; else ``frame``."""
-    if _variant_applies(f, "pointwise") and not f.channels_first:
-        return "pointwise"
-    if f.task != "forward":
-        icg, ocg = TUNING.wide_channels[f.task]
-        wide = f.taps > 1 and f.icg >= icg and (
-            f.ocg >= ocg or f.task == "backward_data" and kernels.spreads(f.taps, f.ocg, f.icg))
-        if f.junk_heavy() or wide:
-            return "output_rows"
-    if _variant_applies(f, "image_gemms") and f.channels_first and math.prod(f.out_size) >= TUNING.image_gemm_rows:
-        return "image_gemms"
-    return "frame"
+    return variant_applies(f, plan.param("variant")) and all(isinstance(v, int) and v > 0 for v in sizes)
 
 
 def complete(f: Features, params: dict) -> dict:
-    """``params`` with the missing ones defaulted: :func:`variant`, ``TUNING.chunk_bytes`` and
-    ``TUNING.block_bytes`` (``pointwise_block_bytes`` for the pointwise variant)."""
-    name = params.get("variant") or variant(f)
+    """``params`` (their ``variant`` given: the rule's, :func:`.plan.gemm_variant`) with
+    ``chunk_bytes`` and ``block_bytes`` defaulted from the tuning table (``pointwise_block_bytes``
+    for the pointwise variant)."""
+    name = params["variant"]
     block = TUNING.pointwise_block_bytes if name == "pointwise" else TUNING.block_bytes
     return {"variant": name, "chunk_bytes": TUNING.chunk_bytes, "block_bytes": block, **params}
 
 
 def options(f: Features) -> list[dict]:
     """Parameter sets worth timing: each variant that applies."""
-    return [{"variant": name} for name in VARIANTS if _variant_applies(f, name)]
+    return [{"variant": name} for name in VARIANTS if variant_applies(f, name)]
 
 
-def chunk_budget(g: ConvGeometry, data: np.dtype, chunk_bytes: int) -> int:
+def chunk_budget(g: ConvGeometry, data: np.dtype, chunk_bytes: int, expanding: bool = False) -> int:
     """Bytes of temporaries per batch chunk: at most ``chunk_bytes`` and half the bytes of the op's
     inputs and output in ``data`` (so extra memory stays below 2x of them even when bf16/f16
-    data is widened to f32), but not cut below ``TUNING.min_chunk_bytes`` for the latter, unless
-    that is more than the inputs and output themselves (small problems: chunks of at most their
-    bytes, so that the extra memory stays within the 2x bound there too)."""
+    data is widened to f32), but not cut below ``TUNING.min_chunk_bytes`` for the latter (small
+    problems: one chunk). For temporaries ``expanding`` the data (the output-row variant's taps of
+    a chunk, prod(K) times its input) that floor is at most the inputs and output themselves, so
+    that the extra memory stays within 2x of them for small problems too."""
     io_bytes = (math.prod(g.x_shape) + math.prod(g.y_shape) + math.prod(g.w_shape)) * data.itemsize
-    return min(chunk_bytes, max(min(TUNING.min_chunk_bytes, io_bytes), io_bytes // 2))
+    floor = min(TUNING.min_chunk_bytes, io_bytes) if expanding else TUNING.min_chunk_bytes
+    return min(chunk_bytes, max(floor, io_bytes // 2))
 
 
 # -- running ---------------------------------------------------------------------------------------
@@ -125,7 +111,8 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) ->
     """``task`` on its two canonical inputs by ``plan``'s variant; the result in the
     accumulation dtype (the pointwise variant: in the data's dtype, rounded block by block)."""
     name, acc = plan.param("variant"), compute_dtype(a.dtype)
-    budget, block = chunk_budget(g, a.dtype, plan.param("chunk_bytes")), plan.param("block_bytes")
+    budget = chunk_budget(g, a.dtype, plan.param("chunk_bytes"), expanding=name == "output_rows")
+    block = plan.param("block_bytes")
     if name == "pointwise":
         return _pointwise(g, a, b, task, acc, block)
     if name == "image_gemms":
@@ -299,15 +286,15 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
 
 def _workspace(f: Features, plan: Plan) -> int:
     g, data, acc, task = f.geometry, f.data_dtype, f.acc, f.task
-    name, budget, block = plan.param("variant"), chunk_budget(g, data, plan.param("chunk_bytes")), \
-        plan.param("block_bytes")
+    name, block = plan.param("variant"), plan.param("block_bytes")
+    budget = chunk_budget(g, data, plan.param("chunk_bytes"), expanding=name == "output_rows")
     result = math.prod(f.result_shape) * (acc.itemsize if data != acc else 0)
     if name == "output_rows":
         return output_rows.workspace_bytes(g, task, data, budget) + (
             math.prod(g.w_shape) * acc.itemsize if task == "backward_weights" and data != acc else 0)
     if name == "pointwise":  # two f32 row buffers of a block (or of a run of images), f32 weights, f32 dw
         width = g.ic + g.oc
-        rows = max(256, block // (4 * width), math.prod(g.out_size))
+        rows = max(TUNING.min_block_rows, block // (4 * width), math.prod(g.out_size))
         return 2 * rows * width * 4 + 2 * math.prod(g.w_shape) * 4
     if name == "image_gemms":
         return 2 * math.prod(g.w_shape) * acc.itemsize
@@ -326,7 +313,7 @@ def _frame_workspace(f: Features, budget: int, block: int) -> int:
     images = min(max(g.n, 1), _images_per_chunk(g, frame, task, data, budget))
     rows = images * frame.image_rows + frame.max_shift(images)
     block_bytes = block * (TUNING.spread_blocks if spreads else 1)
-    blocks = 3 * min(rows * widest, max(block_bytes, 256 * widest))
+    blocks = 3 * min(rows * widest, max(block_bytes, TUNING.min_block_rows * widest))
     widened = images * (math.prod(g.x_shape[1:]) + math.prod(g.y_shape[1:])) * acc.itemsize \
         if data == np.float16 else 0  # casts.to_f32 of the chunk before its frame copy
     return images * _frame_bytes(g, frame, task, data) + blocks + widened + 3 * taps * g.icg * g.oc * acc.itemsize

@@ -46,7 +46,7 @@ from .tuning import TUNING
 if TYPE_CHECKING:
     from .plan import Plan
 
-__all__ = ["applies", "selected", "complete", "options", "run", "workspace_bytes", "forward", "backward_data",
+__all__ = ["applies", "complete", "options", "run", "workspace_bytes", "forward", "backward_data",
            "backward_weights"]
 
 F32 = np.dtype(np.float32)
@@ -63,16 +63,6 @@ def applies(f: Features, plan: Plan | None = None) -> bool:
         return False
     return plan is None or (_block_of(plan.param("block")) is not None and plan.param("split") in SPLITS
                             and isinstance(plan.param("cache_bytes"), int) and plan.param("cache_bytes") > 0)
-
-
-def selected(f: Features) -> bool:
-    """Whether the tuning table's rule picks the jit strategy for ``f`` (see :mod:`.plan`)."""
-    if not applies(f) or f.family not in TUNING.jit_families or f.taps < 2 \
-            or max(f.icg, f.ocg) > TUNING.jit_channels[f.task] or f.junk_heavy():
-        return False
-    if f.task == "backward_weights" and f.data_dtype != f.acc and not TUNING.jit_weights_16_bit:
-        return False
-    return f.task == "forward" or f.icg >= TUNING.jit_min_input_channels
 
 
 def _block_of(name: object) -> tuple[int, int] | None:

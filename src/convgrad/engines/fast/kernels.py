@@ -51,9 +51,10 @@ def taps_per_gemm(taps: int, channels: int, reduces: bool = False) -> int:
 
 
 def block_rows(row_bytes: int, rows: int, block_bytes: int, taps: int = 2) -> int:
-    """Rows per block so that one block operand holds about ``block_bytes`` (at least 256); all rows
+    """Rows per block so that one block operand holds about ``block_bytes`` (at least
+    ``TUNING.min_block_rows``); all rows
     for a single tap (its GEMM runs on views, with no temporaries to keep in cache)."""
-    return max(1, rows if taps == 1 else min(rows, max(256, block_bytes // max(1, row_bytes))))
+    return max(1, rows if taps == 1 else min(rows, max(TUNING.min_block_rows, block_bytes // max(1, row_bytes))))
 
 
 def spreads(taps: int, ci: int, co: int) -> bool:

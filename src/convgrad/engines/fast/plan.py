@@ -22,17 +22,19 @@ An empty batch is no plan: the engine returns zeros.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 
 from ...errors import EngineError
-from . import direct, gemm, jit, plan_cache
+from . import direct, gemm, jit, kernels, plan_cache
 from .features import Features
+from .tuning import TUNING
 
 __all__ = ["Plan", "STRATEGIES", "candidates", "default_plan", "select", "forced_plan", "forced_strategy",
-           "strategy_module"]
+           "strategy_module", "jit_selected", "gemm_variant"]
 
 #: The strategies, in the order :func:`candidates` lists them.
 STRATEGIES = ("direct", "jit", "gemm")
@@ -91,17 +93,50 @@ def _complete(f: Features, plan: Plan) -> Plan | None:
     module = _MODULES[plan.strategy]
     if not module.applies(f):
         return None
-    full = Plan.of(plan.strategy, **module.complete(f, dict(plan.params)))
+    params = dict(plan.params)
+    if plan.strategy == "gemm":
+        params.setdefault("variant", gemm_variant(f))
+    full = Plan.of(plan.strategy, **module.complete(f, params))
     return full if module.applies(f, full) else None
+
+
+def jit_selected(f: Features) -> bool:
+    """Whether the rule picks the jit strategy for ``f`` (rule 3 of the module docstring)."""
+    if not jit.applies(f) or f.family not in TUNING.jit_families or f.taps < 2 \
+            or max(f.icg, f.ocg) > TUNING.jit_channels[f.task] or f.junk_heavy():
+        return False
+    if f.task == "backward_weights" and f.data_dtype != f.acc and not TUNING.jit_weights_16_bit:
+        return False
+    return f.task == "forward" or f.icg >= TUNING.jit_min_input_channels
+
+
+def gemm_variant(f: Features) -> str:
+    """The rule's ``gemm`` variant for ``f`` (rule 4): ``pointwise`` for 16-bit NXC pointwise
+    layers; ``output_rows`` for junk-heavy gradients (:meth:`.Features.junk_heavy`) and multi-tap
+    ones from ``TUNING.wide_channels`` (ICg, OCg) channels per group (backward data also from that
+    ICg where the frame would sum narrow results at their shifts); ``image_gemms`` for pointwise
+    NCX layers with at least ``TUNING.image_gemm_rows`` positions per image; else ``frame``."""
+    if gemm.variant_applies(f, "pointwise") and not f.channels_first:
+        return "pointwise"
+    if f.task != "forward":
+        icg, ocg = TUNING.wide_channels[f.task]
+        wide = f.taps > 1 and f.icg >= icg and (
+            f.ocg >= ocg or f.task == "backward_data" and kernels.spreads(f.taps, f.ocg, f.icg))
+        if f.junk_heavy() or wide:
+            return "output_rows"
+    if gemm.variant_applies(f, "image_gemms") and f.channels_first \
+            and math.prod(f.out_size) >= TUNING.image_gemm_rows:
+        return "image_gemms"
+    return "frame"
 
 
 def default_plan(f: Features) -> Plan:
     """The tuning table's rule (the module docstring) for a non-empty problem ``f``."""
-    if f.depthwise or f.flops <= direct.TUNING.direct_flops:
+    if f.depthwise or f.flops <= TUNING.direct_flops:
         return Plan.of("direct", **direct.complete(f, {}))
-    if jit.selected(f):
+    if jit_selected(f):
         return Plan.of("jit", **jit.complete(f, {}))
-    return Plan.of("gemm", **gemm.complete(f, {}))
+    return Plan.of("gemm", **gemm.complete(f, {"variant": gemm_variant(f)}))
 
 
 def candidates(f: Features) -> list[Plan]:

@@ -21,6 +21,7 @@ import numpy as np
 from ... import casts
 from ...problem import ConvGeometry
 from . import blas
+from .tuning import TUNING
 
 __all__ = ["sampled", "product", "weights_gradient"]
 
@@ -33,7 +34,7 @@ def sampled(g: ConvGeometry, x: np.ndarray) -> np.ndarray:
 def _blocks(arrays: tuple[np.ndarray, ...], width: int, block_bytes: int) -> Iterator[tuple[np.ndarray, ...]]:
     """The same blocks of rows of every (N, *X, C_i) array (one X): flat row ranges if all are
     C-contiguous, else runs of whole images; about ``block_bytes`` of f32 rows ``width`` wide."""
-    step = max(256, block_bytes // (4 * max(1, width)))
+    step = max(TUNING.min_block_rows, block_bytes // (4 * max(1, width)))
     if all(a.flags.c_contiguous for a in arrays):
         flat = [a.reshape(-1, a.shape[-1]) for a in arrays]
         for start in range(0, flat[0].shape[0], step):

@@ -68,6 +68,10 @@ class Tuning:
     block_bytes: int = 2 << 20
     #: ``gemm``: bytes of the f32 row buffers of the 16-bit pointwise GEMMs (input and output rows).
     pointwise_block_bytes: int = 4 << 20
+    #: ``gemm``: row blocks have at least this many rows, whatever ``block_bytes`` says.
+    min_block_rows: int = 256
+    #: ``direct``: the depthwise weights gradient sums this many partial dw per thread.
+    depthwise_parts_per_thread: int = 4
 
     # -- inside the ``gemm`` strategy -----------------------------------------------------------
     #: Reduction depth (taps x channels) from which one GEMM runs near BLAS speed: below it the
