@@ -14,7 +14,8 @@ width, per group ``g``:
   ``S`` (offsets ``c_k = (r + PB - k*D) / S``) and the transposed weights ``w[k]^T`` (oneDNN's
   skipping of non-dividing taps, per phase); a phase without taps is written as zeros.
 - backward weights: ``dw[k, ic, oc] = sum_{n, o} xp[n, o*S + k*D, ic] * dy[n, o, oc]``: blocks of
-  ``R`` input channels (broadcast) x ``V`` vectors of output channels, the reduction over the
+  ``R`` input channels (broadcast, from a copy of x blocked by ``R`` channels so that the rows of
+  a block share cache lines) x ``V`` vectors of output channels, the reduction over the
   positions of a chunk of output rows (about ``TUNING.cache_bytes`` of x and dy), every tap and
   channel block run per chunk; each thread sums its share of the rows into its own partial dw,
   then the partials are added (or, where dw is large next to x and dy, ``TUNING.weights_split``,
@@ -90,7 +91,8 @@ def workspace_bytes(g: ConvGeometry, task: str, dtype: np.dtype) -> int:
     else:
         source = g.n * math.prod(g.padded_size) * g.ic + rows * (s[2] * g.ic + 2) + 64
         other = g.groups * taps * g.icg * -(-g.ocg // vw) * vw
-        if task == "backward_weights":
+        if task == "backward_weights":   # x blocked by R channels per group (zero past ICg)
+            source = g.n * math.prod(g.padded_size) * g.groups * -(-g.icg // rows) * rows
             block = g.groups * taps * -(-g.icg // rows) * rows * -(-g.ocg // vw) * vw
             other = g.n * math.prod(o) * g.groups * -(-g.ocg // vw) * vw + (numba.get_num_threads() + 1) * block
     result = 0 if dtype == F32 else math.prod({"forward": g.y_shape, "backward_data": g.x_shape,
@@ -292,13 +294,31 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
     return dx
 
 
+def _channel_blocks(a: np.ndarray, groups: int, rows: int, lo: tuple[int, ...], size: tuple[int, ...]) -> np.ndarray:
+    """Canonical (N, *X, C) data as a zeroed f32 (G, RB, N, P0, P1, P2, R) array: each group's
+    channels in blocks of ``rows`` (zero past them), each block zero-padded (``size`` = P, ``a``
+    at offsets ``lo``) and contiguous, so that a register block's rows share cache lines."""
+    a3 = spatial3(a)
+    cg = a3.shape[-1] // groups
+    blocks = -(-cg // rows)
+    out = np.zeros((groups, blocks, a3.shape[0], *size, rows), F32)
+    inner = tuple(slice(b, b + n) for b, n in zip(lo, a3.shape[1:4]))
+    for g in range(groups):
+        for ib in range(blocks):
+            width = min(rows, cg - ib * rows)
+            first = g * cg + ib * rows
+            out[(g, ib, slice(None), *inner, slice(0, width))] = a3[..., first:first + width]
+    return out
+
+
 @functools.cache
 def _weights(width: int, rows: int, vecs: int) -> Callable:
     """The driver of the weights gradient for one kernel variant (compiled for it alone)."""
     @microkernel.cached_njit(parallel=True)
-    def weights(xp, x_steps, taps_a, dyp, dy_row, rows_grid, chunk, parts, shares, split, groups, icg,
+    def weights(xb, x_steps, block_size, taps_a, dyp, dy_row, rows_grid, chunk, parts, shares, split, groups, icg,
                 channels):  # pragma: no cover - compiled
-        """``parts[p, t, g, ic, oc] += sum_(n, o) xp[n, o*S + tap t, g*icg + ic] * dyp[(n, o), g, oc]``
+        """``parts[p, t, g, ic, oc] += sum_(n, o) xb[g, ic // R, n, o*S + tap t, ic % R] * dyp[(n, o), g, oc]``
+        (``xb``: x padded and blocked by R channels, ``block_size`` values per block)
         over the output rows (n, o0, o1) of ``rows_grid`` = (N, O0, O1, O2), in parallel items
         (p, u): ``shares`` equal shares p of the rows (each with its own partial sums ``parts[p]``),
         each share's (tap, group, channel-row block) triples cut into ``split`` parts u. The rows
@@ -330,9 +350,9 @@ def _weights(width: int, rows: int, vecs: int) -> Callable:
                     t = triple // (row_blocks * groups)
                     coff = (p * triples + triple) * rows * ldc
                     for nb in range(nblocks):
-                        microkernel.run(width, rows, vecs, parts, coff + nb * vw, ldc, xp,
-                                        taps_a[t] + g * icg + ib * rows, 1, x_steps[3], dyp, g * ldc + nb * vw, dy_row,
-                                        ra, rb, count, o2_)
+                        microkernel.run(width, rows, vecs, parts, coff + nb * vw, ldc, xb,
+                                        taps_a[t] + (g * row_blocks + ib) * block_size, 1, x_steps[3], dyp,
+                                        g * ldc + nb * vw, dy_row, ra, rb, count, o2_)
     return weights
 
 
@@ -343,8 +363,8 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarr
     rows, vecs, vw = _block(g, "backward_weights")
     s, d, kernel = _spatial(g.strides, 1), _spatial(g.dilations, 1), _spatial(g.kernel, 1)
     size, o = _spatial(g.padded_size, 1), _spatial(g.out_size, 1)
-    xp = _padded(x, _spatial(g.pads_begin, 0), size, _tail(rows, s[2] * g.ic) + rows)
-    xs = _strides(xp.shape)
+    xb = _channel_blocks(x, g.groups, rows, _spatial(g.pads_begin, 0), size)
+    xs = _strides(xb.shape[2:])
     taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3]
                        for k0 in range(kernel[0]) for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
     nblocks = -(-g.ocg // vw)
@@ -356,8 +376,8 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarr
     shares, split = (1, threads) if by_blocks else (min(threads, rows_total), 1)
     chunk = max(1, TUNING.cache_bytes // (4 * o[2] * (g.ic + g.oc)))
     parts = np.zeros((shares, len(taps_a), g.groups, row_blocks * rows, nblocks * vw), F32)
-    _weights(_width(), rows, vecs)(_flat(xp), np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64),
-                                   taps_a, dyp.reshape(-1), g.groups * nblocks * vw, np.array((g.n, *o), np.int64),
+    _weights(_width(), rows, vecs)(xb.reshape(-1), np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64),
+                                   math.prod(xb.shape[2:]), taps_a, dyp.reshape(-1), g.groups * nblocks * vw, np.array((g.n, *o), np.int64),
                                    min(chunk, rows_total), parts.reshape(-1), shares, split, g.groups, g.icg, g.ocg)
     total = parts.sum(axis=0) if shares > 1 else parts[0]
     return np.ascontiguousarray(total[:, :, :g.icg, :g.ocg].transpose(0, 2, 1, 3)).reshape(g.w_shape)
