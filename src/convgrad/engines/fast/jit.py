@@ -76,8 +76,8 @@ def _block(g: ConvGeometry, task: str) -> tuple[int, int, int]:
 
 def workspace_bytes(g: ConvGeometry, task: str, dtype: np.dtype) -> int:
     """Upper estimate of the extra bytes ``task`` allocates (f32 values; for bf16/f16 ``dtype``
-    the f32 result the API rounds included): the padded copy of x (forward, weights) or dy (data)
-    with its slack, the packed weights (forward, data), or for the weights gradient the packed dy,
+    the f32 result the API rounds included): the padded copy of x (forward; for the weights
+    gradient blocked by R channels) or dy (data) with its slack, the packed weights (forward, data), or for the weights gradient the packed dy,
     the partial sums of every share (at most the threads) and their total; plus 64 KiB of tables and
     per-thread accumulator blocks."""
     rows, _, vw = _block(g, task)
