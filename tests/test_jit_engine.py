@@ -2,8 +2,10 @@
 
 Every kernel family this machine can run is forced in turn (``isa.set_family``): ``avx2``
 (8-wide) where the CPU has AVX2+FMA, ``avx512`` (16-wide) where it has AVX-512F or else through
-LLVM's legalisation onto AVX2 (same code path, split vectors), and ``portable`` (no JIT kernels:
-the BLAS-based strategies). The oracle is the float64 reference engine.
+LLVM's legalisation onto AVX2 (same code path, split vectors), ``avx512_bf16`` likewise (its bf16
+dot-product kernel, for bf16 forward and backward data, through its plain-IR stand-in where the
+CPU lacks the instruction), and ``portable`` (no JIT kernels: the BLAS-based strategies). The
+oracle is the float64 reference engine.
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from convgrad.engines.fast import Features, Plan, forced_strategy, isa, jit, mic
 from convgrad.problem import ConvGeometry
 
 TASKS = ("forward", "backward_data", "backward_weights")
-JIT_FAMILIES = [f for f in ("avx2", "avx512") if f in isa.supported() or "avx2" in isa.supported()]
+JIT_FAMILIES = [f for f in ("avx2", "avx512", "avx512_bf16") if f in isa.supported() or "avx2" in isa.supported()]
 TOLERANCE = {"f32": 2e-5, "bf16": 2e-2, "f16": 2e-3, "f64": 1e-10}
 
 
 @pytest.fixture(params=JIT_FAMILIES)
 def family(request):
-    """Run the test once per JIT family this machine can run (avx512 possibly emulated)."""
+    """Run the test once per JIT family this machine can run (the AVX-512 ones possibly emulated)."""
     before = isa.set_family(request.param, allow_emulated=True)
     yield request.param
     isa.set_family(before)

@@ -27,7 +27,7 @@ import pytest
 
 import convgrad as cg
 from convgrad.engines import get_engine
-from convgrad.engines.fast import forced_strategy, isa, jit, microkernel
+from convgrad.engines.fast import isa, jit, microkernel
 from convgrad.engines.fast.tuning import TUNING
 from convgrad.problem import ConvGeometry
 
@@ -141,33 +141,6 @@ def test_bf16_family_drivers_against_reference(case, rng):
         want = getattr(reference, task)(g, *args)
         assert got[task].dtype == np.float32
         np.testing.assert_allclose(got[task], want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=task)
-
-
-@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
-def test_bf16_family_through_the_api(data_format, rng):
-    """The ops on bf16 data with the jit strategy forced on the ``avx512_bf16`` family (the bf16
-    kernel for y and dx; dw widened), both layouts, against the reference engine."""
-    attrs = dict(strides=[1, 2], pads_begin=[1, 1], pads_end=[1, 0], dilations=[1, 1], groups=1,
-                 data_format=data_format, weights_format="XIO" if data_format == "NXC" else "OIX")
-    x_shape, w_shape = ((2, 6, 7, 9), (3, 3, 9, 21)) if data_format == "NXC" else ((2, 9, 6, 7), (21, 9, 3, 3))
-    x, w = (rng.uniform(-1, 1, s).astype(BF16) for s in (x_shape, w_shape))
-    y = cg.Op("Convolution", **attrs)(x, w, engine="reference")
-    dy = rng.uniform(-1, 1, y.shape).astype(BF16)
-    want = {"y": y, "dx": cg.Op("ConvolutionBackwardData", **attrs)(dy, w, np.array(x.shape), engine="reference"),
-            "dw": cg.Op("ConvolutionBackwardWeights", **attrs)(x, dy, np.array(w.shape), engine="reference")}
-    before = isa.set_family("avx512_bf16", allow_emulated=True)
-    try:
-        with forced_strategy("jit"):
-            got = {"y": cg.Op("Convolution", **attrs)(x, w),
-                   "dx": cg.Op("ConvolutionBackwardData", **attrs)(dy, w, np.array(x.shape)),
-                   "dw": cg.Op("ConvolutionBackwardWeights", **attrs)(x, dy, np.array(w.shape))}
-    finally:
-        isa.set_family(before)
-    for name, value in got.items():
-        assert value.dtype == BF16
-        ref = np.asarray(want[name], np.float64)
-        np.testing.assert_allclose(np.asarray(value, np.float64), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max(),
-                                   err_msg=f"{name} {data_format}")
 
 
 def test_every_jit_family_is_selectable():

@@ -244,10 +244,13 @@ def run(typingctx, width, rows, vecs, c, coff, ldc, a, aoff, lda, astep, b, boff
 def cached_njit(**options) -> Callable:
     """``numba.njit(cache=True, **options)`` whose disk cache is also keyed on this module's
     source (:data:`SOURCE_DIGEST`): an edited kernel invalidates the callers' cached code, which
-    numba alone would not notice (it checks only the caller's own source file)."""
+    numba alone would not notice (it checks only the caller's own source file). Should numba's
+    cache internals change, the callers compile without a disk cache (never a stale kernel)."""
     def wrap(fn: Callable) -> Callable:
         dispatcher = numba.njit(cache=True, **options)(fn)
-        cache_file = dispatcher._cache._cache_file          # numba's IndexDataCacheFile
+        cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)  # an IndexDataCacheFile
+        if not hasattr(cache_file, "_source_stamp"):
+            return numba.njit(cache=False, **options)(fn)
         cache_file._source_stamp = (cache_file._source_stamp, SOURCE_DIGEST)
         return dispatcher
     return wrap
