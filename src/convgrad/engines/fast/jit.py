@@ -15,14 +15,9 @@ family's vector width, per group ``g``:
   ``S`` (offsets ``c_k = (r + PB - k*D) / S``) and the transposed weights ``w[k]^T`` (oneDNN's
   skipping of non-dividing taps, per phase); a phase without taps is written as zeros.
 - backward weights: ``dw[k, ic, oc] = sum_{n, o} xp[n, o*S + k*D, ic] * dy[n, o, oc]``: blocks of
-<<<<<<< HEAD
-  ``R`` input channels (broadcast) x ``V`` vectors of output channels, the reduction over the
-  positions of a chunk of output rows (about the plan's ``cache_bytes`` of x and dy), every tap and
-=======
   ``R`` input channels (broadcast, from a copy of x blocked by ``R`` channels so that the rows of
   a block share cache lines) x ``V`` vectors of output channels, the reduction over the
-  positions of a chunk of output rows (about ``TUNING.cache_bytes`` of x and dy), every tap and
->>>>>>> issue-22k
+  positions of a chunk of output rows (about the plan's ``cache_bytes`` of x and dy), every tap and
   channel block run per chunk; each thread sums its share of the rows into its own partial dw,
   then the partials are added (or, with the plan's ``split`` "blocks", each thread owns a share of
   dw's blocks over all positions).
@@ -133,16 +128,10 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
         source = g.n * math.prod(sizes) * (g.oc + g.groups) + rows * (g.oc + g.groups + 1) + 64
         other = g.groups * taps * (g.ocg + 1) * -(-g.icg // vw) * vw
     else:
-<<<<<<< HEAD
         source = g.n * math.prod(g.padded_size) * (g.ic + g.groups) + rows * (s[2] * (g.ic + g.groups) + 2) + 64
         other = g.groups * taps * (g.icg + 1) * -(-g.ocg // vw) * vw
-        if task == "backward_weights":
-=======
-        source = g.n * math.prod(g.padded_size) * g.ic + rows * (s[2] * g.ic + 2) + 64
-        other = g.groups * taps * g.icg * -(-g.ocg // vw) * vw
         if task == "backward_weights":   # x blocked by R channels per group (zero past ICg)
             source = g.n * math.prod(g.padded_size) * g.groups * -(-g.icg // rows) * rows
->>>>>>> issue-22k
             block = g.groups * taps * -(-g.icg // rows) * rows * -(-g.ocg // vw) * vw
             shares = 1 if plan.param("split") == "blocks" else numba.get_num_threads()
             other = g.n * math.prod(o) * g.groups * -(-g.ocg // vw) * vw + (shares + 1) * block
@@ -396,24 +385,14 @@ def _weights(width: int, rows: int, vecs: int) -> Callable:
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan | None = None) -> np.ndarray:
     """dw (*K, ICg, OC) in f32: the reduction over output positions split among the threads
-<<<<<<< HEAD
     (partial sums per thread, then added; ``split`` "rows") or the dw blocks split among them
     (every thread over all positions; "blocks")."""
     plan = _plan(g, "backward_weights", plan)
     rows, vecs, vw = _block(plan)
     s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
     size, o = spatial(g.padded_size, 1), spatial(g.out_size, 1)
-    xp = _source(x, spatial(g.pads_begin, 0), size, _tail(rows, s[2] * g.ic) + rows)
-    xs = _strides(xp.shape)
-=======
-    (partial sums per thread, then added) where dw is smaller than ``TUNING.weights_split`` times
-    x and dy, else the dw blocks split among them (every thread over all positions)."""
-    rows, vecs, vw = _block(g, "backward_weights")
-    s, d, kernel = _spatial(g.strides, 1), _spatial(g.dilations, 1), _spatial(g.kernel, 1)
-    size, o = _spatial(g.padded_size, 1), _spatial(g.out_size, 1)
-    xb = _channel_blocks(x, g.groups, rows, _spatial(g.pads_begin, 0), size)
+    xb = _channel_blocks(x, g.groups, rows, spatial(g.pads_begin, 0), size)
     xs = _strides(xb.shape[2:])
->>>>>>> issue-22k
     taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3]
                        for k0 in range(kernel[0]) for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
     nblocks = -(-g.ocg // vw)
@@ -424,13 +403,9 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan 
     shares, split = (1, threads) if plan.param("split") == "blocks" else (min(threads, rows_total), 1)
     chunk = max(1, plan.param("cache_bytes") // (4 * o[2] * (g.ic + g.oc)))
     parts = np.zeros((shares, len(taps_a), g.groups, row_blocks * rows, nblocks * vw), F32)
-<<<<<<< HEAD
-    _weights(_width(), rows, vecs)(geometry.flat(xp), np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64),
-                                   taps_a, dyp.reshape(-1), g.groups * nblocks * vw, np.array((g.n, *o), np.int64),
-=======
     _weights(_width(), rows, vecs)(xb.reshape(-1), np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64),
-                                   math.prod(xb.shape[2:]), taps_a, dyp.reshape(-1), g.groups * nblocks * vw, np.array((g.n, *o), np.int64),
->>>>>>> issue-22k
+                                   math.prod(xb.shape[2:]), taps_a, dyp.reshape(-1), g.groups * nblocks * vw,
+                                   np.array((g.n, *o), np.int64),
                                    min(chunk, rows_total), parts.reshape(-1), shares, split, g.groups, g.icg, g.ocg)
     total = parts.sum(axis=0) if shares > 1 else parts[0]
     return np.ascontiguousarray(total[:, :, :g.icg, :g.ocg].transpose(0, 2, 1, 3)).reshape(g.w_shape)
