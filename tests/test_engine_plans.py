@@ -130,7 +130,7 @@ def test_forced_then_cached_then_default(monkeypatch):
     f = Features.of(g, "backward_data", np.float32, False)
     default = default_plan(f)
     cached = Plan.of("gemm", variant="output_rows", chunk_bytes=1 << 16)
-    monkeypatch.setattr(plan_cache, "lookup", lambda features: cached if features == f else None)
+    monkeypatch.setattr(plan_cache, "lookup", lambda features, tune=False: cached if features == f else None)
     assert select(f) == Plan.of("gemm", variant="output_rows", chunk_bytes=1 << 16, block_bytes=TUNING.block_bytes)
     with forced_strategy("direct"):
         assert select(f) == Plan.of("direct", loops="general")
@@ -145,7 +145,7 @@ def test_forced_then_cached_then_default(monkeypatch):
         monkeypatch.setattr(plan_cache, "lookup", lambda features, _p=stale: _p)
         assert select(f) == default, stale
     f64 = Features.of(g, "backward_data", np.float64, False)
-    monkeypatch.setattr(plan_cache, "lookup", lambda features: Plan.of("jit"))
+    monkeypatch.setattr(plan_cache, "lookup", lambda features, tune=False: Plan.of("jit"))
     assert select(f64) == default_plan(f64) and select(f64).strategy == "gemm"
 
 
