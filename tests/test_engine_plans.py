@@ -142,7 +142,7 @@ def test_forced_then_cached_then_default(monkeypatch):
     # cached plans that no longer apply fall back to the rule
     for stale in (Plan.of("gemm", variant="pointwise"), Plan.of("jit", block="9x9"), Plan.of("gemm", chunk_bytes=0),
                   Plan.of("direct", loops="depthwise"), Plan.of("gemm", variant="bogus")):
-        monkeypatch.setattr(plan_cache, "lookup", lambda features, _p=stale: _p)
+        monkeypatch.setattr(plan_cache, "lookup", lambda features, tune=False, _p=stale: _p)
         assert select(f) == default, stale
     f64 = Features.of(g, "backward_data", np.float64, False)
     monkeypatch.setattr(plan_cache, "lookup", lambda features, tune=False: Plan.of("jit"))
