@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 import convgrad as cg
 from convgrad.dtypes import DATA_DTYPES
 from convgrad.engines import default_engine_name, get_engine
-from convgrad.engines.fast import forced_strategy
+from convgrad.engines.fast import Features, Plan, forced_plan, forced_strategy
 from convgrad.problem import ConvGeometry
 
 FAST, REF = get_engine("fast"), get_engine("reference")
 TASKS = ("forward", "backward_data", "backward_weights")
 #: The fast engine's strategies, each forced on every problem it can take (the documented
-#: ``forced_strategy`` / ``CONVGRAD_STRATEGY``): the compiled direct loops, the frame, GEMMs over
-#: output rows (gradients), and the JIT micro-kernels (f32 accumulation).
+#: ``forced_strategy`` / ``CONVGRAD_STRATEGY``): the compiled direct loops, the gemm strategy's
+#: frame and GEMMs over output rows (gradients), and the JIT micro-kernels (f32 accumulation).
 PATHS = ("direct", "frame", "output_rows", "jit")
 
 
@@ -52,7 +52,7 @@ def poisoned_empty(monkeypatch) -> None:
     that a buffer read before it is written (a missing zero fill) shows in the result. (Only
     modules without numba code: numba must keep compiling against NumPy itself.)"""
     from convgrad.engines import fast
-    for module in (fast, fast.frame, fast.kernels, fast.output_rows, fast.pointwise):
+    for module in (fast.gemm, fast.frame, fast.kernels, fast.output_rows, fast.pointwise):
         monkeypatch.setattr(module, "np", _PoisonedNumpy())
 
 
@@ -219,19 +219,13 @@ def test_awkward_geometries(case, dtype, channels_first, rng, path, poisoned_emp
 def test_batch_chunks_and_row_blocks(dtype_name, monkeypatch, rng, strategy, poisoned_empty):
     """Several batch chunks and row blocks give the same result as one (bf16/f16: sums rounded
     chunk by chunk)."""
-    from convgrad.engines import fast
-    monkeypatch.setenv("CONVGRAD_STRATEGY", strategy)
-    monkeypatch.setattr(fast.output_rows, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(fast.output_rows, "MIN_CHUNK_BYTES", 1)
-    monkeypatch.setattr(fast, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(fast, "MIN_CHUNK_BYTES", 1)
-    monkeypatch.setattr(fast.kernels, "BLOCK_BYTES", 1)
     for (groups, icg, ocg), channels_first in itertools.product(((1, 4, 6), (5, 1, 1), (1, 70, 3), (1, 3, 70)), (False, True)):
         g = _geometry(3, groups, icg, ocg, (20, 19), (3, 3), (2, 1), (1, 2), (1, 2), (2, 1))
         inputs = _engine_inputs(g, rng, DATA_DTYPES[dtype_name], channels_first)
         for task in TASKS:
-            _close(getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task]),
-                   _tolerance(DATA_DTYPES[dtype_name]), task)
+            with forced_plan(Plan.of("gemm", variant=strategy, chunk_bytes=1, block_bytes=1)):
+                got = getattr(FAST, task)(g, *inputs[task])
+            _close(got, getattr(REF, task)(g, *inputs[task]), _tolerance(DATA_DTYPES[dtype_name]), task)
 
 
 @pytest.mark.parametrize("groups", [1, 2])
@@ -243,15 +237,15 @@ def test_narrow_weights_gather_taps_over_blocks_of_output_rows(channels_first, d
     (256 here, on images of 400 outputs): blocks inside an image at an offset and blocks across
     images (NCX: dy copied channel-major; NXC f32: one matrix; bf16: widened first)."""
     from convgrad.engines import fast
-    monkeypatch.setenv("CONVGRAD_STRATEGY", "frame")
-    monkeypatch.setattr(fast.kernels, "BLOCK_BYTES", 1)
     blocks = []
     gather = fast.columns.gather_phases
     monkeypatch.setattr(fast.columns, "gather_phases", lambda *a: blocks.append((a[2], a[1].shape[-1])) or gather(*a))
     g = _geometry(3, groups, 3, 5, (22, 21), (3, 2), (1, 1), (1, 1), (0, 0), (0, 0))
     assert g.out_size == (20, 20) and fast.kernels.taps_per_gemm(6, 3, reduces=True) > 1
     x, dy = _engine_inputs(g, rng, DATA_DTYPES[dtype_name], channels_first)["backward_weights"]
-    _close(FAST.backward_weights(g, x, dy), REF.backward_weights(g, x, dy), _tolerance(DATA_DTYPES[dtype_name]))
+    with forced_plan(Plan.of("gemm", variant="frame", block_bytes=1)):
+        got = FAST.backward_weights(g, x, dy)
+    _close(got, REF.backward_weights(g, x, dy), _tolerance(DATA_DTYPES[dtype_name]))
     assert sorted(set(blocks)) == [(0, 256), (256, 256), (512, 256), (768, 256), (1024, 176)]
 
 
@@ -265,17 +259,16 @@ def test_first_layer_data_gradient_scatters_blocks_of_output_rows(channels_first
     here, on images of 400 outputs) into zeroed phase buffers: blocks inside and across images,
     one phase or several, and dx itself as the buffer (one NCX image, stride 1, no padding)."""
     from convgrad.engines import fast
-    monkeypatch.setenv("CONVGRAD_STRATEGY", "frame")
-    monkeypatch.setattr(fast.kernels, "BLOCK_BYTES", 1)
-    monkeypatch.setattr(fast.kernels, "SPREAD_BLOCKS", 1)
     seen = []
     scatter = fast.columns.scatter_phases
     monkeypatch.setattr(fast.columns, "scatter_phases", lambda *a: seen.append(a[2]) or scatter(*a))
     size = (19 * strides[0] + 3 - 2 * pad, 22 - 2 * pad)
-    g = _geometry(images, 1, 3, fast.SCATTER_CHANNELS[1], size, (3, 3), strides, (1, 1), (pad, pad), (pad, pad))
+    g = _geometry(images, 1, 3, fast.TUNING.scatter_channels[1], size, (3, 3), strides, (1, 1), (pad, pad), (pad, pad))
     assert g.out_size == (20, 20)
     dy, w = _engine_inputs(g, rng, DATA_DTYPES[dtype_name], channels_first)["backward_data"]
-    _close(FAST.backward_data(g, dy, w), REF.backward_data(g, dy, w), _tolerance(DATA_DTYPES[dtype_name]))
+    with forced_plan(Plan.of("gemm", variant="frame", block_bytes=1)):
+        got = FAST.backward_data(g, dy, w)
+    _close(got, REF.backward_data(g, dy, w), _tolerance(DATA_DTYPES[dtype_name]))
     assert sorted(set(seen)) == blocks
 
 
@@ -309,10 +302,10 @@ def test_workspace_estimate_bounds_the_allocations(task, case, dtype, channels_f
     ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), True, True),   # dilated: junk
 ])
 def test_output_rows_take_junk_heavy_and_wide_gradients(case, data, weights):
-    from convgrad.engines.fast import Frame, output_rows
+    from convgrad.engines.fast import gemm_variant
     g = _geometry(*case)
-    assert output_rows.applies(g, Frame.of(g).size, "backward_data") == data
-    assert output_rows.applies(g, Frame.of(g).size, "backward_weights") == weights
+    for task, want in (("backward_data", data), ("backward_weights", weights)):
+        assert (gemm_variant(Features.of(g, task, np.float32, False)) == "output_rows") == want
 
 
 @pytest.mark.parametrize("case,blocks", [
@@ -334,12 +327,14 @@ def test_output_rows_widen_16_bit_weights_in_blocks_within_dx_and_dy(case, block
 
 @pytest.mark.parametrize("oix_rows", [0, 10**9])
 def test_output_rows_weights_of_ncx_data_in_either_order(oix_rows, monkeypatch, rng, poisoned_empty):
-    """Backward weights on NCX data: columns taps-outer (an XIO dw) or, up to OIX_ROWS rows per
+    """Backward weights on NCX data: columns taps-outer (an XIO dw) or, up to ``oix_rows`` rows per
     output channel, taps-inner (dw in OIX memory order, what NCX users ask for): same values."""
+    import dataclasses
+
     from convgrad import layout
     from convgrad.engines.fast import output_rows
     monkeypatch.setenv("CONVGRAD_STRATEGY", "output_rows")
-    monkeypatch.setattr(output_rows, "OIX_ROWS", oix_rows)
+    monkeypatch.setattr(output_rows, "TUNING", dataclasses.replace(output_rows.TUNING, oix_rows=oix_rows))
     for groups, icg, ocg in ((1, 5, 7), (3, 2, 4)):
         g = _geometry(2, groups, icg, ocg, (6, 7), (3, 2), (2, 1), (1, 2), (1, 0), (1, 1))
         x, dy = _engine_inputs(g, rng, np.float32, channels_first=True)["backward_weights"]
@@ -428,14 +423,15 @@ def test_addmm_refuses_what_blas_cannot_take(rng):
 @pytest.mark.parametrize("channels_first", [False, True])
 def test_frame_path_without_blas_accumulation(monkeypatch, channels_first, rng):
     """The NumPy fallback (matmul into scratch, then +=) gives the reference results too."""
-    from convgrad.engines.fast import blas, direct
-    monkeypatch.setattr(direct, "SMALL_FLOPS", -1)
+    from convgrad.engines.fast import blas
     monkeypatch.setattr(blas, "addmm", lambda *a, **k: False)
-    for groups, icg, ocg in ((1, 70, 66), (2, 5, 3), (1, 3, 64)):
+    channels = ((1, 70, 66), (2, 5, 3), (1, 3, 64))
+    for (groups, icg, ocg), variant in itertools.product(channels, ("frame", "output_rows")):
         g = _geometry(2, groups, icg, ocg, (7, 6), (3, 3), (2, 1), (1, 1), (1, 1), (1, 0))
         inputs = _engine_inputs(g, rng, np.float64, channels_first)
-        for task in TASKS:
-            _close(getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task]), 1e-10, task)
+        with forced_strategy(variant):
+            for task in TASKS:
+                _close(getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task]), 1e-10, task)
 
 
 @pytest.mark.parametrize("strides", [(1, 1), (2, 3)])
@@ -444,9 +440,7 @@ def test_frame_path_without_blas_accumulation(monkeypatch, channels_first, rng):
 def test_pointwise_low_precision_blocks(kind, dtype, strides, monkeypatch, rng):
     """bf16/f16 1x1 layers, converted block by block (256-row blocks, the last one short; with
     strides, runs of whole images, and dx zero where no output reads)."""
-    from convgrad.engines.fast import direct, pointwise
-    monkeypatch.setattr(direct, "SMALL_FLOPS", -1)
-    monkeypatch.setattr(pointwise, "BLOCK_BYTES", 1)
+    from convgrad.engines.fast import pointwise
     calls = []
     for name in ("product", "weights_gradient"):
         original = getattr(pointwise, name)
@@ -456,7 +450,9 @@ def test_pointwise_low_precision_blocks(kind, dtype, strides, monkeypatch, rng):
     extra = {"weights_shape": list(w.shape)} if kind == "ConvolutionBackwardWeights" else {}
     op = cg.Op(kind, strides=list(strides), dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], data_format="NXC",
                weights_format="XIO", **extra)
-    got, want = op(*inputs, engine="fast"), op(*inputs, engine="reference")
+    with forced_plan(Plan.of("gemm", variant="pointwise", block_bytes=1)):
+        got = op(*inputs, engine="fast")
+    want = op(*inputs, engine="reference")
     assert len(calls) == 1 and got.dtype == want.dtype == DATA_DTYPES[dtype]
     _close(got, want, _tolerance(DATA_DTYPES[dtype]), f"{kind} {dtype}")
 

@@ -2,8 +2,10 @@
 
 Every kernel family this machine can run is forced in turn (``isa.set_family``): ``avx2``
 (8-wide) where the CPU has AVX2+FMA, ``avx512`` (16-wide) where it has AVX-512F or else through
-LLVM's legalisation onto AVX2 (same code path, split vectors), and ``portable`` (no JIT kernels:
-the BLAS-based strategies). The oracle is the float64 reference engine.
+LLVM's legalisation onto AVX2 (same code path, split vectors), ``avx512_bf16`` likewise (its bf16
+dot-product kernel, for bf16 forward and backward data, through its plain-IR stand-in where the
+CPU lacks the instruction), and ``portable`` (no JIT kernels: the BLAS-based strategies). The
+oracle is the float64 reference engine.
 """
 
 from __future__ import annotations
@@ -18,17 +20,17 @@ import pytest
 
 import convgrad as cg
 from convgrad.engines import get_engine
-from convgrad.engines.fast import _algorithm, forced_strategy, isa, jit, microkernel
+from convgrad.engines.fast import Features, Plan, forced_strategy, isa, jit, microkernel, select
 from convgrad.problem import ConvGeometry
 
 TASKS = ("forward", "backward_data", "backward_weights")
-JIT_FAMILIES = [f for f in ("avx2", "avx512") if f in isa.supported() or "avx2" in isa.supported()]
+JIT_FAMILIES = [f for f in ("avx2", "avx512", "avx512_bf16") if f in isa.supported() or "avx2" in isa.supported()]
 TOLERANCE = {"f32": 2e-5, "bf16": 2e-2, "f16": 2e-3, "f64": 1e-10}
 
 
 @pytest.fixture(params=JIT_FAMILIES)
 def family(request):
-    """Run the test once per JIT family this machine can run (avx512 possibly emulated)."""
+    """Run the test once per JIT family this machine can run (the AVX-512 ones possibly emulated)."""
     before = isa.set_family(request.param, allow_emulated=True)
     yield request.param
     isa.set_family(before)
@@ -71,13 +73,11 @@ def _close(got: np.ndarray, want: np.ndarray, tol: float, msg: str) -> None:
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(1.0, np.abs(want).max()), err_msg=msg)
 
 
-@pytest.mark.parametrize("width", microkernel.WIDTHS)
-@pytest.mark.parametrize("block", range(len(microkernel.BLOCKS)))
-def test_microkernel_blocks_against_numpy(block, width, rng):
+@pytest.mark.parametrize("width, rows, vecs", [(w, *b) for w, blocks in microkernel.BLOCKS.items() for b in blocks])
+def test_microkernel_blocks_against_numpy(width, rows, vecs, rng):
     """c[r, v*W + l] += sum_t sum_i a[ta[t] + r*lda + i*astep] * b[tb[t] + i*bstep + v*W + l] for
     every block shape and width, with offsets, strides, several taps and an accumulated c; no
     taps or an empty reduction leave c as it was."""
-    rows, vecs = microkernel.BLOCKS[block]
     vw, k, lda, astep, bstep, ldc = vecs * width, 13, 3, 5, vecs * width + 4, vecs * width + 8
     a = rng.standard_normal(400).astype(np.float32)
     b = rng.standard_normal(2000).astype(np.float32)
@@ -90,11 +90,12 @@ def test_microkernel_blocks_against_numpy(block, width, rng):
                 row = b[3 + tb[t] + i * bstep:3 + tb[t] + i * bstep + vw].astype(np.float64)
                 want[5 + r * ldc:5 + r * ldc + vw] += a[11 + ta[t] + r * lda + i * astep] * row
     got = c.copy()
-    microkernel.call(width, block, got, 5, ldc, a, 11, lda, astep, b, 3, bstep, ta, tb, 3, k)
+    call = microkernel.kernel_call(width, rows, vecs)
+    call(got, 5, ldc, a, 11, lda, astep, b, 3, bstep, ta, tb, 3, k)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
     for ntaps, depth in ((0, k), (3, 0)):
         same = c.copy()
-        microkernel.call(width, block, same, 5, ldc, a, 11, lda, astep, b, 3, bstep, ta, tb, ntaps, depth)
+        call(same, 5, ldc, a, 11, lda, astep, b, 3, bstep, ta, tb, ntaps, depth)
         np.testing.assert_array_equal(same, c)
 
 
@@ -138,9 +139,9 @@ def test_forced_jit_through_the_api(dtype, data_format, family, rng):
     y = cg.Op("Convolution", **attrs)(x, w, engine="reference")
     dy = rng.uniform(-1, 1, y.shape).astype(dt)
     with forced_strategy("jit"):
-        chosen = _algorithm(_geometry(2, 2, 3, 5, (7, 6), (3, 2), (2, 1), (1, 2), (1, 0), (1, 2)), "forward",
-                            cg.dtypes.compute_dtype(dt), None)
-        assert (chosen == "jit") == (dtype != "f64")
+        chosen = select(Features.of(_geometry(2, 2, 3, 5, (7, 6), (3, 2), (2, 1), (1, 2), (1, 0), (1, 2)), "forward",
+                                    dt, data_format == "NCX"))
+        assert (chosen.strategy == "jit") == (dtype != "f64")
         got = {"y": cg.Op("Convolution", **attrs)(x, w),
                "dx": cg.Op("ConvolutionBackwardData", **attrs)(dy, w, np.array(x.shape)),
                "dw": cg.Op("ConvolutionBackwardWeights", **attrs)(x, dy, np.array(w.shape))}
@@ -158,7 +159,7 @@ def test_portable_family_runs_without_jit_kernels(rng):
     try:
         g = CASES["3x3 tails"]
         with forced_strategy("jit"):
-            assert all(_algorithm(g, task, np.dtype(np.float32), None) != "jit" for task in TASKS)
+            assert all(select(Features.of(g, task, np.float32, False)).strategy != "jit" for task in TASKS)
             fast, reference = get_engine("fast"), get_engine("reference")
             for task, args in _inputs(g, rng, np.float32).items():
                 _close(getattr(fast, task)(g, *args), getattr(reference, task)(g, *args), TOLERANCE["f32"], task)
@@ -178,9 +179,11 @@ def test_workspace_estimate_bounds_the_allocations(task, dtype, rng):
     result = getattr(jit, task)(g, *args)
     peak = tracemalloc.get_traced_memory()[1] - result.nbytes
     tracemalloc.stop()
-    assert 0 < peak <= jit.workspace_bytes(g, task, dt)
+    f = Features.of(g, task, dt, False)
+    bound = jit.workspace_bytes(f, Plan.of("jit", **jit.complete(f, {})))
+    assert 0 < peak <= bound
     with forced_strategy("jit"):
-        assert get_engine("fast").workspace_bytes(g, task, dt) == jit.workspace_bytes(g, task, dt)
+        assert get_engine("fast").workspace_bytes(g, task, dt) == bound
 
 
 def test_strategy_forcing_is_checked(monkeypatch):
@@ -190,9 +193,9 @@ def test_strategy_forcing_is_checked(monkeypatch):
             pass
     monkeypatch.setenv("CONVGRAD_STRATEGY", "bogus")
     with pytest.raises(cg.ConvgradError, match="'bogus' is not a strategy"):
-        _algorithm(CASES["3x3 tails"], "forward", np.dtype(np.float32), None)
+        select(Features.of(CASES["3x3 tails"], "forward", np.float32, False))
     monkeypatch.setenv("CONVGRAD_STRATEGY", "frame")
-    assert _algorithm(CASES["wide 1x1"], "backward_data", np.dtype(np.float32), None) == "frame"
+    assert select(Features.of(CASES["wide 1x1"], "backward_data", np.float32, False)).param("variant") == "frame"
 
 
 def test_families_and_widths():

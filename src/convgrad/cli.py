@@ -24,6 +24,7 @@ from .driver import CONV, GRAPH, Driver, Result, RunSettings, run_case
 from .engines import available_engines, default_engine_name
 from .report import MAX_PLOT_BARS, Summary, case_line, check_template, csv_header, gemm_ceiling, perf_line, plot
 from .untrusted import printable, shorten
+from .tune_command import TUNE_HELP
 
 EXIT_CODES = """\b
 Exit codes:
@@ -82,6 +83,7 @@ def main() -> None:
     convgrad demo     compute and verify a real ResNet-50 layer's gradients
     convgrad graph    run oneDNN Graph JSON cases, benchdnn graph-driver style
     convgrad conv     run benchdnn convolution descriptors
+    convgrad tune     measure the engine's plans on this machine and cache the fastest
     """
 
 
@@ -356,3 +358,26 @@ def graph(cases: tuple[str, ...], batches: tuple[str, ...], plot: str | None, **
 def conv(descriptors: tuple[str, ...], batches: tuple[str, ...], plot: str | None, **options: Any) -> None:
     """``convgrad conv`` (its help is _CONV_HELP)."""
     _drive(CONV, descriptors, batches, plot_file=plot, **options)
+
+
+@main.command(help=TUNE_HELP, epilog=EXIT_CODES)
+@click.argument("descriptors", nargs=-1, metavar="[DESCRIPTOR]...")
+@click.option("--shapes", multiple=True, metavar="FILE", help="File of benchdnn descriptor lines (repeatable).")
+@click.option("--dir", "direction", default="BWD_D,BWD_W", show_default=True, metavar="DIR[,DIR]",
+              help="Directions: FWD_D, FWD_B, FWD_I (forward), BWD_D, BWD_W, BWD_WB.")
+@click.option("--dt", default="f32", show_default=True, metavar="DT[,DT]", help="Data types: f32, bf16, f16, f64.")
+@click.option("--tag", default="nxc", show_default=True, metavar="TAG[,TAG]",
+              help="Layouts: nxc (NXC data, XIO weights), ncx (NCX data, OIX weights).")
+@click.option("--mb", type=click.IntRange(0, 1 << 20), default=0, show_default=True,
+              help="Minibatch (0: each descriptor's own).")
+@click.option("--block-ms", type=click.FloatRange(1, 60_000), default=200.0, show_default=True,
+              help="Time each plan for about this long (at least 3 calls, after a warm-up call).")
+@click.option("--show", "show_cache", is_flag=True, help="List the cached plans and exit.")
+@click.option("--clear", "clear_cache", is_flag=True, help="Remove this machine's cached plans and exit.")
+@click.option("--all-machines", is_flag=True, help="With --clear: every machine's plans.")
+def tune(descriptors: tuple[str, ...], shapes: tuple[str, ...], direction: str, dt: str, tag: str, mb: int,
+         block_ms: float, show_cache: bool, clear_cache: bool, all_machines: bool) -> None:
+    """``convgrad tune`` (its help is TUNE_HELP)."""
+    from .tune_command import main as tune_main
+
+    tune_main(shapes, descriptors, direction, dt, tag, mb, block_ms, show_cache, clear_cache, all_machines)

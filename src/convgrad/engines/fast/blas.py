@@ -2,9 +2,8 @@
 
 Summing the GEMMs of a convolution's kernel offsets with ``np.matmul`` into a scratch block and
 ``+=`` costs as much memory traffic as the GEMM itself for 64 channels; BLAS accumulates in its
-output tile for free (1.2-1.25x on a 3x3 64-channel layer). It has to be *NumPy's* BLAS: a second
-OpenBLAS (SciPy's) keeps its own threads, which spin after each call and halve the speed of
-whichever library runs next (measured 2x on 2 cores).
+output tile for free. It has to be *NumPy's* BLAS: a second OpenBLAS (SciPy's) keeps its own
+threads, which spin after each call and slow whichever library runs next (docs/engine.md).
 
 NumPy's wheels ship OpenBLAS as ``scipy-openblas`` with ILP64 CBLAS symbols
 (``scipy_cblas_sgemm64_``; ``cblas_sgemm64_`` before NumPy 2). Where NumPy was built against some

@@ -1,4 +1,5 @@
-"""Depthwise convolutions (one input and one output channel per group): direct compiled loops.
+"""Depthwise convolutions (one input and one output channel per group): the ``direct`` strategy's
+vectorised loops (its ``loops`` = ``depthwise``).
 
 With ``C`` channels and a per-channel kernel ``w[k, c]`` there is no GEMM to hand to BLAS: each
 output is a short dot product along the kernel. The loops below read the data where it lies (no
@@ -9,20 +10,25 @@ channels-last row and in parallel over rows, and are compiled by numba::
     dx[n, i, c] = sum_{k, o: o*S + k*D - PB = i} dy[n, o, c] * w[k, c]      (backward data)
     dw[k, c]    = sum_{n, o} x[n, o*S + k*D - PB, c] * dy[n, o, c]          (backward weights)
 
-Every array is seen as 3-D spatial (missing axes of size 1); the tap helpers are shared with the
-small-problem loops of :mod:`.direct`. NumPy needs a temporary and two
-passes per tap for the same sums, and a frame copy of the data besides (2-5 GFLOP/s here).
+Every array is seen as 3-D spatial (missing axes of size 1; :mod:`.geometry`).
 """
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 
+from ... import casts
 from ...problem import ConvGeometry
-from .direct import FASTMATH, params, spatial3, tap
+from .frame import empty_like_data
+from .geometry import params, spatial, spatial3, tap
+from .tuning import TUNING
 
-__all__ = ["forward", "backward_data", "backward_weights"]
+__all__ = ["FASTMATH", "run", "parts", "forward", "backward_data", "backward_weights"]
+
+FASTMATH = {"reassoc", "contract"}  # vectorised sums and fused multiply-adds; IEEE NaN/inf kept
 
 
 @numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
@@ -84,7 +90,7 @@ def _backward_weights(x, dy, dw, stride, dilation, pad, parts):  # pragma: no co
 
 def _weights(g: ConvGeometry, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Canonical (*K, 1, C) weights as a contiguous (K0, K1, K2, C) array in ``dtype``."""
-    return np.ascontiguousarray(w.reshape(*(1,) * (3 - g.rank), *g.kernel, g.ic), dtype=dtype)
+    return np.ascontiguousarray(w.reshape(*spatial(g.kernel, 1), g.ic), dtype=dtype)
 
 
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
@@ -97,9 +103,26 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dx: np.ndarray
     _gather(spatial3(dy), _weights(g, w, dx.dtype), spatial3(dx), *params(g), True)
 
 
+def parts(g: ConvGeometry) -> int:
+    """Parallel partial sums of the weights gradient: ``TUNING.depthwise_parts_per_thread`` per
+    thread, at most one per row."""
+    return max(1, min(TUNING.depthwise_parts_per_thread * numba.get_num_threads(), g.n * (g.out_size[0] if g.rank == 3 else 1)
+                      * (g.out_size[-2] if g.rank >= 2 else 1)))
+
+
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
     """Add the weights gradient to ``dw`` (*K, 1, C)."""
-    parts = max(1, min(4 * numba.get_num_threads(), g.n * (g.out_size[0] if g.rank == 3 else 1)
-                       * (g.out_size[-2] if g.rank >= 2 else 1)))
-    _backward_weights(spatial3(x), spatial3(dy), dw.reshape(*(1,) * (3 - g.rank), *g.kernel, g.ic),
-                      *params(g), parts)
+    _backward_weights(spatial3(x), spatial3(dy), dw.reshape(*spatial(g.kernel, 1), g.ic),
+                      *params(g), parts(g))
+
+
+def run(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, acc: np.dtype) -> np.ndarray:
+    """``task`` on its canonical inputs (data converted to ``acc``), result in ``acc``: data
+    results in the memory order of the data."""
+    if task == "backward_weights":
+        dw = np.zeros((math.prod(g.kernel), 1, g.oc), acc)
+        backward_weights(g, casts.astype(a, acc), casts.astype(b, acc), dw)
+        return dw.reshape(g.w_shape)
+    out = empty_like_data(g.y_shape if task == "forward" else g.x_shape, acc, a)
+    (forward if task == "forward" else backward_data)(g, casts.astype(a, acc), b, out)
+    return out

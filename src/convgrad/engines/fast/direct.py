@@ -1,63 +1,91 @@
-"""Small problems: direct compiled loops over the data as it lies (no frame, no GEMM calls).
+"""The ``direct`` strategy: compiled loops over the data as it lies (no frame, no GEMM calls).
 
-The frame path costs ~100-600 us of planning, copies and Python-level GEMM calls per op whatever
-the size; a problem of a fraction of a MFLOP is done in less by plain loops (numba, serial: waking threads
-would cost more than the work). With ``G`` groups of ``I`` input and ``J`` output channels per tap
-and every array seen as 3-D spatial (missing axes of size 1), one loop nest over the outputs ``o``
-and taps ``k`` serves all three problems::
+Two loop nests (numba), for problems where a GEMM path's fixed per-call costs (planning, copies,
+Python-level GEMM calls) would dominate, or where there is no GEMM at all (plan parameter
+``loops``):
+
+- ``general`` (small problems; serial: waking threads would cost more than the work). With ``G``
+  groups of ``I`` input and ``J`` output channels per tap and every array seen as 3-D spatial
+  (missing axes of size 1), one loop nest over the outputs ``o`` and taps ``k`` serves all
+  three problems::
 
     y[n, o, g, j]            += sum_i x[n, tap(o, k), g, i] * w[k, g, i, j]   (forward: a gather)
     dx[n, tap(o, k), g, i]   += sum_j dy[n, o, g, j] * w[k, g, i, j]          (backward data: a scatter)
     dw[k, g, i, j]           += sum_{n, o} x[n, tap(o, k), g, i] * dy[n, o, g, j]  (backward weights)
 
-where ``tap(o, k) = o*S + k*D - PB`` is the input under output o (a tap in the padding is
-skipped): the loops' work is exactly the FLOPs. The same helpers serve the depthwise loops
-(:mod:`.depthwise`).
+  where ``tap(o, k) = o*S + k*D - PB`` is the input under output o (a tap in the padding is
+  skipped): the loops' work is exactly the FLOPs.
+- ``depthwise`` (ICg = OCg = 1): the same sums vectorised over the channels and parallel over
+  rows (:mod:`.depthwise`).
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
 
+from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
+from . import depthwise
+from .depthwise import FASTMATH
+from .features import Features
+from .geometry import params, spatial, spatial3, tap, tap_weights
+from .tuning import TUNING
 
-__all__ = ["SMALL_FLOPS", "small", "workspace_bytes", "forward", "backward_data", "backward_weights"]
+if TYPE_CHECKING:
+    from .plan import Plan
 
-#: Problems of at most this much work run here: the loops reach only 1-3 GFLOP/s (channel
-#: counts of a few do not vectorise), but the frame path's fixed costs (100-200 us) dominate below
-#: it (measured: 5x faster at 0.1 MFLOP, even at 0.5, 2x slower from ~1).
-SMALL_FLOPS = 500_000
+__all__ = ["applies", "complete", "options", "run", "workspace_bytes", "forward", "backward_data",
+           "backward_weights"]
 
-FASTMATH = {"reassoc", "contract"}  # vectorised sums and fused multiply-adds; IEEE NaN/inf kept
-
-
-def small(g: ConvGeometry) -> bool:
-    """Whether a problem on ``g`` is small: its FLOPs, 2*N*OC*ICg*prod(K)*prod(O), within
-    ``SMALL_FLOPS`` (the loops visit only the taps of every output, whatever the task)."""
-    return 2 * g.n * g.oc * g.icg * math.prod(g.kernel) * math.prod(g.out_size) <= SMALL_FLOPS
+LOOPS = ("general", "depthwise")
 
 
-def workspace_bytes(g: ConvGeometry, task: str, dtype: np.dtype, acc: np.dtype) -> int:
-    """Extra bytes ``task`` allocates here beyond its result: contiguous ``acc`` copies of the
-    inputs (the weights regrouped), for backward weights the (K, G, ICg, OCg) sums, and for
-    bf16/f16 the ``acc`` result the API rounds; plus 4 KiB for the loop parameters and views."""
+def applies(f: Features, plan: Plan | None = None) -> bool:
+    """Any non-empty problem; the ``depthwise`` loops only depthwise ones."""
+    if f.n == 0:
+        return False
+    return plan is None or plan.param("loops") in LOOPS and (plan.param("loops") == "general" or f.depthwise)
+
+
+def complete(f: Features, params: dict) -> dict:
+    """``params`` with ``loops`` defaulted: ``depthwise`` for depthwise problems."""
+    return {"loops": "depthwise" if f.depthwise else "general", **params}
+
+
+def options(f: Features) -> list[dict]:
+    """The loops worth timing: the depthwise ones where they apply, the general ones on small
+    problems (up to 4x ``TUNING.direct_flops``)."""
+    return ([{"loops": "depthwise"}] if f.depthwise else []) + \
+        ([{"loops": "general"}] if f.flops <= 4 * TUNING.direct_flops else [])
+
+
+def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) -> np.ndarray:
+    """``task`` on its two canonical inputs, result in the accumulation dtype."""
+    acc = compute_dtype(a.dtype)
+    if plan.param("loops") == "depthwise":
+        return depthwise.run(g, a, b, task, acc)
+    return {"forward": forward, "backward_data": backward_data, "backward_weights": backward_weights}[task](
+        g, a, b, acc)
+
+
+def workspace_bytes(f: Features, plan: Plan) -> int:
+    """Extra bytes beyond the result: contiguous accumulation-dtype copies of the inputs (the
+    weights regrouped; the depthwise loops copy only the weights and inputs not in that dtype),
+    for backward weights the (K, G, ICg, OCg) sums (depthwise: the parallel partial sums), and for
+    bf16/f16 the accumulation-dtype result the API rounds; plus 4 KiB for parameters and views."""
+    g, acc = f.geometry, f.acc
     x, y, w = (math.prod(s) for s in (g.x_shape, g.y_shape, g.w_shape))
-    copies, result = {"forward": (x + w, y), "backward_data": (y + w, x), "backward_weights": (x + y + w, w)}[task]
-    return (copies + (result if dtype != acc else 0)) * acc.itemsize + 4096
-
-
-@numba.njit(inline="always")
-def tap(a, k, stride, dilation, pad, size, transposed):  # pragma: no cover - compiled
-    """Where tap k of position a reads, or -1 if nowhere: the input under output a
-    (``a*S + k*D - PB``), or with ``transposed`` the output whose tap k covers input a."""
-    if transposed:
-        t = a + pad - k * dilation
-        return t // stride if t >= 0 and t % stride == 0 and t // stride < size else -1
-    i = a * stride + k * dilation - pad
-    return i if 0 <= i < size else -1
+    copies, result = {"forward": (x + w, y), "backward_data": (y + w, x), "backward_weights": (x + y + w, w)}[f.task]
+    if plan.param("loops") == "depthwise":
+        inputs = {"forward": x, "backward_data": y, "backward_weights": x + y}[f.task]
+        copies = (inputs if f.data_dtype != acc else 0) + w
+        if f.task == "backward_weights":
+            copies += depthwise.parts(g) * w
+    return (copies + (result if f.data_dtype != acc else 0)) * acc.itemsize + 4096
 
 
 FORWARD, BACKWARD_DATA, BACKWARD_WEIGHTS = 0, 1, 2
@@ -111,18 +139,6 @@ def _loops(src, grid, other, out, stride, dilation, pad, problem):  # pragma: no
                                                 out[k0, k1, k2, g, i, j] += v * other[n, o0, o1, o2, g, j]
 
 
-def spatial3(a: np.ndarray) -> np.ndarray:
-    """(N, *X, C) as (N, X0, X1, X2, C), missing leading spatial axes of size 1 (a view)."""
-    return a.reshape(a.shape[0], *(1,) * (5 - a.ndim), *a.shape[1:])
-
-
-def params(g: ConvGeometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Strides, dilations and begin pads of the 3-D spatial view."""
-    fill = (1,) * (3 - g.rank)
-    return (np.array(fill + g.strides, np.int64), np.array(fill + g.dilations, np.int64),
-            np.array((0,) * (3 - g.rank) + g.pads_begin, np.int64))
-
-
 def _grouped(a: np.ndarray, groups: int, dtype: np.dtype) -> np.ndarray:
     """Canonical (N, *X, C) data as a contiguous (N, X0, X1, X2, G, C/G) array in ``dtype``."""
     a = spatial3(np.ascontiguousarray(a, dtype=dtype))
@@ -130,11 +146,10 @@ def _grouped(a: np.ndarray, groups: int, dtype: np.dtype) -> np.ndarray:
 
 
 def _tap_weights(g: ConvGeometry, w: np.ndarray, dtype: np.dtype, transpose: bool) -> np.ndarray:
-    """Canonical (*K, ICg, G*OCg) weights as (K0, K1, K2, G, ICg, OCg), or (..., G, OCg, ICg) with
-    ``transpose``, contiguous in ``dtype``."""
-    w = w.reshape(*(1,) * (3 - g.rank), *g.kernel, g.icg, g.groups, g.ocg)
-    return np.ascontiguousarray(w.transpose(0, 1, 2, 4, 5, 3) if transpose else w.transpose(0, 1, 2, 4, 3, 5),
-                                dtype=dtype)
+    """Canonical weights as a contiguous ``dtype`` (K0, K1, K2, G, ICg, OCg) array, or
+    (..., G, OCg, ICg) with ``transpose`` (:func:`.geometry.tap_weights` with 3-D taps)."""
+    taps = np.ascontiguousarray(tap_weights(g, w, transpose), dtype=dtype)
+    return taps.reshape(*spatial(g.kernel, 1), *taps.shape[1:])
 
 
 def _result(shape: tuple[int, ...], groups: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -160,7 +175,7 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """dw in ``dtype``, canonical (*K, ICg, OC)."""
-    dw = np.empty((*(1,) * (3 - g.rank), *g.kernel, g.groups, g.icg, g.ocg), dtype)
+    dw = np.empty((*spatial(g.kernel, 1), g.groups, g.icg, g.ocg), dtype)
     grid = _grouped(dy, g.groups, dtype)
     _loops(_grouped(x, g.groups, dtype), grid, grid, dw, *params(g), BACKWARD_WEIGHTS)
     return np.ascontiguousarray(dw.transpose(0, 1, 2, 4, 3, 5)).reshape(g.w_shape)

@@ -42,6 +42,7 @@ import numpy as np
 
 from ... import casts, layout
 from ...problem import ConvGeometry
+from .geometry import stride_phase
 
 __all__ = ["Frame", "empty_like_data"]
 
@@ -82,7 +83,8 @@ class Frame:
     @functools.cached_property
     def phases(self) -> tuple[tuple[int, ...], ...]:
         """The phase combinations some offset reads, in order."""
-        return tuple(itertools.product(*(sorted({kk * d % s for kk in range(k)}) for k, d, s in self._axes)))
+        return tuple(itertools.product(*(sorted({stride_phase(kk, d, s)[0] for kk in range(k)})
+                                         for k, d, s in self._axes)))
 
     @property
     def phase_count(self) -> int:
@@ -94,13 +96,13 @@ class Frame:
     def tap_phase(self) -> tuple[int, ...]:
         """Per kernel offset (C order): index into ``phases``."""
         index = {p: i for i, p in enumerate(self.phases)}
-        return tuple(index[tuple(kk * d % s for kk, (_, d, s) in zip(offset, self._axes))]
+        return tuple(index[tuple(stride_phase(kk, d, s)[0] for kk, (_, d, s) in zip(offset, self._axes))]
                      for offset in itertools.product(*(range(k) for k in self.g.kernel)))
 
     @functools.cached_property
     def tap_steps(self) -> tuple[tuple[int, ...], ...]:
         """Per kernel offset: its shift in frame positions per axis."""
-        return tuple(tuple(kk * d // s for kk, (_, d, s) in zip(offset, self._axes))
+        return tuple(tuple(stride_phase(kk, d, s)[1] for kk, (_, d, s) in zip(offset, self._axes))
                      for offset in itertools.product(*(range(k) for k in self.g.kernel)))
 
     # -- rows -----------------------------------------------------------------------------------
@@ -175,7 +177,7 @@ class Frame:
     # -- buffers --------------------------------------------------------------------------------
     @staticmethod
     def _widened(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
-        """f16 data converted by :mod:`convgrad.casts` (NumPy's cast is 10x slower); other dtypes
+        """f16 data converted by :mod:`convgrad.casts` (faster than NumPy's cast); other dtypes
         are converted by the copy into the frame."""
         return casts.to_f32(a) if a.dtype == np.float16 and dtype == np.float32 else a
 
@@ -247,7 +249,7 @@ class Frame:
     def scatter_input(self, phases: np.ndarray, dx: np.ndarray) -> None:
         """Copy phase buffers back to ``dx`` (zero-filled; positions no tap reads stay 0). A
         16-bit ``dx`` is assembled in the buffers' dtype first, in its own memory order, and
-        then rounded along memory (NumPy's rounding of the strided phase copies ran 3x slower)."""
+        then rounded along memory (rather than in the strided phase copies)."""
         if np.shares_memory(phases, dx):
             return
         wide = dx if dx.dtype == phases.dtype else \

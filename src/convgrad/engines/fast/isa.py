@@ -5,7 +5,7 @@ A *family* is a set of JIT micro-kernels compiled for one vector width (:mod:`.m
 ================  ======  ====================================================================
 family            width   needs (LLVM feature names of ``llvmlite.binding.get_host_cpu_features``)
 ================  ======  ====================================================================
-``avx512_bf16``   16      avx512f, avx512bf16 (bf16 data still widened to f32: see docs/engine.md)
+``avx512_bf16``   16      avx512f, avx512bf16 (bf16 data on the bf16 dot-product kernel, f32 sums)
 ``avx512``        16      avx512f
 ``avx2``          8       avx2, fma
 ``portable``      --      nothing: no JIT kernels, the fast engine's BLAS-based strategies
@@ -16,7 +16,9 @@ import, or :func:`set_family` at run time) forces a lower one, so that every fam
 can run is testable on it; asking for one the CPU cannot run raises :class:`ConvgradError`
 (never an illegal-instruction crash). Vector code of width 16 on an AVX2 host is legalised by
 LLVM into pairs of 8-wide operations, so the ``avx512`` family's code path is *correct* there and
-can be forced for testing with ``allow_emulated=True`` (its speed means nothing there).
+can be forced for testing with ``allow_emulated=True`` (its speed means nothing there); so can
+``avx512_bf16``, whose bf16 kernel then runs a plain-IR stand-in of the dot-product instruction
+(:mod:`.microkernel`)
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ FAMILIES: dict[str, frozenset[str]] = {
 #: f32 lanes per vector register of each JIT family.
 WIDTH = {"avx512_bf16": 16, "avx512": 16, "avx2": 8}
 #: Families whose vector code LLVM can legalise onto a narrower host (correct, not fast).
-_EMULABLE = {"avx512": "avx2"}
+_EMULABLE = {"avx512_bf16": "avx2", "avx512": "avx2"}
 
 
 class ISAError(ConvgradError, ValueError):
@@ -87,7 +89,8 @@ def family() -> str:
 
 def set_family(name: str | None, allow_emulated: bool = False) -> str:
     """Use family ``name`` from now on (``None``: the host's best); returns the one used before.
-    ``allow_emulated``: accept ``avx512`` on an AVX2 host (LLVM splits its vectors; for tests)."""
+    ``allow_emulated``: accept ``avx512``/``avx512_bf16`` on an AVX2 host (LLVM splits their vectors,
+    the bf16 dot product runs a stand-in; for tests)."""
     before = family()
     _current[:] = [_check(name, allow_emulated) if name else supported()[0]]
     return before

@@ -1,8 +1,9 @@
 """The ``jit`` strategy: implicit-GEMM convolutions on our own micro-kernels (:mod:`.microkernel`).
 
 The oneDNN way, on channels-last (NXC) data seen as 3-D spatial (missing axes of size 1), f32
-accumulation (bf16/f16 data widened to f32 in the copies below), ``W`` = the family's vector
-width, per group ``g``:
+accumulation (bf16/f16 data widened to f32 in the copies below; bf16 forward and backward data on
+the ``avx512_bf16`` family read bf16 channel pairs instead, on the dot-product kernel), ``W`` = the
+family's vector width, per group ``g``:
 
 - forward: ``y[n, o, oc] = sum_{k, ic} xp[n, o*S + k*D, ic] * w[k, ic, oc]`` with ``xp`` the
   zero-padded copy of x. A register block is ``R`` consecutive outputs along the last spatial
@@ -14,11 +15,12 @@ width, per group ``g``:
   ``S`` (offsets ``c_k = (r + PB - k*D) / S``) and the transposed weights ``w[k]^T`` (oneDNN's
   skipping of non-dividing taps, per phase); a phase without taps is written as zeros.
 - backward weights: ``dw[k, ic, oc] = sum_{n, o} xp[n, o*S + k*D, ic] * dy[n, o, oc]``: blocks of
-  ``R`` input channels (broadcast) x ``V`` vectors of output channels, the reduction over the
-  positions of a chunk of output rows (about ``TUNING.cache_bytes`` of x and dy), every tap and
+  ``R`` input channels (broadcast, from a copy of x blocked by ``R`` channels so that the rows of
+  a block share cache lines) x ``V`` vectors of output channels, the reduction over the
+  positions of a chunk of output rows (about the plan's ``cache_bytes`` of x and dy), every tap and
   channel block run per chunk; each thread sums its share of the rows into its own partial dw,
-  then the partials are added (or, where dw is large next to x and dy, ``TUNING.weights_split``,
-  each thread owns a share of dw's blocks over all positions).
+  then the partials are added (or, with the plan's ``split`` "blocks", each thread owns a share of
+  dw's blocks over all positions).
 
 Threads: numba ``prange`` over (image, output row, group, channel block) items (forward, data)
 or over shares of the output rows or of dw's blocks (weights). The source copies carry a zeroed tail so that
@@ -27,70 +29,114 @@ the rows of a block past the end of an output row read in bounds (their results 
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
 
+from ...dtypes import bfloat16
 from ...problem import ConvGeometry
-from . import isa, microkernel
-from .direct import spatial3
+from . import geometry, isa, microkernel
+from .features import Features
+from .geometry import padded, phase_taps, spatial, spatial3, tap_weights
 from .tuning import TUNING
 
-__all__ = ["applies", "selected", "workspace_bytes", "forward", "backward_data", "backward_weights"]
+if TYPE_CHECKING:
+    from .plan import Plan
+
+__all__ = ["applies", "complete", "options", "run", "workspace_bytes", "forward", "backward_data",
+           "backward_weights"]
 
 F32 = np.dtype(np.float32)
+#: Plan parameters: ``block`` the register block "RxV" (:data:`.microkernel.BLOCKS` of the
+#: family's width), ``cache_bytes`` (see :class:`.tuning.Tuning`), and for the weights gradient
+#: ``split``: the threads share the output positions ("rows") or dw's blocks ("blocks").
+SPLITS = ("rows", "blocks")
 
 
-def applies(g: ConvGeometry, acc: np.dtype) -> bool:
-    """Whether the jit kernels can run ``g``: an f32-accumulating problem (f32/bf16/f16 data),
-    not depthwise, on a host family with JIT kernels (``isa.family() != "portable"``)."""
-    return acc == F32 and isa.family() in isa.WIDTH and not (g.icg == 1 and g.ocg == 1) and g.n > 0
-
-
-def selected(g: ConvGeometry, task: str, acc: np.dtype, data: np.dtype) -> bool:
-    """Whether the selection rule picks the jit strategy (where it :func:`applies`) for ``data`` of
-    that dtype: on a family of ``TUNING.jit_families``, kernels of several taps with at most
-    ``TUNING.jit_channels[task]`` channels per group on either side and, for the gradients, at
-    least ``TUNING.jit_min_input_channels`` input channels per group (fewer leave most lanes or
-    rows of the register block idle); the weights gradient only of data already in ``acc`` (its
-    f32 copies of bf16/f16 x and dy took 2.1-2.4x the op's own memory). Measurements: :mod:`.tuning`."""
-    if not applies(g, acc) or isa.family() not in TUNING.jit_families or math.prod(g.kernel) < 2 \
-            or max(g.icg, g.ocg) > TUNING.jit_channels[task] or task == "backward_weights" and data != acc:
+def applies(f: Features, plan: Plan | None = None) -> bool:
+    """Whether the jit kernels can run ``f`` (with ``plan``): an f32-accumulating problem
+    (f32/bf16/f16 data), not depthwise, on a host family with JIT kernels (not ``portable``)."""
+    if not (f.acc == F32 and isa.family() in isa.WIDTH and not f.depthwise and f.n > 0):
         return False
-    return task == "forward" or g.icg >= TUNING.jit_min_input_channels
+    return plan is None or (_block_of(plan.param("block")) is not None and plan.param("split") in SPLITS
+                            and isinstance(plan.param("cache_bytes"), int) and plan.param("cache_bytes") > 0)
 
 
-def _block(g: ConvGeometry, task: str) -> tuple[int, int, int]:
-    """(block index, rows R, lanes V*W) of ``task``: its vectors run over OCg (ICg for backward data)."""
-    width = _width()
-    block = microkernel.block_for(g.icg if task == "backward_data" else g.ocg, width)
-    rows, vecs = microkernel.BLOCKS[block]
-    return block, rows, vecs * width
+def _block_of(name: object) -> tuple[int, int] | None:
+    """The (rows R, vectors V) of a block named "RxV" among the family's blocks, or None."""
+    return next(((r, v) for r, v in microkernel.BLOCKS[_width()] if f"{r}x{v}" == name), None)
 
 
-def workspace_bytes(g: ConvGeometry, task: str, dtype: np.dtype) -> int:
+def complete(f: Features, params: dict) -> dict:
+    """``params`` with the missing ones defaulted for ``f``: the block with the fewest idle lanes
+    (and, for the weights gradient, rows) over the channels (:func:`.microkernel.block_for`),
+    ``TUNING.cache_bytes``, and the weights gradient's split by dw's size next to x and dy
+    (``TUNING.weights_split``)."""
+    g = f.geometry
+    rows, vecs = microkernel.block_for(g.icg if f.task == "backward_data" else g.ocg, _width(),
+                                       g.icg if f.task == "backward_weights" else None)
+    by_blocks = math.prod(g.w_shape) > TUNING.weights_split * (math.prod(g.x_shape) + math.prod(g.y_shape))
+    return {"block": f"{rows}x{vecs}", "cache_bytes": TUNING.cache_bytes,
+            "split": "blocks" if f.task == "backward_weights" and by_blocks else "rows", **params}
+
+
+def options(f: Features) -> list[dict]:
+    """Parameter sets worth timing: each register block of the family (and for the weights
+    gradient, each split)."""
+    splits = SPLITS if f.task == "backward_weights" else ("rows",)
+    return [{"block": f"{r}x{v}", "split": s} for r, v in microkernel.BLOCKS[_width()] for s in splits]
+
+
+def _plan(g: ConvGeometry, task: str, plan: Plan | None) -> Plan:
+    """``plan``, or the default plan of f32 NXC data for ``task`` on ``g``."""
+    from .plan import Plan
+    if plan is not None:
+        return plan
+    f = Features.of(g, task, F32, False)
+    return Plan.of("jit", **complete(f, {}))
+
+
+def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) -> np.ndarray:
+    """``task`` on its two canonical inputs, f32 result."""
+    return {"forward": forward, "backward_data": backward_data, "backward_weights": backward_weights}[task](
+        g, a, b, plan)
+
+
+def _block(plan: Plan) -> tuple[int, int, int]:
+    """(rows R, vectors V, lanes V*W) of ``plan``'s register block."""
+    rows, vecs = _block_of(plan.param("block"))
+    return rows, vecs, vecs * _width()
+
+
+def workspace_bytes(f: Features, plan: Plan) -> int:
     """Upper estimate of the extra bytes ``task`` allocates (f32 values; for bf16/f16 ``dtype``
-    the f32 result the API rounds included): the padded copy of x (forward, weights) or dy (data)
-    with its slack, the packed weights (forward, data), or for the weights gradient the packed dy,
+    the f32 result the API rounds included): the padded copy of x (forward; for the weights
+    gradient blocked by R channels) or dy (data) with its slack, the packed weights (forward, data), or for the weights gradient the packed dy,
     the partial sums of every share (at most the threads) and their total; plus 64 KiB of tables and
     per-thread accumulator blocks."""
-    _, rows, vw = _block(g, task)
-    s, d, kernel = _spatial(g.strides, 1), _spatial(g.dilations, 1), _spatial(g.kernel, 1)
-    taps, o = math.prod(g.kernel), _spatial(g.out_size, 1)
+    g, task = f.geometry, f.task
+    rows, _, vw = _block(plan)
+    s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
+    taps, o = math.prod(g.kernel), spatial(g.out_size, 1)
     if task == "backward_data":
-        sizes = [max(o[a], -(-_spatial(g.in_size, 1)[a] // s[a])) + 2 * ((kernel[a] - 1) * d[a] // s[a] + 1)
-                 + _spatial(g.pads_begin, 0)[a] + 1 for a in range(3)]
-        source = g.n * math.prod(sizes) * g.oc + rows * (g.oc + 1) + 64
-        other = g.groups * taps * g.ocg * -(-g.icg // vw) * vw
+        sizes = [max(o[a], -(-spatial(g.in_size, 1)[a] // s[a])) + 2 * ((kernel[a] - 1) * d[a] // s[a] + 1)
+                 + spatial(g.pads_begin, 0)[a] + 1 for a in range(3)]
+        source = g.n * math.prod(sizes) * (g.oc + g.groups) + rows * (g.oc + g.groups + 1) + 64
+        other = g.groups * taps * (g.ocg + 1) * -(-g.icg // vw) * vw
     else:
-        source = g.n * math.prod(g.padded_size) * g.ic + rows * (s[2] * g.ic + 2) + 64
-        other = g.groups * taps * g.icg * -(-g.ocg // vw) * vw
-        if task == "backward_weights":
+        source = g.n * math.prod(g.padded_size) * (g.ic + g.groups) + rows * (s[2] * (g.ic + g.groups) + 2) + 64
+        other = g.groups * taps * (g.icg + 1) * -(-g.ocg // vw) * vw
+        if task == "backward_weights":   # x blocked by R channels per group (zero past ICg)
+            source = g.n * math.prod(g.padded_size) * g.groups * -(-g.icg // rows) * rows
             block = g.groups * taps * -(-g.icg // rows) * rows * -(-g.ocg // vw) * vw
-            other = g.n * math.prod(o) * g.groups * -(-g.ocg // vw) * vw + (numba.get_num_threads() + 1) * block
-    result = 0 if dtype == F32 else math.prod({"forward": g.y_shape, "backward_data": g.x_shape,
-                                               "backward_weights": g.w_shape}[task])
+            shares = 1 if plan.param("split") == "blocks" else numba.get_num_threads()
+            other = g.n * math.prod(o) * g.groups * -(-g.ocg // vw) * vw + (shares + 1) * block
+    result = 0 if f.data_dtype == F32 else math.prod({"forward": g.y_shape, "backward_data": g.x_shape,
+                                                      "backward_weights": g.w_shape}[task])
     return 4 * (source + other + result) + (64 << 10)
 
 
@@ -98,86 +144,95 @@ def _width() -> int:
     return isa.WIDTH[isa.family()]
 
 
-def _spatial(t: tuple[int, ...], fill: int) -> tuple[int, ...]:
-    return (fill,) * (3 - len(t)) + tuple(t)
+def _tail(rows: int, row: int) -> int:
+    """Zeroed slack after a flat source: the ``rows`` of a last block past its output row."""
+    return rows * (row + 1) + 64
 
 
-def _tail(block: int, row: int) -> int:
-    """Zeroed slack after a flat source: the rows of a last block past its output row."""
-    return microkernel.BLOCKS[block][0] * (row + 1) + 64
+def _depth(dtype: np.dtype) -> int:
+    """Reduction values per kernel step: 2 for bf16 data on the ``avx512_bf16`` family (the bf16
+    dot-product kernel on channel pairs), else 1 (f32 values; bf16/f16 widened)."""
+    return 2 if dtype == bfloat16 and isa.family() == "avx512_bf16" else 1
 
 
-def _padded(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], slack: int) -> np.ndarray:
-    """Canonical (N, *X, C) data as a zeroed f32 (N, P0, P1, P2, C) array (``size`` = P) with
-    ``a`` at offsets ``lo``, on a flat buffer with ``slack`` zeroed values after it."""
+def _source(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], slack: int, groups: int = 1,
+            depth: int = 1) -> np.ndarray:
+    """The zero-padded copy of canonical (N, *X, C) data a driver reads (:func:`.geometry.padded`):
+    f32 values, or for ``depth`` 2 the bf16 bits (uint16) with each group's channels padded to
+    pairs (``groups`` x the even channel count)."""
+    if depth == 1:
+        return padded(a, lo, size, F32, slack)
     a3 = spatial3(a)
-    shape = (a3.shape[0], *size, a3.shape[-1])
-    flat = np.zeros(math.prod(shape) + slack, F32)
-    out = flat[:math.prod(shape)].reshape(shape)
-    out[(slice(None), *(slice(b, b + n) for b, n in zip(lo, a3.shape[1:4])), slice(None))] = a3
-    return out
+    cg = a3.shape[-1] // groups
+    cpad = -(-cg // depth) * depth
+    shape = (a3.shape[0], *size, groups, cpad)
+    buffer = np.zeros(math.prod(shape) + slack, np.uint16)
+    out = buffer[:math.prod(shape)].reshape(shape)
+    values = a3.reshape(*a3.shape[:-1], groups, cg)
+    out[(slice(None), *(slice(b, b + n) for b, n in zip(lo, a3.shape[1:4])), slice(None), slice(0, cg))] = \
+        values.view(np.uint16)
+    return out.reshape(*shape[:4], groups * cpad)
 
 
-def _flat(a: np.ndarray) -> np.ndarray:
-    """The flat buffer under an array made by :func:`_padded` (its slack included)."""
-    return a.base if a.base is not None and a.base.ndim == 1 else a.reshape(-1)
+@functools.cache
+def _outputs(width: int, rows: int, vecs: int) -> Callable:
+    """The driver of forward and backward data for one kernel variant (compiled for it alone)."""
+    @microkernel.cached_njit(parallel=True)
+    def outputs(src, steps, taps_a, out, out_base, out_steps, out_grid, pitch, valid, wp, per_block, taps_b,
+                groups, kred, depth, channels, blocks_outer):  # pragma: no cover - compiled
+        """``out[out_base + n*os0 + q0*os1 + (m // pitch)*os2 + (m % pitch)*os3 + g*channels + j] =
+        sum over taps t and i < kred*depth of src[n*s0 + q0*s1 + q1*s2 + m*s3 + ta[t] + g*kred*depth + i]
+        * wp[(g*NB + nb)*per_block + tb[t] + i*VW + j]`` (``depth`` 2: bf16 pairs, ``wp``'s pairs
+        interleaved) over the grid ``out_grid`` = (N, Q0, Q1, M), for ``m % pitch < valid``
+        (``pitch`` > ``valid``: rows of a source flattened with their padding columns, computed and
+        dropped). Items (n, q0, q1, g, nb) run in parallel, channel blocks innermost, or outermost
+        with ``blocks_outer`` (each block's weights then stay in cache while the rows stream by)."""
+        vw = vecs * width
+        nblocks = -(-channels // vw)
+        n_, q0_, q1_, m_ = out_grid[0], out_grid[1], out_grid[2], out_grid[3]
+        ntaps = taps_a.shape[0]
+        places = n_ * q0_ * q1_
+        for item in numba.prange(places * groups * nblocks):
+            if blocks_outer:
+                place = item % places
+                nb = item // places % nblocks
+                g = item // (places * nblocks)
+            else:
+                nb = item % nblocks
+                g = item // nblocks % groups
+                place = item // (nblocks * groups)
+            q1 = place % q1_
+            q0 = place // q1_ % q0_
+            n = place // (q1_ * q0_)
+            c = np.empty(rows * vw, np.float32)
+            lanes = min(vw, channels - nb * vw)
+            boff = (g * nblocks + nb) * per_block
+            src_row = n * steps[0] + q0 * steps[1] + q1 * steps[2] + g * kred * depth
+            base = out_base + n * out_steps[0] + q0 * out_steps[1] + q1 * out_steps[2] + g * channels + nb * vw
+            for m in range(0, m_, rows):
+                c[:] = 0
+                microkernel.run(width, rows, vecs, c, 0, vw, src, src_row + m * steps[3], steps[3], depth, wp, boff,
+                                vw * depth, taps_a, taps_b, ntaps, kred)
+                for r in range(min(rows, m_ - m)):
+                    a1 = (m + r) // pitch
+                    a2 = m + r - a1 * pitch
+                    if a2 < valid:
+                        at = base + a1 * out_steps[2] + a2 * out_steps[3]
+                        for j in range(lanes):
+                            out[at + j] = c[r * vw + j]
+    return outputs
 
 
-@numba.njit(parallel=True, cache=True)
-def _outputs(width, block, src, steps, taps_a, out, out_base, out_steps, out_grid, pitch, valid, wp, per_block,
-             taps_b, groups, kred, channels, blocks_outer):  # pragma: no cover - compiled
-    """``out[out_base + n*os0 + q0*os1 + (m // pitch)*os2 + (m % pitch)*os3 + g*channels + j] =
-    sum over taps t and i < kred of src[n*s0 + q0*s1 + q1*s2 + m*s3 + ta[t] + g*kred + i] *
-    wp[(g*NB + nb)*per_block + tb[t] + i*VW + j]`` over the grid ``out_grid`` = (N, Q0, Q1, M),
-    for ``m % pitch < valid`` (``pitch`` > ``valid``: rows of a source flattened with their padding
-    columns, computed and dropped). Items (n, q0, q1, g, nb) run in parallel, channel blocks
-    innermost, or outermost with ``blocks_outer`` (each block's weights then stay in cache while
-    the rows stream by). Forward and each backward-data phase."""
-    rows, vecs = microkernel.BLOCKS_ARRAY[block, 0], microkernel.BLOCKS_ARRAY[block, 1]
-    vw = vecs * width
-    nblocks = -(-channels // vw)
-    n_, q0_, q1_, m_ = out_grid[0], out_grid[1], out_grid[2], out_grid[3]
-    ntaps = taps_a.shape[0]
-    places = n_ * q0_ * q1_
-    for item in numba.prange(places * groups * nblocks):
-        if blocks_outer:
-            place = item % places
-            nb = item // places % nblocks
-            g = item // (places * nblocks)
-        else:
-            nb = item % nblocks
-            g = item // nblocks % groups
-            place = item // (nblocks * groups)
-        q1 = place % q1_
-        q0 = place // q1_ % q0_
-        n = place // (q1_ * q0_)
-        c = np.empty(rows * vw, np.float32)
-        lanes = min(vw, channels - nb * vw)
-        boff = (g * nblocks + nb) * per_block
-        src_row = n * steps[0] + q0 * steps[1] + q1 * steps[2] + g * kred
-        base = out_base + n * out_steps[0] + q0 * out_steps[1] + q1 * out_steps[2] + g * channels + nb * vw
-        for m in range(0, m_, rows):
-            c[:] = 0
-            microkernel.run(width, block, c, 0, vw, src, src_row + m * steps[3], steps[3], 1, wp, boff, vw,
-                            taps_a, taps_b, ntaps, kred)
-            for r in range(min(rows, m_ - m)):
-                a1 = (m + r) // pitch
-                a2 = m + r - a1 * pitch
-                if a2 < valid:
-                    at = base + a1 * out_steps[2] + a2 * out_steps[3]
-                    for j in range(lanes):
-                        out[at + j] = c[r * vw + j]
-
-
-def _run_outputs(block: int, src: np.ndarray, steps: np.ndarray, taps_a: np.ndarray, out: np.ndarray,
+def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_a: np.ndarray, out: np.ndarray,
                  out_base: int, out_steps: np.ndarray, grid: tuple[int, ...], wp: np.ndarray, taps: int,
-                 taps_b: np.ndarray, groups: int, kred: int, channels: int) -> None:
-    """:func:`_outputs` on ``src`` (a padded array of :func:`_padded`) for the output ``grid``
-    (N, Q0, Q1, Q2): the last two axes flattened into rows of the source's width where the source
-    steps by one position along both and that computes fewer junk positions than blocks cut at
-    every output row; the channel blocks outermost where the packed weights exceed
-    ``TUNING.cache_bytes``."""
-    rows, vw = microkernel.BLOCKS[block][0], microkernel.BLOCKS[block][1] * _width()
+                 taps_b: np.ndarray, groups: int, kred: int, channels: int, cache_bytes: int) -> None:
+    """:func:`_outputs` on ``src`` (a padded array of :func:`_source`: f32, or bf16 pairs) for the
+    output ``grid`` (N, Q0, Q1, Q2): the last two axes flattened into rows of the source's width
+    where the source steps by one position along both and that computes fewer junk positions than
+    blocks cut at every output row; the channel blocks outermost where the packed weights exceed
+    ``cache_bytes``. ``kred``: kernel steps per tap (channel pairs for bf16)."""
+    width = _width()
+    vw, depth = vecs * width, 2 if src.dtype == np.uint16 else 1
     n, q0, q1, q2 = grid
     pitch = src.shape[3]
     cut = q1 * -(-q2 // rows) * rows
@@ -186,23 +241,24 @@ def _run_outputs(block: int, src: np.ndarray, steps: np.ndarray, taps_a: np.ndar
         shape, pitch = (n, q0, 1, flat), pitch
     else:
         shape, pitch = (n, q0, q1, q2), q2
-    _outputs(_width(), block, _flat(src), steps, taps_a, out.reshape(-1), out_base, out_steps,
-             np.array(shape, np.int64), pitch, q2, wp, taps * kred * vw, taps_b, groups, kred, channels,
-             wp.nbytes > TUNING.cache_bytes)
+    _outputs(width, rows, vecs)(geometry.flat(src), steps, taps_a, out.reshape(-1), out_base, out_steps,
+                                np.array(shape, np.int64), pitch, q2, wp, taps * kred * depth * vw, taps_b, groups,
+                                kred, depth, channels, wp.nbytes > cache_bytes)
 
 
-def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool) -> np.ndarray:
+def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, depth: int = 1) -> np.ndarray:
     """Canonical (*K, ICg, OC) weights as f32 ``(G, blocks, T, red, vw)``: red = ICg and blocks
-    of OCg (forward), or with ``transpose`` red = OCg and blocks of ICg; zero past the channels."""
+    of OCg (forward), or with ``transpose`` red = OCg and blocks of ICg; zero past the channels.
+    ``depth`` 2: bf16 bits (uint16) ``(G, blocks, T, red/2, vw, 2)``, red padded to pairs, each
+    pair of reduction values interleaved per lane."""
     t = math.prod(g.kernel)
-    taps = w.reshape(t, g.icg, g.groups, g.ocg).transpose(2, 0, 1, 3)  # (G, T, ICg, OCg)
-    if transpose:
-        taps = taps.transpose(0, 1, 3, 2)
+    taps = tap_weights(g, w, transpose).transpose(1, 0, 2, 3)  # (G, T, red, width)
     red, width = taps.shape[2:]
-    blocks = -(-width // vw)
-    out = np.zeros((g.groups, t, red, blocks * vw), F32)
-    out[..., :width] = taps
-    return np.ascontiguousarray(out.reshape(g.groups, t, red, blocks, vw).transpose(0, 3, 1, 2, 4))
+    blocks, rpad = -(-width // vw), -(-red // depth) * depth
+    out = np.zeros((g.groups, t, rpad, blocks * vw), np.uint16 if depth == 2 else F32)
+    out[:, :, :red, :width] = taps.view(np.uint16) if depth == 2 else taps
+    out = out.reshape(g.groups, t, rpad // depth, depth, blocks, vw)
+    return np.ascontiguousarray(out.transpose(0, 4, 1, 2, 5, 3))
 
 
 def _strides(shape: tuple[int, ...]) -> np.ndarray:
@@ -210,43 +266,43 @@ def _strides(shape: tuple[int, ...]) -> np.ndarray:
     return np.array([math.prod(shape[j + 1:]) for j in range(len(shape))], np.int64)
 
 
-def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """y (N, *O, OC) in f32 (see the module docstring)."""
-    block, _, vw = _block(g, "forward")
-    s, d, kernel = _spatial(g.strides, 1), _spatial(g.dilations, 1), _spatial(g.kernel, 1)
-    size = _spatial(g.padded_size, 1)
-    row = s[2] * g.ic
-    xp = _padded(x, _spatial(g.pads_begin, 0), size, _tail(block, row))
+def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = None) -> np.ndarray:
+    """y (N, *O, OC) in f32 (see the module docstring), by ``plan`` (default: :func:`complete`'s)."""
+    plan = _plan(g, "forward", plan)
+    rows, vecs, vw = _block(plan)
+    depth = _depth(x.dtype)
+    s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
+    size = spatial(g.padded_size, 1)
+    icg = -(-g.icg // depth) * depth                               # bf16: channels padded to pairs
+    xp = _source(x, spatial(g.pads_begin, 0), size, _tail(rows, s[2] * g.groups * icg), g.groups, depth)
     xs = _strides(xp.shape)
     taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3]
                        for k0 in range(kernel[0]) for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
-    taps_b = np.arange(len(taps_a), dtype=np.int64) * g.icg * vw
+    taps_b = np.arange(len(taps_a), dtype=np.int64) * icg * vw
     y = np.empty(g.y_shape, F32)
-    o = _spatial(g.out_size, 1)
-    _run_outputs(block, xp, np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64), taps_a,
-                 y, 0, _strides((g.n, *o, g.oc))[:4], (g.n, *o), _packed_weights(g, w, vw, False).reshape(-1),
-                 len(taps_a), taps_b, g.groups, g.icg, g.ocg)
+    o = spatial(g.out_size, 1)
+    _run_outputs(rows, vecs, xp, np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64), taps_a,
+                 y, 0, _strides((g.n, *o, g.oc))[:4], (g.n, *o), _packed_weights(g, w, vw, False, depth).reshape(-1),
+                 len(taps_a), taps_b, g.groups, icg // depth, g.ocg, plan.param("cache_bytes"))
     return y
 
 
-def _phase_taps(r: int, k: int, s: int, d: int, pb: int) -> list[tuple[int, int]]:
-    """(tap, offset c_k) of the taps of phase ``r`` on one axis: (r + PB - k*D) divisible by S."""
-    return [(j, (r + pb - j * d) // s) for j in range(k) if (r + pb - j * d) % s == 0]
-
-
-def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
+def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | None = None) -> np.ndarray:
     """dx (N, *I, IC) in f32: one stride-1 convolution of padded dy per stride phase."""
-    block, _, vw = _block(g, "backward_data")
-    s, d, kernel = _spatial(g.strides, 1), _spatial(g.dilations, 1), _spatial(g.kernel, 1)
-    pb, i_size, o_size = _spatial(g.pads_begin, 0), _spatial(g.in_size, 1), _spatial(g.out_size, 1)
-    phases = [[_phase_taps(r, kernel[a], s[a], d[a], pb[a]) for r in range(min(s[a], i_size[a]))] for a in range(3)]
+    plan = _plan(g, "backward_data", plan)
+    rows, vecs, vw = _block(plan)
+    depth = _depth(dy.dtype)
+    s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
+    pb, i_size, o_size = spatial(g.pads_begin, 0), spatial(g.in_size, 1), spatial(g.out_size, 1)
+    phases = [[phase_taps(r, kernel[a], s[a], d[a], pb[a]) for r in range(min(s[a], i_size[a]))] for a in range(3)]
     offsets = [[c for taps in axis for _, c in taps] or [0] for axis in phases]
     counts = [-(-i_size[a] // s[a]) for a in range(3)]           # the most q of any phase
     lo = [max(0, -min(offsets[a])) for a in range(3)]
     size = tuple(lo[a] + max(o_size[a], counts[a] + max(offsets[a])) for a in range(3))
-    dyp = _padded(dy, tuple(lo), size, _tail(block, g.oc))
+    ocg = -(-g.ocg // depth) * depth                               # bf16: channels padded to pairs
+    dyp = _source(dy, tuple(lo), size, _tail(rows, g.groups * ocg), g.groups, depth)
     ds = _strides(dyp.shape)
-    wp = _packed_weights(g, w, vw, True).reshape(-1)
+    wp = _packed_weights(g, w, vw, True, depth).reshape(-1)
     dx = np.empty(g.x_shape, F32)
     xs = _strides((g.n, *i_size, g.ic))
     steps = np.array(ds[:4], np.int64)
@@ -256,65 +312,87 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
                 grid = (g.n, *(-(-(i_size[a] - r) // s[a]) for a, r in enumerate((r0, r1, r2))))
                 taps = [(a, b, c) for a in t0 for b in t1 for c in t2]
                 taps_a = np.array([sum((tap[a][1] + lo[a]) * ds[a + 1] for a in range(3)) for tap in taps], np.int64)
-                taps_b = np.array([((a[0] * kernel[1] + b[0]) * kernel[2] + c[0]) * g.ocg * vw for a, b, c in taps],
+                taps_b = np.array([((a[0] * kernel[1] + b[0]) * kernel[2] + c[0]) * ocg * vw for a, b, c in taps],
                                   np.int64)
                 base = r0 * xs[1] + r1 * xs[2] + r2 * xs[3]
                 out_steps = np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64)
-                _run_outputs(block, dyp, steps, taps_a, dx, base, out_steps, grid, wp, math.prod(kernel), taps_b,
-                             g.groups, g.ocg, g.icg)
+                _run_outputs(rows, vecs, dyp, steps, taps_a, dx, base, out_steps, grid, wp, math.prod(kernel), taps_b,
+                             g.groups, ocg // depth, g.icg, plan.param("cache_bytes"))
     return dx
 
 
-@numba.njit(parallel=True, cache=True)
-def _weights(width, block, xp, x_steps, taps_a, dyp, dy_row, rows_grid, chunk, parts, shares, split,
-             groups, icg, channels):  # pragma: no cover - compiled
-    """``parts[p, t, g, ic, oc] += sum_(n, o) xp[n, o*S + tap t, g*icg + ic] * dyp[(n, o), g, oc]``
-    over the output rows (n, o0, o1) of ``rows_grid`` = (N, O0, O1, O2), in parallel items
-    (p, u): ``shares`` equal shares p of the rows (each with its own partial sums ``parts[p]``),
-    each share's (tap, group, channel-row block) triples cut into ``split`` parts u. The rows are
-    taken ``chunk`` at a time, every triple and output-channel block of the item run per chunk."""
-    rows, vecs = microkernel.BLOCKS_ARRAY[block, 0], microkernel.BLOCKS_ARRAY[block, 1]
-    vw = vecs * width
-    nblocks = -(-channels // vw)
-    row_blocks = -(-icg // rows)
-    n_, o0_, o1_, o2_ = rows_grid[0], rows_grid[1], rows_grid[2], rows_grid[3]
-    total = n_ * o0_ * o1_
-    triples = taps_a.shape[0] * groups * row_blocks
-    ldc = nblocks * vw
-    for item in numba.prange(shares * split):
-        p, u = item // split, item % split
-        first, last = total * p // shares, total * (p + 1) // shares
-        ra = np.empty(chunk, np.int64)
-        rb = np.empty(chunk, np.int64)
-        for start in range(first, last, chunk):
-            count = min(chunk, last - start)
-            for j in range(count):
-                row = start + j
-                o1 = row % o1_
-                o0 = (row // o1_) % o0_
-                n = row // (o1_ * o0_)
-                ra[j] = n * x_steps[0] + o0 * x_steps[1] + o1 * x_steps[2]
-                rb[j] = row * o2_ * dy_row
-            for triple in range(triples * u // split, triples * (u + 1) // split):
-                ib = triple % row_blocks
-                g = triple // row_blocks % groups
-                t = triple // (row_blocks * groups)
-                coff = (p * triples + triple) * rows * ldc
-                for nb in range(nblocks):
-                    microkernel.run(width, block, parts, coff + nb * vw, ldc, xp, taps_a[t] + g * icg + ib * rows,
-                                    1, x_steps[3], dyp, g * ldc + nb * vw, dy_row, ra, rb, count, o2_)
+def _channel_blocks(a: np.ndarray, groups: int, rows: int, lo: tuple[int, ...], size: tuple[int, ...]) -> np.ndarray:
+    """Canonical (N, *X, C) data as a zeroed f32 (G, RB, N, P0, P1, P2, R) array: each group's
+    channels in blocks of ``rows`` (zero past them), each block zero-padded (``size`` = P, ``a``
+    at offsets ``lo``) and contiguous, so that a register block's rows share cache lines."""
+    a3 = spatial3(a)
+    cg = a3.shape[-1] // groups
+    blocks = -(-cg // rows)
+    out = np.zeros((groups, blocks, a3.shape[0], *size, rows), F32)
+    inner = tuple(slice(b, b + n) for b, n in zip(lo, a3.shape[1:4]))
+    for g in range(groups):
+        for ib in range(blocks):
+            width = min(rows, cg - ib * rows)
+            first = g * cg + ib * rows
+            out[(g, ib, slice(None), *inner, slice(0, width))] = a3[..., first:first + width]
+    return out
 
 
-def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+@functools.cache
+def _weights(width: int, rows: int, vecs: int) -> Callable:
+    """The driver of the weights gradient for one kernel variant (compiled for it alone)."""
+    @microkernel.cached_njit(parallel=True)
+    def weights(xb, x_steps, block_size, taps_a, dyp, dy_row, rows_grid, chunk, parts, shares, split, groups, icg,
+                channels):  # pragma: no cover - compiled
+        """``parts[p, t, g, ic, oc] += sum_(n, o) xb[g, ic // R, n, o*S + tap t, ic % R] * dyp[(n, o), g, oc]``
+        (``xb``: x padded and blocked by R channels, ``block_size`` values per block)
+        over the output rows (n, o0, o1) of ``rows_grid`` = (N, O0, O1, O2), in parallel items
+        (p, u): ``shares`` equal shares p of the rows (each with its own partial sums ``parts[p]``),
+        each share's (tap, group, channel-row block) triples cut into ``split`` parts u. The rows
+        are taken ``chunk`` at a time, every triple and output-channel block of the item run per chunk."""
+        vw = vecs * width
+        nblocks = -(-channels // vw)
+        row_blocks = -(-icg // rows)
+        n_, o0_, o1_, o2_ = rows_grid[0], rows_grid[1], rows_grid[2], rows_grid[3]
+        total = n_ * o0_ * o1_
+        triples = taps_a.shape[0] * groups * row_blocks
+        ldc = nblocks * vw
+        for item in numba.prange(shares * split):
+            p, u = item // split, item % split
+            first, last = total * p // shares, total * (p + 1) // shares
+            ra = np.empty(chunk, np.int64)
+            rb = np.empty(chunk, np.int64)
+            for start in range(first, last, chunk):
+                count = min(chunk, last - start)
+                for j in range(count):
+                    row = start + j
+                    o1 = row % o1_
+                    o0 = (row // o1_) % o0_
+                    n = row // (o1_ * o0_)
+                    ra[j] = n * x_steps[0] + o0 * x_steps[1] + o1 * x_steps[2]
+                    rb[j] = row * o2_ * dy_row
+                for triple in range(triples * u // split, triples * (u + 1) // split):
+                    ib = triple % row_blocks
+                    g = triple // row_blocks % groups
+                    t = triple // (row_blocks * groups)
+                    coff = (p * triples + triple) * rows * ldc
+                    for nb in range(nblocks):
+                        microkernel.run(width, rows, vecs, parts, coff + nb * vw, ldc, xb,
+                                        taps_a[t] + (g * row_blocks + ib) * block_size, 1, x_steps[3], dyp,
+                                        g * ldc + nb * vw, dy_row, ra, rb, count, o2_)
+    return weights
+
+
+def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan | None = None) -> np.ndarray:
     """dw (*K, ICg, OC) in f32: the reduction over output positions split among the threads
-    (partial sums per thread, then added) where dw is smaller than ``TUNING.weights_split`` times
-    x and dy, else the dw blocks split among them (every thread over all positions)."""
-    width = _width()
-    block, rows, vw = _block(g, "backward_weights")
-    s, d, kernel = _spatial(g.strides, 1), _spatial(g.dilations, 1), _spatial(g.kernel, 1)
-    size, o = _spatial(g.padded_size, 1), _spatial(g.out_size, 1)
-    xp = _padded(x, _spatial(g.pads_begin, 0), size, _tail(block, s[2] * g.ic) + rows)
-    xs = _strides(xp.shape)
+    (partial sums per thread, then added; ``split`` "rows") or the dw blocks split among them
+    (every thread over all positions; "blocks")."""
+    plan = _plan(g, "backward_weights", plan)
+    rows, vecs, vw = _block(plan)
+    s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
+    size, o = spatial(g.padded_size, 1), spatial(g.out_size, 1)
+    xb = _channel_blocks(x, g.groups, rows, spatial(g.pads_begin, 0), size)
+    xs = _strides(xb.shape[2:])
     taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3]
                        for k0 in range(kernel[0]) for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
     nblocks = -(-g.ocg // vw)
@@ -322,12 +400,12 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarr
     dyp[..., :g.ocg] = dy.reshape(*dy.shape[:-1], g.groups, g.ocg)  # a view, whatever dy's memory order
     row_blocks = -(-g.icg // rows)
     threads, rows_total = numba.get_num_threads(), g.n * o[0] * o[1]
-    by_blocks = math.prod(g.w_shape) > TUNING.weights_split * (math.prod(g.x_shape) + math.prod(g.y_shape))
-    shares, split = (1, threads) if by_blocks else (min(threads, rows_total), 1)
-    chunk = max(1, TUNING.cache_bytes // (4 * o[2] * (g.ic + g.oc)))
+    shares, split = (1, threads) if plan.param("split") == "blocks" else (min(threads, rows_total), 1)
+    chunk = max(1, plan.param("cache_bytes") // (4 * o[2] * (g.ic + g.oc)))
     parts = np.zeros((shares, len(taps_a), g.groups, row_blocks * rows, nblocks * vw), F32)
-    _weights(width, block, _flat(xp), np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64), taps_a,
-             dyp.reshape(-1), g.groups * nblocks * vw, np.array((g.n, *o), np.int64), min(chunk, rows_total),
-             parts.reshape(-1), shares, split, g.groups, g.icg, g.ocg)
+    _weights(_width(), rows, vecs)(xb.reshape(-1), np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64),
+                                   math.prod(xb.shape[2:]), taps_a, dyp.reshape(-1), g.groups * nblocks * vw,
+                                   np.array((g.n, *o), np.int64),
+                                   min(chunk, rows_total), parts.reshape(-1), shares, split, g.groups, g.icg, g.ocg)
     total = parts.sum(axis=0) if shares > 1 else parts[0]
     return np.ascontiguousarray(total[:, :, :g.icg, :g.ocg].transpose(0, 2, 1, 3)).reshape(g.w_shape)

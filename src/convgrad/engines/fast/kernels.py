@@ -9,14 +9,14 @@ shape ``(G, Ci, Co)``:
 - :func:`reduce_gathered`: the same sum for narrow inputs, over the output rows: blocks of dy
   as it lies, each with its taps gathered from channel-major phase buffers
 
-Rows are processed in blocks of about ``BLOCK_BYTES`` so that every temporary stays in cache and
+Rows are processed in blocks of about ``block_bytes`` (a plan parameter) so that every temporary stays in cache and
 the extra memory is independent of the problem size (a single tap has no temporaries: one
 block). Within a block the taps are taken ``per_gemm`` at a time: with one tap per GEMM the
 operands are views (no copy); with several the taps' rows are gathered side by side into one
 ``(B, per_gemm*Ci)`` operand (``(per_gemm*Ci, B)`` for :func:`reduce_gathered`), so that narrow
 channel counts still give BLAS a deep reduction (a blocked im2col). The GEMMs of a block sum
 into one output tile inside BLAS (``beta = 1``, :mod:`.blas`), with no scratch product to add.
-When instead the *outputs* are the narrow side (``Co < min(Ci, GEMM_DEPTH)``, e.g. the data
+When instead the *outputs* are the narrow side (``Co < min(Ci, TUNING.gemm_depth)``, e.g. the data
 gradient of a 3-channel first layer), :func:`accumulate` spreads: one GEMM
 ``src @ [W_t1 | W_t2 | ...]`` per cluster of nearby taps, then the narrow per-tap results are
 summed at their shifts (:func:`spread_scattered` computes a first layer's backward data that
@@ -32,53 +32,34 @@ import numpy as np
 
 from ... import casts
 from . import blas, columns
+from .tuning import TUNING
 
-__all__ = ["BLOCK_BYTES", "SPREAD_BLOCKS", "GEMM_DEPTH", "REDUCE_VIEWS", "REDUCE_DEPTH", "taps_per_gemm", "block_rows", "product", "accumulate",
-           "reduce", "reduce_gathered", "spread_scattered"]
-
-#: Bytes of the per-block operand (the L2 cache of a core is 1 MiB on the reference machine).
-BLOCK_BYTES = 2 << 20
-#: :func:`accumulate`'s narrow-output path (``_spread``) takes blocks of this many ``BLOCK_BYTES``:
-#: its GEMMs are short and its clusters of taps wider in bigger blocks (1.1x for a 3-channel first
-#: layer, 2x for 32 channels of a 3-D U-Net).
-SPREAD_BLOCKS = 8
-#: Up to this many groups, the GEMMs run group by group through :func:`blas.addmm` (accumulating
-#: in BLAS); more groups go to ``np.matmul`` as one batch.
-BLAS_GROUPS = 8
-#: Reduction depth (taps x channels) from which a GEMM runs near BLAS speed.
-GEMM_DEPTH = 64
-#: :func:`reduce` takes one tap per GEMM on views from this many input channels (per group): its
-#: GEMMs reduce over the rows, so their depth does not depend on the channels. Measured against
-#: gathered taps (and the transposing frame copy they need): 1.15-1.3x with 32 and 48 channels,
-#: grouped or not, 0.95x with 16.
-REDUCE_VIEWS = 32
-#: Gathered taps x channels of a :func:`reduce` GEMM (its output rows): 1.1-1.2x faster than
-#: ``GEMM_DEPTH`` for narrow inputs (a 3-channel first layer), where the (M, rows) @ (rows, Co)
-#: product is otherwise too short.
-REDUCE_DEPTH = 256
+__all__ = ["taps_per_gemm", "block_rows", "spreads", "product", "accumulate", "reduce", "reduce_gathered",
+           "spread_scattered"]
 
 Taps = Sequence[tuple[int, int]]
 
 
 def taps_per_gemm(taps: int, channels: int, reduces: bool = False) -> int:
     """How many taps one GEMM of :func:`accumulate` (or with ``reduces``, :func:`reduce`) takes:
-    one if ``channels`` reach ``GEMM_DEPTH`` (``REDUCE_VIEWS``), else enough for ``GEMM_DEPTH``
-    (``REDUCE_DEPTH``) values, split evenly."""
-    views, depth = (REDUCE_VIEWS, REDUCE_DEPTH) if reduces else (GEMM_DEPTH, GEMM_DEPTH)
+    one if ``channels`` reach ``TUNING.gemm_depth`` (``reduce_views``), else enough for
+    ``gemm_depth`` (``reduce_depth``) values, split evenly."""
+    views, depth = (TUNING.reduce_views, TUNING.reduce_depth) if reduces else (TUNING.gemm_depth, TUNING.gemm_depth)
     want = 1 if channels >= views else min(taps, math.ceil(depth / channels))
     gemms = math.ceil(taps / want)
     return math.ceil(taps / gemms)
 
 
-def block_rows(row_bytes: int, rows: int, taps: int = 2, blocks: int = 1) -> int:
-    """Rows per block so that one block operand holds about ``blocks * BLOCK_BYTES``; all rows
-    for a single tap (its GEMM runs on views, with no temporaries to keep in cache: 1.03-1.1x)."""
-    return max(1, rows if taps == 1 else min(rows, max(256, blocks * BLOCK_BYTES // max(1, row_bytes))))
+def block_rows(row_bytes: int, rows: int, block_bytes: int, taps: int = 2) -> int:
+    """Rows per block so that one block operand holds about ``block_bytes`` (at least
+    ``TUNING.min_block_rows``); all rows
+    for a single tap (its GEMM runs on views, with no temporaries to keep in cache)."""
+    return max(1, rows if taps == 1 else min(rows, max(TUNING.min_block_rows, block_bytes // max(1, row_bytes))))
 
 
 def spreads(taps: int, ci: int, co: int) -> bool:
     """Whether :func:`accumulate` takes its narrow-output path (``_spread``)."""
-    return taps > 1 and co < min(ci, GEMM_DEPTH)
+    return taps > 1 and co < min(ci, TUNING.gemm_depth)
 
 
 def _grouped(rows: np.ndarray, groups: int) -> np.ndarray:
@@ -119,7 +100,7 @@ def product(target: np.ndarray, lhs: np.ndarray, mat: np.ndarray, accumulate: bo
     """``target = lhs @ mat``, or with ``accumulate`` ``target += lhs @ mat``, for (G, B, K) @ (G, K, N),
     accumulating in BLAS where it takes the operands as they are, else through ``scratch`` (or a
     temporary)."""
-    if len(target) <= BLAS_GROUPS:
+    if len(target) <= TUNING.blas_groups:
         for t, a, m, g in zip(target, lhs, mat, range(len(target))):
             if not blas.addmm(t, a, m, beta=1.0 if accumulate else 0.0):
                 _numpy_product(t, a, m, accumulate, None if scratch is None else scratch[g])
@@ -161,10 +142,10 @@ def _clusters(taps: Taps, window: int) -> list[list[int]]:
     return clusters
 
 
-def _spread(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights: np.ndarray) -> None:
+def _spread(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights: np.ndarray, block_bytes: int) -> None:
     """:func:`accumulate` for narrow outputs: per cluster of taps one wide GEMM, then shifted sums."""
     rows, (_, groups, ci, co) = out.shape[0], weights.shape
-    step = block_rows(groups * max(ci, len(taps) * co) * out.itemsize, rows, blocks=SPREAD_BLOCKS)
+    step = block_rows(groups * max(ci, len(taps) * co) * out.itemsize, rows, TUNING.spread_blocks * block_bytes)
     clusters = _clusters(taps, step // 4)
     mats = [np.ascontiguousarray(casts.astype(weights[idx], out.dtype).transpose(1, 2, 0, 3)).reshape(groups, ci, -1)
             for idx in clusters]
@@ -195,7 +176,7 @@ def _rows_read(taps: Taps, live: tuple[int, int] | None, a: int, b: int) -> tupl
 
 
 def accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights: np.ndarray,
-               per_gemm: int, live: tuple[int, int] | None = None) -> None:
+               per_gemm: int, block_bytes: int, live: tuple[int, int] | None = None) -> None:
     """``out[m] = sum_t srcs[s_t][m + off_t] @ weights[t]`` for every row m of ``out``.
 
     ``out`` (R, G*Co); ``srcs[s]`` (rows, G*Ci); ``weights`` (T, G, Ci, Co). ``live``: the only
@@ -204,10 +185,10 @@ def accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights:
     reach, 7-25% of the work on 7x7 and 3-D layers)."""
     rows, groups, ci = out.shape[0], weights.shape[1], weights.shape[2]
     if spreads(len(taps), ci, weights.shape[3]):
-        _spread(out, srcs, taps, weights)
+        _spread(out, srcs, taps, weights, block_bytes)
         return
     chunks = _chunks(taps, per_gemm)
-    step = block_rows(groups * max(per_gemm * ci, weights.shape[3]) * out.itemsize, rows, len(taps))
+    step = block_rows(groups * max(per_gemm * ci, weights.shape[3]) * out.itemsize, rows, block_bytes, len(taps))
     starts = range(0, rows, step)
     # one row block: each GEMM's weights are cast just before it (no whole cast copy of them)
     mats = [_stack(weights, per_gemm, out.dtype, i * per_gemm) for i in range(len(chunks))] if len(starts) > 1 else None
@@ -231,12 +212,12 @@ def accumulate(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights:
             out[a:b] = 0
 
 
-def reduce(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarray) -> None:
+def reduce(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, dy: np.ndarray, block_bytes: int) -> None:
     """``out[t] += sum_m srcs[s_t][m + off_t]^T @ dy[m]`` over the rows of ``dy`` (R, G*Co), with
     ``out`` (T, Ci, G, Co), the canonical weights layout (so no weight-sized temporaries): one
     GEMM per tap on views of the sources, over row blocks."""
     rows, (_, ci, groups, co) = dy.shape[0], out.shape
-    step = block_rows(groups * max(ci, co) * dy.itemsize, rows, len(taps))
+    step = block_rows(groups * max(ci, co) * dy.itemsize, rows, block_bytes, len(taps))
     scratch = np.empty((groups, ci, co), out.dtype)  # for products BLAS cannot sum in place
     for a in range(0, rows, step):
         b = min(rows, a + step)
@@ -279,14 +260,14 @@ def _dy_blocks(dy: np.ndarray, dtype: np.dtype, step: int) -> Iterator[tuple[int
 
 
 def reduce_gathered(out: np.ndarray, phases: np.ndarray, taps: Taps, grid: columns.Grid, dy: np.ndarray,
-                    per_gemm: int) -> None:
+                    per_gemm: int, block_bytes: int) -> None:
     """:func:`reduce` for narrow inputs, over the output rows: per block of rows of ``dy``
     (n, *O, G*Co, read as it lies: :func:`_dy_blocks`), its ``per_gemm`` taps at a time gathered
     from the channel-major ``phases`` (:func:`.columns.gather_phases`; ``grid`` places the outputs
     in the frame) into one ``(G, per_gemm*Ci, B)`` operand, so that each GEMM has
     ``per_gemm*Ci`` rows. No frame copy of dy, no GEMM work on junk rows."""
     (_, ci, groups, co), total = out.shape, math.prod(dy.shape[:-1])
-    step = block_rows(groups * max(per_gemm * ci, co) * out.itemsize, total)
+    step = block_rows(groups * max(per_gemm * ci, co) * out.itemsize, total, block_bytes)
     col = np.empty(groups * per_gemm * ci * step, out.dtype)
     scratch = np.empty((groups, per_gemm * ci, co), out.dtype)
     for a, b, rows in _dy_blocks(dy, out.dtype, step):
@@ -300,7 +281,8 @@ def reduce_gathered(out: np.ndarray, phases: np.ndarray, taps: Taps, grid: colum
             product(target, block, rhs, True, scratch[:, :len(chunk) * ci])
 
 
-def spread_scattered(phases: np.ndarray, weights: np.ndarray, taps: Taps, grid: columns.Grid, dy: np.ndarray) -> None:
+def spread_scattered(phases: np.ndarray, weights: np.ndarray, taps: Taps, grid: columns.Grid, dy: np.ndarray,
+                     block_bytes: int) -> None:
     """Backward data into few channels (a first layer's), over the output rows: per block of
     rows of ``dy`` (n, *O, G*Ci, read as it lies: :func:`_dy_blocks`) one GEMM for every tap,
     ``Z = [W_1 | W_2 | ...]^T @ dy^T`` of shape (G, T*Co, B), whose per-tap rows are added into
@@ -309,7 +291,7 @@ def spread_scattered(phases: np.ndarray, weights: np.ndarray, taps: Taps, grid: 
     all phases."""
     (_, groups, ci, co), total = weights.shape, math.prod(dy.shape[:-1])
     mat = np.ascontiguousarray(casts.astype(weights, phases.dtype).transpose(1, 0, 3, 2)).reshape(groups, -1, ci)
-    step = block_rows(groups * max(ci, len(taps) * co) * phases.itemsize, total, blocks=SPREAD_BLOCKS)
+    step = block_rows(groups * max(ci, len(taps) * co) * phases.itemsize, total, TUNING.spread_blocks * block_bytes)
     col = np.empty(groups * len(taps) * co * step, phases.dtype)
     for a, b, rows in _dy_blocks(dy, phases.dtype, step):
         z = col[:groups * len(taps) * co * (b - a)].reshape(groups, len(taps) * co, b - a)

@@ -1,61 +1,153 @@
-"""Register-blocked f32 micro-kernels, emitted as LLVM IR from numba ``@intrinsic``\\ s.
+"""Register-blocked micro-kernels (f32 accumulation), emitted as LLVM IR from a numba ``@intrinsic``.
 
 One kernel of block ``R x V`` and vector width ``W`` holds ``R*V`` accumulators of ``W`` f32
-lanes in vector registers and computes, for rows ``r < R``, vectors ``v < V``, lanes ``l < W``::
+lanes in vector registers and computes, for rows ``r < R``, vectors ``v < V``, lanes ``l < W``
+(a batch-reduce GEMM: ``ta``/``tb`` are offset tables, e.g. the taps of a convolution)::
 
     c[coff + r*ldc + v*W + l] += sum_{t < ntaps} sum_{i < k}
                                  a[aoff + ta[t] + r*lda + i*astep] * b[boff + tb[t] + i*bstep + v*W + l]
 
-``a`` is broadcast (one value per row), ``b`` read as ``V`` vectors, every product added by one
-fused multiply-add (``llvm.fma.v<W>f32``) into its accumulator, in the order ``t`` then ``i``
-(ascending). The accumulators are loaded from ``c`` once and stored once per call. ``ta``/``tb``
-are offset tables (the kernel taps of a convolution, or rows of positions): implicit GEMM, the
-operands read where they lie. A 16-wide kernel on an AVX2 host is legalised by LLVM into pairs of
-8-wide instructions (correct; fast only with AVX-512).
+in the order ``t`` then ``i`` (ascending), one fused multiply-add (``llvm.fma.v<W>f32``) per
+product; ``a`` is broadcast, ``b`` read as ``V`` vectors; the accumulators are loaded from ``c``
+once and stored once per call.
 
-``BLOCKS`` lists the register blocks compiled per width (``R*V + V + 1 <= 15`` registers on
-AVX2); :func:`run` switches on ``(W, block)`` at run time among all of them, so one compiled
-caller serves every block and family (compiled once, cached on disk by numba: numba checks only
-the caller's own source file, so after editing this module delete the callers' caches, the
-``jit.*`` files in ``__pycache__``).
+**bf16** (``a`` and ``b`` uint16 arrays holding bf16 bits): each step ``i`` consumes a *pair* of
+reduction values, ``a[p]`` and ``a[p+1]`` (``p = aoff + ta[t] + r*lda + i*astep``) against ``b``'s
+interleaved pairs ``b[q + 2*(v*W + l)]``, ``b[q + 2*(v*W + l) + 1]`` (``q = boff + tb[t] +
+i*bstep``), into f32 accumulators, as ``VDPBF16PS`` does (Intel SDM: the odd pair's product is
+added first, then the even pair's, each rounded once to f32). Where the host has AVX512_BF16 the
+kernel is that instruction (``llvm.x86.avx512bf16.dpbf16ps.512``, ``W`` = 16); elsewhere a
+plain-IR stand-in computes the same sums in the same order with two FMAs (bit-exact, except the
+instruction's denormal flushing). Offsets and strides count uint16 elements.
+
+Blocks (:data:`BLOCKS`) fit the register file: ``R*V`` accumulators + ``V`` operands + one
+broadcast <= 16 ymm registers (``W`` = 8, AVX2) or 31 of the 32 zmm (``W`` = 16, AVX-512). A 16-wide kernel
+on an AVX2 host is legalised by LLVM into pairs of 8-wide instructions (correct, not fast).
+
+Each caller compiles only the kernels it uses: ``width``, ``rows`` and ``vecs`` must be
+compile-time constants at the call (closure variables of a driver made per variant, see
+:func:`kernel_call`). Callers outside this module are compiled with :func:`cached_njit`, whose
+disk cache is keyed on this module's source too (numba checks only the caller's own file).
 """
 
 from __future__ import annotations
+
+import functools
+import hashlib
+import time
+from pathlib import Path
+from typing import Callable
 
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
+from numba.core import cgutils, errors
 from numba.extending import intrinsic
 
-__all__ = ["BLOCKS", "WIDTHS", "block_for", "run", "call", "fma_peak"]
+from . import isa
 
-#: Register blocks (rows R, vectors V). Measured on AVX2 (Zen 3, W=8, panels in L1, one thread):
-#: 8x1 58, 6x2 82, 4x3 82 GFLOP/s; 3x4 only 36 (12 accumulators + 4 operands + a broadcast spill
-#: out of 16 registers), so it is not used.
-BLOCKS = ((8, 1), (6, 2), (4, 3))
-WIDTHS = (8, 16)
+__all__ = ["BLOCKS", "WIDTHS", "block_for", "run", "kernel_call", "cached_njit", "kernel_ir", "fma_peak",
+           "register_peak", "SOURCE_DIGEST"]
+
+#: Register blocks (rows R, vectors V) per vector width, R*V + V + 1 <= the vector registers.
+BLOCKS: dict[int, tuple[tuple[int, int], ...]] = {8: ((8, 1), (6, 2), (4, 3)),
+                                                  16: ((16, 1), (14, 2), (8, 3), (6, 4))}
+WIDTHS = tuple(BLOCKS)
+#: Independent FMA chains of :func:`register_peak` (enough to cover the FMA latency on two pipes).
+_CHAINS = {8: 12, 16: 24}
+#: sha256 of this module's source: part of the disk-cache key of :func:`cached_njit` callers.
+SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
-def block_for(channels: int, width: int) -> int:
-    """The index in ``BLOCKS`` of the block for ``channels`` output channels of vectors of
-    ``width``: one or two vectors if that is all there is, else the one of 2 or 3 vectors that
-    wastes fewer lanes on the channel tail (2 on a tie: 6x2 keeps more rows in flight)."""
+def block_for(channels: int, width: int, rows: int | None = None) -> tuple[int, int]:
+    """The block (R, V) for ``channels`` output channels in vectors of ``width`` (and, if given,
+    ``rows`` rows to cut into blocks of R): one vector only where that is all there is; else the
+    fewest idle lanes and rows, then the most accumulators, then the fewest loads per FMA."""
     vectors = -(-channels // width)
-    if vectors <= 2:
-        return vectors - 1
-    waste = {v: -(-vectors // v) * v - vectors for v in (2, 3)}
-    return 1 if waste[2] <= waste[3] else 2
+
+    def cost(block: tuple[int, int]) -> tuple[float, int, float]:
+        r, v = block
+        used = vectors / (-(-vectors // v) * v) * (rows / (-(-rows // r) * r) if rows else 1.0)
+        return -used, -r * v, (r + v) / (r * v)
+
+    return min((b for b in BLOCKS[width] if b[1] <= vectors and (b[1] > 1 or vectors == 1)), key=cost)
 
 
-def _emit(builder: ir.IRBuilder, rows: int, vecs: int, width: int, ptrs: dict, ints: dict) -> None:
+def _bf16_native() -> bool:
+    return "avx512bf16" in isa.host_features()
+
+
+class _Ops:
+    """IR of one reduction step for f32 or bf16 operands (see the module docstring)."""
+
+    def __init__(self, builder: ir.IRBuilder, width: int, bf16: bool, native: bool):
+        self.builder, self.width, self.bf16 = builder, width, bf16
+        f32, i32 = ir.FloatType(), ir.IntType(32)
+        self.acc = ir.VectorType(f32, width)
+        fma_t = ir.FunctionType(self.acc, [self.acc] * 3)
+        self.fma = cgutils.get_or_insert_function(builder.module, fma_t, f"llvm.fma.v{width}f32")
+        self.native = bf16 and native
+        if not bf16:
+            self.a_elem, self.b_vec = f32, self.acc
+        else:
+            self.a_elem, self.b_vec = i32, ir.VectorType(ir.IntType(16), 2 * width)
+        if self.native:
+            if width != 16:
+                raise ValueError("the AVX512_BF16 dot product is 16 lanes wide")
+            dot_t = ir.FunctionType(self.acc, [self.acc, self.b_vec, self.b_vec])
+            self.dot = cgutils.get_or_insert_function(builder.module, dot_t, "llvm.x86.avx512bf16.dpbf16ps.512")
+
+    def splat(self, value: ir.Value, vec: ir.VectorType) -> ir.Value:
+        b, i32 = self.builder, ir.IntType(32)
+        one = b.insert_element(ir.Constant(vec, None), value, ir.Constant(i32, 0))
+        return b.shuffle_vector(one, one, ir.Constant(ir.VectorType(i32, vec.count), [0] * vec.count))
+
+    def _to_f32(self, bits32: ir.Value) -> ir.Value:
+        return self.builder.bitcast(bits32, self.acc if isinstance(bits32.type, ir.VectorType) else ir.FloatType())
+
+    def operand_b(self, vector: ir.Value):
+        """A loaded ``b`` vector, ready for :meth:`step` (bf16 stand-in: its odd and even lanes as f32)."""
+        if not self.bf16 or self.native:
+            return vector
+        b, i32v = self.builder, ir.VectorType(ir.IntType(32), self.width)
+        halves = []
+        for first in (1, 0):   # odd lanes, then even ones
+            lanes = b.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(ir.IntType(32), self.width),
+                                                                 list(range(first, 2 * self.width, 2))))
+            halves.append(self._to_f32(b.shl(b.zext(lanes, i32v), self.splat(ir.Constant(ir.IntType(32), 16), i32v))))
+        return tuple(halves)
+
+    def operand_a(self, value: ir.Value):
+        """A loaded ``a`` value broadcast, ready for :meth:`step` (bf16 stand-in: its odd and even halves)."""
+        b = self.builder
+        if not self.bf16:
+            return self.splat(value, self.acc)
+        if self.native:
+            return b.bitcast(self.splat(value, ir.VectorType(ir.IntType(32), self.width)), self.b_vec)
+        odd = self._to_f32(b.and_(value, ir.Constant(ir.IntType(32), 0xFFFF0000)))
+        even = self._to_f32(b.shl(value, ir.Constant(ir.IntType(32), 16)))
+        return self.splat(odd, self.acc), self.splat(even, self.acc)
+
+    def step(self, acc: ir.Value, a, b) -> ir.Value:
+        """``acc`` plus the product(s) of one reduction step."""
+        if not self.bf16:
+            return self.builder.call(self.fma, [a, b, acc])
+        if self.native:
+            return self.builder.call(self.dot, [acc, a, b])
+        acc = self.builder.call(self.fma, [a[0], b[0], acc])      # odd pair first (SDM order)
+        return self.builder.call(self.fma, [a[1], b[1], acc])
+
+
+def _emit(builder: ir.IRBuilder, rows: int, vecs: int, width: int, ptrs: dict, ints: dict, bf16: bool,
+          native: bool) -> None:
     """Emit the block ``rows`` x ``vecs`` of ``width`` lanes at the builder's position (see the
-    module docstring): accumulators loaded from c, a tap loop around a reduction loop, stored."""
-    f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-    vec = ir.VectorType(f32, width)
-    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fma.v{width}f32")
+    module docstring): accumulators loaded from c, a tap loop around a reduction loop, stored.
+    ``ptrs``: c (float*), a, b (float* or i16*), ta, tb (i64*); ``ints``: the i64 arguments."""
+    ops = _Ops(builder, width, bf16, native)
+    vec, i64 = ops.acc, ir.IntType(64)
     const = lambda v: ir.Constant(i64, v)  # noqa: E731
+    lanes = 2 if bf16 else 1            # b values per accumulator lane and step
     caddr = [[builder.bitcast(builder.gep(ptrs["c"], [builder.add(ints["coff"], builder.add(
         builder.mul(ints["ldc"], const(r)), const(v * width)))]), vec.as_pointer())
         for v in range(vecs)] for r in range(rows)]
@@ -79,14 +171,14 @@ def _emit(builder: ir.IRBuilder, rows: int, vecs: int, width: int, ptrs: dict, i
     accs = [builder.phi(vec) for _ in init]
     arow = builder.add(abase, builder.mul(i, ints["astep"]))
     brow = builder.add(bbase, builder.mul(i, ints["bstep"]))
-    bvs = [builder.load(builder.bitcast(builder.gep(ptrs["b"], [builder.add(brow, const(v * width))]),
-                                        vec.as_pointer()), align=4) for v in range(vecs)]
+    bvs = [ops.operand_b(builder.load(builder.bitcast(
+        builder.gep(ptrs["b"], [builder.add(brow, const(v * width * lanes))]), ops.b_vec.as_pointer()),
+        align=2 if bf16 else 4)) for v in range(vecs)]
     new = []
     for r in range(rows):
-        av = builder.load(builder.gep(ptrs["a"], [builder.add(arow, builder.mul(ints["lda"], const(r)))]))
-        splat = builder.insert_element(ir.Constant(vec, None), av, ir.Constant(i32, 0))
-        splat = builder.shuffle_vector(splat, splat, ir.Constant(ir.VectorType(i32, width), [0] * width))
-        new += [builder.call(fma, [splat, bvs[v], accs[r * vecs + v]]) for v in range(vecs)]
+        at = builder.gep(ptrs["a"], [builder.add(arow, builder.mul(ints["lda"], const(r)))])
+        av = ops.operand_a(builder.load(builder.bitcast(at, ops.a_elem.as_pointer()), align=2 if bf16 else 4))
+        new += [ops.step(accs[r * vecs + v], av, bvs[v]) for v in range(vecs)]
     inext = builder.add(i, const(1))
     builder.cbranch(builder.icmp_signed("<", inext, ints["k"]), iloop, tnext)
 
@@ -111,74 +203,181 @@ def _emit(builder: ir.IRBuilder, rows: int, vecs: int, width: int, ptrs: dict, i
         builder.store(out, caddr[j // vecs][j % vecs], align=4)
 
 
+_ARRAYS = (("c", 3), ("a", 6), ("b", 10), ("ta", 13), ("tb", 14))
+_INTS = (("coff", 4), ("ldc", 5), ("aoff", 7), ("lda", 8), ("astep", 9), ("boff", 11), ("bstep", 12),
+         ("ntaps", 15), ("k", 16))
+
+
+def _constant(value: ir.Value, name: str) -> int:
+    if not isinstance(value, ir.Constant):
+        raise errors.NumbaValueError(f"microkernel.run: {name} must be a compile-time constant (a closure "
+                                     f"variable of the caller, see microkernel.kernel_call)")
+    return int(value.constant)
+
+
 @intrinsic
-def run(typingctx, width, block, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k):
-    """The kernel of ``width`` (8 or 16) and ``BLOCKS[block]`` (see the module docstring): a
-    switch over every compiled variant, so one compiled caller serves them all."""
+def run(typingctx, width, rows, vecs, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k):
+    """The kernel of ``width`` (8 or 16) and block ``rows`` x ``vecs`` (compile-time constants,
+    one of :data:`BLOCKS`) on f32 ``a``/``b``, or bf16 bits (uint16) ``a``/``b`` (see the module docstring)."""
+    kinds = {a.dtype, b.dtype} if all(isinstance(t, types.Array) for t in (c, a, b, ta, tb)) else set()
+    if kinds not in ({types.float32}, {types.uint16}) or c.dtype != types.float32:
+        raise errors.TypingError("microkernel.run: c must be float32 arrays and a, b both float32 or both "
+                                 f"uint16 (bf16 bits), got {c}, {a}, {b}")
     i64t = types.int64
-    sig = types.void(i64t, i64t, c, i64t, i64t, a, i64t, i64t, i64t, b, i64t, i64t, ta, tb, i64t, i64t)
+    sig = types.void(i64t, i64t, i64t, c, i64t, i64t, a, i64t, i64t, i64t, b, i64t, i64t, ta, tb, i64t, i64t)
+    bf16 = kinds == {types.uint16}
 
     def codegen(context, builder, signature, argv):
+        width_, rows_, vecs_ = (_constant(argv[j], name) for j, name in enumerate(("width", "rows", "vecs")))
+        if (rows_, vecs_) not in BLOCKS.get(width_, ()):
+            raise errors.NumbaValueError(f"microkernel.run: no {rows_}x{vecs_} block of width {width_}: "
+                                         f"expected one of {BLOCKS}")
         ptrs = {name: cgutils.create_struct_proxy(signature.args[j])(context, builder, value=argv[j]).data
-                for name, j in (("c", 2), ("a", 5), ("b", 9), ("ta", 12), ("tb", 13))}
-        ints = dict(zip(("coff", "ldc", "aoff", "lda", "astep", "boff", "bstep", "ntaps", "k"),
-                        (argv[j] for j in (3, 4, 6, 7, 8, 10, 11, 14, 15))))
-        i64 = ir.IntType(64)
-        end = builder.append_basic_block("kernel_end")
-        key = builder.add(builder.mul(argv[0], ir.Constant(i64, len(BLOCKS))), argv[1])
-        switch = builder.switch(key, end)
-        for width_ in WIDTHS:
-            for index, (rows, vecs) in enumerate(BLOCKS):
-                case = builder.append_basic_block(f"kernel_{width_}_{rows}x{vecs}")
-                switch.add_case(ir.Constant(i64, width_ * len(BLOCKS) + index), case)
-                builder.position_at_end(case)
-                _emit(builder, rows, vecs, width_, ptrs, ints)
-                builder.branch(end)
-        builder.position_at_end(end)
+                for name, j in _ARRAYS}
+        ints = {name: argv[j] for name, j in _INTS}
+        _emit(builder, rows_, vecs_, width_, ptrs, ints, bf16, bf16 and _bf16_native())
         return context.get_dummy_value()
 
     return sig, codegen
 
 
-@numba.njit(cache=True)
-def call(width, block, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k):  # pragma: no cover
-    """:func:`run` callable from Python (tests)."""
-    run(width, block, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k)
+def cached_njit(**options) -> Callable:
+    """``numba.njit(cache=True, **options)`` whose disk cache is also keyed on this module's
+    source (:data:`SOURCE_DIGEST`): an edited kernel invalidates the callers' cached code, which
+    numba alone would not notice (it checks only the caller's own source file). Should numba's
+    cache internals change, the callers compile without a disk cache (never a stale kernel)."""
+    def wrap(fn: Callable) -> Callable:
+        dispatcher = numba.njit(cache=True, **options)(fn)
+        cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)  # an IndexDataCacheFile
+        if not hasattr(cache_file, "_source_stamp"):
+            return numba.njit(cache=False, **options)(fn)
+        cache_file._source_stamp = (cache_file._source_stamp, SOURCE_DIGEST)
+        return dispatcher
+    return wrap
 
 
-@numba.njit(parallel=True, cache=True)
-def _spin(width, block, c, a, b, depth, reps, threads):  # pragma: no cover - compiled
-    """``reps`` kernel calls per thread on its own packed panels (``depth`` x block, in L1)."""
-    rows, vecs = BLOCKS_ARRAY[block, 0], BLOCKS_ARRAY[block, 1]
-    vw = vecs * width
-    one = np.zeros(1, np.int64)
-    for p in numba.prange(threads):
-        for _ in range(reps):
-            run(width, block, c, p * rows * vw, vw, a, p * depth * rows, 1, rows, b, p * depth * vw, vw,
-                one, one, 1, depth)
+@functools.cache
+def kernel_call(width: int, rows: int, vecs: int) -> Callable:
+    """:func:`run` of one variant, callable from Python: ``f(c, coff, ldc, a, aoff, lda, astep, b,
+    boff, bstep, ta, tb, ntaps, k)`` (tests; compiled for this variant only)."""
+    @numba.njit(cache=True)
+    def call(c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k):  # pragma: no cover
+        run(width, rows, vecs, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k)
+    return call
 
 
-def fma_peak(width: int, threads: int, seconds: float = 0.3) -> float:
-    """GFLOP/s of the 6x2 kernel of ``width`` with its panels in L1 (256-deep), on ``threads``
-    threads at once: the FMA peak the convolutions can approach (best of a few timed runs)."""
-    import time
-    block, depth = 1, 256
-    rows, vecs = BLOCKS[block]
-    c = np.zeros(threads * rows * vecs * width, np.float32)
-    a = np.random.default_rng(0).standard_normal(threads * depth * rows).astype(np.float32)
-    b = np.random.default_rng(1).standard_normal(threads * depth * vecs * width).astype(np.float32)
-    _spin(width, block, c, a, b, depth, 1, threads)
+def kernel_ir(width: int, rows: int, vecs: int, bf16: bool = False, native: bool = False) -> str:
+    """LLVM IR text of one kernel as a function ``kernel(c, a, b, ta, tb, coff, ldc, aoff, lda,
+    astep, boff, bstep, ntaps, k)``: for reading its assembly for another CPU (``native``: the
+    AVX512_BF16 instruction, whatever this host has)."""
+    module = ir.Module(name=f"kernel_{width}_{rows}x{vecs}")
+    f32p, i16p, i64 = ir.FloatType().as_pointer(), ir.IntType(16).as_pointer(), ir.IntType(64)
+    operand = i16p if bf16 else f32p
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [f32p, operand, operand, i64.as_pointer(),
+                                                            i64.as_pointer()] + [i64] * len(_INTS)), "kernel")
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    ptrs = dict(zip(("c", "a", "b", "ta", "tb"), fn.args[:5]))
+    ints = dict(zip((name for name, _ in _INTS), fn.args[5:]))
+    _emit(builder, rows, vecs, width, ptrs, ints, bf16, native)
+    builder.ret_void()
+    return str(module)
+
+
+@functools.cache
+def _spin(width: int, rows: int, vecs: int) -> Callable:
+    @numba.njit(parallel=True, cache=True)
+    def spin(c, a, b, depth, reps, threads):  # pragma: no cover - compiled
+        """``reps`` kernel calls per thread on its own packed panels (``depth`` x block, in L1)."""
+        vw = vecs * width
+        one = np.zeros(1, np.int64)
+        for p in numba.prange(threads):
+            for _ in range(reps):
+                run(width, rows, vecs, c, p * rows * vw, vw, a, p * depth * rows, 1, rows, b, p * depth * vw, vw,
+                    one, one, 1, depth)
+    return spin
+
+
+def _best_rate(step: Callable[[int], None], flop_per_rep: float, seconds: float) -> float:
+    """GFLOP/s of the fastest of a few timed ``step(reps)`` runs (after a warm-up), each long
+    enough to time (the thread wake-up excluded)."""
+    step(1)
     reps, best, spent = 1000, 0.0, 0.0
     while spent < seconds:
         start = time.perf_counter()
-        _spin(width, block, c, a, b, depth, reps, threads)
+        step(reps)
         elapsed = time.perf_counter() - start
         spent += elapsed
-        if elapsed < seconds / 4:   # too short to time (thread wake-up): longer runs
+        if elapsed < seconds / 4:
             reps *= 4
             continue
-        best = max(best, 2 * rows * vecs * width * depth * reps * threads / elapsed / 1e9)
+        best = max(best, flop_per_rep * reps / elapsed / 1e9)
     return best
 
 
-BLOCKS_ARRAY = np.array(BLOCKS, np.int64)
+def fma_peak(width: int, threads: int, seconds: float = 0.3) -> float:
+    """GFLOP/s of the 6x2 (``W`` = 8) or 14x2 (``W`` = 16) kernel with its panels in L1
+    (256-deep), on ``threads`` threads at once: loads and broadcasts included."""
+    rows, vecs = BLOCKS[width][1]
+    depth = 256
+    c = np.zeros(threads * rows * vecs * width, np.float32)
+    a = np.random.default_rng(0).standard_normal(threads * depth * rows).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal(threads * depth * vecs * width).astype(np.float32)
+    spin = _spin(width, rows, vecs)
+    return _best_rate(lambda reps: spin(c, a, b, depth, reps, threads),
+                      2 * rows * vecs * width * depth * threads, seconds)
+
+
+@intrinsic
+def _chains(typingctx, width, x, reps):
+    """``_CHAINS[width]`` independent chains of ``reps`` FMAs of ``width`` f32 lanes (no loads),
+    returning the sum of their lanes (so that nothing is dead code); ``width`` a constant."""
+    def codegen(context, builder, signature, argv):
+        w = _constant(argv[0], "width")
+        vec, i64 = ir.VectorType(ir.FloatType(), w), ir.IntType(64)
+        ops = _Ops(builder, w, False, False)
+        mul = ops.splat(argv[1], vec)
+        add = ops.splat(builder.fmul(argv[1], ir.Constant(ir.FloatType(), 0.5)), vec)
+        init = [ops.splat(builder.fadd(argv[1], ir.Constant(ir.FloatType(), float(j))), vec)
+                for j in range(_CHAINS[w])]
+        entry, loop, done = (builder.block, builder.append_basic_block("chains"),
+                             builder.append_basic_block("chains_done"))
+        builder.cbranch(builder.icmp_signed(">", argv[2], ir.Constant(i64, 0)), loop, done)
+        builder.position_at_end(loop)
+        i = builder.phi(i64)
+        accs = [builder.phi(vec) for _ in init]
+        new = [builder.call(ops.fma, [acc, mul, add]) for acc in accs]
+        inext = builder.add(i, ir.Constant(i64, 1))
+        builder.cbranch(builder.icmp_signed("<", inext, argv[2]), loop, done)
+        i.add_incoming(ir.Constant(i64, 0), entry)
+        i.add_incoming(inext, loop)
+        for acc, first, nxt in zip(accs, init, new):
+            acc.add_incoming(first, entry)
+            acc.add_incoming(nxt, loop)
+        builder.position_at_end(done)
+        outs = [builder.phi(vec) for _ in init]     # phis first: LLVM wants them on top
+        total = ir.Constant(ir.FloatType(), 0.0)
+        for out, first, nxt in zip(outs, init, new):
+            out.add_incoming(first, entry)
+            out.add_incoming(nxt, loop)
+            for lane in range(w):
+                total = builder.fadd(total, builder.extract_element(out, ir.Constant(ir.IntType(32), lane)))
+        return total
+
+    return types.float32(types.int64, types.float32, types.int64), codegen
+
+
+@functools.cache
+def _register_spin(width: int) -> Callable:
+    @numba.njit(parallel=True, cache=True)
+    def spin(out, reps):  # pragma: no cover - compiled
+        for p in numba.prange(out.shape[0]):
+            out[p] = _chains(width, np.float32(0.999), reps)
+    return spin
+
+
+def register_peak(width: int, threads: int, seconds: float = 0.3) -> float:
+    """GFLOP/s of independent FMA chains of ``width`` f32 lanes in registers (no loads) on
+    ``threads`` threads at once: the core's FMA throughput, the ceiling of every kernel."""
+    out = np.zeros(threads, np.float32)
+    spin = _register_spin(width)
+    return _best_rate(lambda reps: spin(out, reps), 2 * width * _CHAINS[width] * threads, seconds)

@@ -10,12 +10,12 @@ backward weights compute anyway (3.4x the FLOPs there). Here every GEMM has exac
   for each tap inside dx;
 - backward weights (im2col of a chunk of rows): ``[dW_0; dW_1; ...] += [x[p_0] | x[p_1] | ...]^T @ dy``.
 
-Both run here also without junk once the channels are wide (:func:`applies`): one GEMM per
-chunk with ``prod(K)*ICg`` output columns (data) or rows (weights), where the frame's per-tap
-GEMMs have ``ICg``.
+Both also serve gradients without junk once the channels are wide: one GEMM per chunk with
+``prod(K)*ICg`` output columns (data) or rows (weights), where the frame's per-tap GEMMs have
+``ICg``. This is the ``gemm`` strategy's variant ``output_rows`` (:mod:`.gemm` selects it).
 
 Chunks of images, or runs of output rows of one image (a large 3-D volume), bound the
-temporaries (``CHUNK_BYTES`` of Z, or of the gathered taps).
+temporaries to a ``budget`` of bytes (of Z, or of the gathered taps: :func:`.gemm.chunk_budget`).
 """
 
 from __future__ import annotations
@@ -29,58 +29,16 @@ from ... import casts, layout
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
 from . import columns, kernels
+from .geometry import tap_weights
+from .tuning import TUNING
 
-__all__ = ["JUNK_RATIO", "WIDE_CHANNELS", "OIX_ROWS", "applies", "workspace_bytes", "backward_data", "backward_weights"]
-
-#: Frame rows per output row from which each gradient runs here, whatever the channels. Measured
-#: (f32, 2 cores): 1.3-3.5x faster on dilated layers at 2-6x.
-JUNK_RATIO = {"backward_data": 1.9, "backward_weights": 1.66}
-#: (ICg, OCg) from which a kernel with several taps runs here whatever the junk: the one GEMM per
-#: chunk is wide (backward data: ``prod(K)*ICg`` columns, OCg deep) or tall (backward weights:
-#: ``prod(K)*ICg`` rows) where the frame's per-tap GEMMs have ICg. Measured against the frame (f32,
-#: NXC): weights 1.1-1.35x on ResNet-50's 3x3 layers, 1.04-1.45x on 3-D U-Net's from 32 input
-#: channels, 0.8x with 8 input or 16 output channels (the gather costs more than the narrow GEMM
-#: it feeds); data 1.1-1.3x from 256 output channels (3-D U-Net conv_6-8, ResNet-50 res4-5), even
-#: to 0.8x at 128 and 0.85-0.95x at 64, where the frame's per-tap GEMMs sum in place.
-WIDE_CHANNELS = {"backward_data": (32, 256), "backward_weights": (32, 64)}
-#: Bytes of the per-chunk temporaries (Z, or the input and its taps), at most; also at most
-#: half the op's inputs + output (or ``MIN_CHUNK_BYTES``), so that the prod(K)-fold expansion never
-#: costs more memory than the op's own arrays; at least one image.
-CHUNK_BYTES = 16 << 20
-MIN_CHUNK_BYTES = 1 << 20
-#: Output rows per output channel up to which backward weights on NCX data gathers its columns
-#: taps innermost, to sum dw in OIX order: those strided column writes cost ~rows*prod(K)*IC, the
-#: transposition of an XIO dw into OIX ~prod(K)*IC*OC at 1.7 ns a value (measured: 0.82x on
-#: ResNet-50's res5 3x3 weights, 1.5 rows per channel; 1.02x at 12; 1.3x at 780 on res2).
-OIX_ROWS = 8
+__all__ = ["workspace_bytes", "backward_data", "backward_weights"]
 
 
-def applies(g: ConvGeometry, frame_size: tuple[int, ...], task: str) -> bool:
-    """Whether ``task`` (a gradient) on ``g`` runs here: its frame (``frame_size`` positions per
-    axis) has ``JUNK_RATIO[task]`` times more rows than there are outputs, or its kernel has
-    several taps and at least ``WIDE_CHANNELS[task]`` channels per group; backward data also from
-    ICg = 32 where the frame would sum narrow results at their shifts (:func:`.kernels.spreads`:
-    ICg < min(OCg, 64); measured 1.18-1.44x on 32-48 input channels, 1.35x on 3-D U-Net's conv_2,
-    0.94x at 16, 0.5x on ResNet-50's 3-channel conv1)."""
-    if junk_heavy(g, frame_size, task):
-        return True
-    icg, ocg = WIDE_CHANNELS[task]
-    taps = math.prod(g.kernel)
-    if taps == 1 or g.icg < icg:
-        return False
-    return g.ocg >= ocg or (task == "backward_data" and kernels.spreads(taps, g.ocg, g.icg))
-
-
-def junk_heavy(g: ConvGeometry, frame_size: tuple[int, ...], task: str) -> bool:
-    """Whether the frame of ``g`` (``frame_size`` positions per axis) has ``JUNK_RATIO[task]`` times
-    more rows than there are outputs (a large dilation on a small output)."""
-    return math.prod(frame_size) >= JUNK_RATIO[task] * max(1, math.prod(g.out_size))
-
-
-def workspace_bytes(g: ConvGeometry, task: str, data: np.dtype) -> int:
+def workspace_bytes(g: ConvGeometry, task: str, data: np.dtype, budget: int) -> int:
     """Upper estimate of the extra bytes for ``data`` of the op's dtype, in its accumulation dtype:
     :func:`backward_data` converts the weights (or a block) and holds one chunk of Z and of
-    converted dy (and for bf16/f16, the chunk's sums before they are rounded); :func:`backward_weights` one chunk of
+    converted dy (and for bf16/f16, the chunk's sums and their rounding into dx); :func:`backward_weights` one chunk of
     the input, its gathered taps and converted dy, and three weights' worth (the sums, NumPy's
     product temporary where BLAS cannot accumulate (many groups), one spare)."""
     acc = compute_dtype(data)
@@ -90,20 +48,17 @@ def workspace_bytes(g: ConvGeometry, task: str, data: np.dtype) -> int:
         share = max(_block_size(g, data, acc, total) / total for total in (taps, max(1, g.ocg)))
         worst = 0
         for block in (math.ceil(share * taps), taps):  # Z per block of taps (XIO weights), or all (OIX)
-            n, rows = _chunk_size(g, block * g.ic * acc.itemsize, data, sums)
-            worst = max(worst, n * sums + rows * (block * g.ic + 2 * g.oc) * acc.itemsize)
+            n, rows = _chunk_size(g, block * g.ic * acc.itemsize, budget, sums)
+            worst = max(worst, 2 * n * sums + rows * (block * g.ic + 2 * g.oc) * acc.itemsize)
         return worst + math.ceil(share * math.prod(g.w_shape)) * acc.itemsize
-    n, rows = _chunk_size(g, taps * g.ic * acc.itemsize, data, image)
+    n, rows = _chunk_size(g, taps * g.ic * acc.itemsize, budget, image)
     return n * image + (rows * (taps * g.ic + 2 * g.oc) + 3 * math.prod(g.w_shape)) * acc.itemsize
 
 
-def _chunk_size(g: ConvGeometry, row_bytes: int, data: np.dtype, image_bytes: int = 0) -> tuple[int, int]:
+def _chunk_size(g: ConvGeometry, row_bytes: int, budget: int, image_bytes: int = 0) -> tuple[int, int]:
     """(images, output rows) per chunk of temporaries of ``row_bytes`` per output row and
-    ``image_bytes`` per image: whole images while one fits in ``CHUNK_BYTES`` and in half the op's
-    inputs + output (or ``MIN_CHUNK_BYTES``), else runs of rows of one image (a single large 3-D
-    volume) in what the image leaves of that budget, or half of it."""
-    io_bytes = (math.prod(g.x_shape) + math.prod(g.y_shape) + math.prod(g.w_shape)) * data.itemsize
-    budget = min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, io_bytes // 2))
+    ``image_bytes`` per image: whole images while one fits in ``budget`` bytes, else runs of rows
+    of one image (a single large 3-D volume) in what the image leaves of that budget, or half of it."""
     rows = max(1, math.prod(g.out_size))
     if image_bytes + rows * row_bytes <= budget:
         images = max(1, budget // max(1, image_bytes + rows * row_bytes))
@@ -111,11 +66,11 @@ def _chunk_size(g: ConvGeometry, row_bytes: int, data: np.dtype, image_bytes: in
     return 1, max(1, max(budget // 2, budget - image_bytes) // max(1, row_bytes))
 
 
-def _chunks(g: ConvGeometry, row_bytes: int, data: np.dtype,
+def _chunks(g: ConvGeometry, row_bytes: int, budget: int,
             image_bytes: int = 0) -> Iterator[tuple[slice, list[tuple[int, int]]]]:
     """Batch chunks, each with its runs (first, last) of its images' output rows (see
     :func:`_chunk_size`)."""
-    n, rows = _chunk_size(g, row_bytes, data, image_bytes)
+    n, rows = _chunk_size(g, row_bytes, budget, image_bytes)
     for start in range(0, g.n, n):
         batch = slice(start, min(g.n, start + n))
         total = (batch.stop - batch.start) * math.prod(g.out_size)
@@ -128,7 +83,7 @@ def _rows(a: np.ndarray, groups: int, dtype: np.dtype) -> np.ndarray:
     return a.reshape(-1, groups, a.shape[-1] // groups).transpose(1, 0, 2)
 
 
-def _batches(g: ConvGeometry, dy: np.ndarray, dtype: np.dtype, image_bytes: int = 0, taps: int = 0
+def _batches(g: ConvGeometry, dy: np.ndarray, dtype: np.dtype, budget: int, image_bytes: int = 0, taps: int = 0
              ) -> Iterator[tuple[slice, Iterator[tuple[int, np.ndarray, np.ndarray]]]]:
     """Per batch chunk (see :func:`_chunks`) its slice and its runs: per run, its first output
     row in the batch, its dy rows as (G, rows, OCg) in ``dtype``, and a flat ``dtype`` buffer for
@@ -142,7 +97,7 @@ def _batches(g: ConvGeometry, dy: np.ndarray, dtype: np.dtype, image_bytes: int 
             buf[:] = buf or [np.empty((last - first) * row, dtype)]
             yield first, _rows(flat[first:last], g.groups, dtype), buf[0][:(last - first) * row]
 
-    for batch, spans in _chunks(g, row * dtype.itemsize, dy.dtype, image_bytes):
+    for batch, spans in _chunks(g, row * dtype.itemsize, budget, image_bytes):
         yield batch, runs(dy[batch].reshape(-1, g.oc), spans)  # a view for one image, or C-ordered data
 
 
@@ -168,7 +123,7 @@ def _oix(w: np.ndarray) -> bool:
     return not w.flags.c_contiguous and layout.weights_from_canonical(w, "OIX").flags.c_contiguous
 
 
-def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype, budget: int) -> np.ndarray:
     """dx (canonical, contiguous) from ``dy`` in ``dtype``; col2im, Z's columns in the weights'
     memory order (taps outer for XIO, inner for OIX: no copy of either). Weights widened in blocks
     (:func:`_blocks`) take blocks of taps (XIO), each scattered in turn, or of output channels
@@ -177,7 +132,7 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
     narrow, taps_inner, taps = dy.dtype.itemsize < dtype.itemsize, _oix(w), math.prod(g.kernel)
     # the weights as they lie in memory: (G, OCg, ICg, taps) for OIX, else (taps, ICg, G, OCg)
     memory = layout.weights_from_canonical(w, "OIX").reshape(g.groups, g.ocg, g.icg, taps) if taps_inner \
-        else w.reshape(taps, g.icg, g.groups, g.ocg)
+        else tap_weights(g, w).transpose(0, 2, 1, 3)
     tap_blocks = [(0, taps)] if taps_inner else _blocks(g, dy.dtype, dtype, taps)
     channel_blocks = _blocks(g, dy.dtype, dtype, g.ocg) if taps_inner else [(0, g.ocg)]
 
@@ -190,7 +145,7 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
     whole = weights(*tap_blocks[0], *channel_blocks[0]) if len(tap_blocks) == len(channel_blocks) == 1 else None
     dx = (np.empty if narrow else np.zeros)(g.x_shape, dy.dtype if narrow else dtype)
     image = math.prod(g.in_size) * g.ic * dtype.itemsize if narrow else 0
-    for batch, runs in _batches(g, dy, dtype, image, max(t1 - t0 for t0, t1 in tap_blocks)):
+    for batch, runs in _batches(g, dy, dtype, budget, image, max(t1 - t0 for t0, t1 in tap_blocks)):
         sums = np.zeros((batch.stop - batch.start, *g.x_shape[1:]), dtype) if narrow else dx[batch]
         for first, rows, buf in runs:
             for t0, t1 in tap_blocks:
@@ -205,21 +160,21 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
     return dx
 
 
-def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.dtype, budget: int) -> np.ndarray:
     """dw (canonical) from ``x`` and ``dy`` in ``dtype``: per chunk the taps gathered side by
     side (im2col of the chunk), then one GEMM per group summing into dw (inside BLAS where it
-    can: :func:`.kernels.product`). For channels-first (NCX) data with at most ``OIX_ROWS``
+    can: :func:`.kernels.product`). For channels-first (NCX) data with at most ``TUNING.oix_rows``
     output rows per output channel dw lies in OIX order in memory, the taps gathered innermost
     (``dw = dy^T @ columns``), so that the OIX result NCX users ask for needs no transposition."""
     taps = math.prod(g.kernel)
-    taps_inner = layout.channels_first(x) and g.n * math.prod(g.out_size) <= OIX_ROWS * g.oc
+    taps_inner = layout.channels_first(x) and g.n * math.prod(g.out_size) <= TUNING.oix_rows * g.oc
     if taps_inner:
         dw = np.zeros((g.groups, g.ocg, g.icg, taps), dtype)
         sums, canonical = dw.reshape(g.groups, g.ocg, -1), dw.transpose(3, 2, 0, 1)
     else:
         dw = np.zeros((taps, g.icg, g.groups, g.ocg), dtype)
         sums, canonical = dw.transpose(2, 0, 1, 3).reshape(g.groups, taps * g.icg, g.ocg), dw  # views of dw
-    for batch, runs in _batches(g, dy, dtype, math.prod(g.in_size) * g.ic * dtype.itemsize):
+    for batch, runs in _batches(g, dy, dtype, budget, math.prod(g.in_size) * g.ic * dtype.itemsize):
         # the batch of x, contiguous in dtype (a copy for NCX or 16-bit data)
         images = np.ascontiguousarray(casts.astype(x[batch], dtype))
         for first, rows, buf in runs:

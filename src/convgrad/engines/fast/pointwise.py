@@ -1,14 +1,14 @@
-"""Pointwise layers (1x1, no padding, one group, any stride) on bf16/f16 channels-last data.
+"""Pointwise layers (1x1, no padding, one group, any stride) on bf16/f16 data: the ``gemm``
+strategy's variant ``pointwise``.
 
 Such a layer is one GEMM over the sampled positions ``x_s = x[:, ::S]`` (all of x for stride 1):
 ``y = x_s @ W``, ``dx_s = dy @ W^T`` (dx zero elsewhere), ``dW = x_s^T @ dy``. It costs little
 next to the conversions around it: widening whole inputs to f32 and rounding a whole f32 result
-back would each add a pass over memory (1.5-2.3x our f32 time). Here the rows are taken in
+back would each add a pass over memory. Here the rows are taken in
 cache-sized blocks (row ranges of contiguous data, else runs of whole images): a block is widened
 into an f32 buffer, goes through the GEMM, and its result is rounded (to nearest even) into the
 output while still in cache; the weights gradient sums the blocks' products in f32. Extra
-memory: two blocks and the f32 weights (within the frame path's estimate, which
-``workspace_bytes`` reports).
+memory: two blocks and the f32 weights (:func:`.gemm.workspace_bytes`).
 """
 
 from __future__ import annotations
@@ -19,21 +19,11 @@ from collections.abc import Iterator
 import numpy as np
 
 from ... import casts
-from ...dtypes import bfloat16
 from ...problem import ConvGeometry
 from . import blas
+from .tuning import TUNING
 
-__all__ = ["BLOCK_BYTES", "applies", "sampled", "product", "weights_gradient"]
-
-#: Bytes of the f32 block buffers (input and output rows together).
-BLOCK_BYTES = 4 << 20
-
-
-def applies(g: ConvGeometry, *data: np.ndarray) -> bool:
-    """Whether ``g`` is pointwise without padding, with one group, and every array of ``data``
-    bf16/f16 stored channels-last (C-contiguous canonical (N, *X, C))."""
-    return (g.groups == 1 and math.prod(g.kernel) == 1 and not any(g.pads_begin) and not any(g.pads_end)
-            and all(a.dtype in (bfloat16, np.float16) and a.flags.c_contiguous for a in data))
+__all__ = ["sampled", "product", "weights_gradient"]
 
 
 def sampled(g: ConvGeometry, x: np.ndarray) -> np.ndarray:
@@ -41,10 +31,10 @@ def sampled(g: ConvGeometry, x: np.ndarray) -> np.ndarray:
     return x[(slice(None), *(slice(0, s * (o - 1) + 1, s) for s, o in zip(g.strides, g.out_size)), slice(None))]
 
 
-def _blocks(arrays: tuple[np.ndarray, ...], width: int) -> Iterator[tuple[np.ndarray, ...]]:
+def _blocks(arrays: tuple[np.ndarray, ...], width: int, block_bytes: int) -> Iterator[tuple[np.ndarray, ...]]:
     """The same blocks of rows of every (N, *X, C_i) array (one X): flat row ranges if all are
-    C-contiguous, else runs of whole images; about ``BLOCK_BYTES`` of f32 rows ``width`` wide."""
-    step = max(256, BLOCK_BYTES // (4 * max(1, width)))
+    C-contiguous, else runs of whole images; about ``block_bytes`` of f32 rows ``width`` wide."""
+    step = max(TUNING.min_block_rows, block_bytes // (4 * max(1, width)))
     if all(a.flags.c_contiguous for a in arrays):
         flat = [a.reshape(-1, a.shape[-1]) for a in arrays]
         for start in range(0, flat[0].shape[0], step):
@@ -69,23 +59,23 @@ def _wide(buffer: np.ndarray | None, block: np.ndarray) -> tuple[np.ndarray, np.
     return wide.reshape(rows, block.shape[-1]), buffer
 
 
-def product(src: np.ndarray, mat: np.ndarray, out: np.ndarray) -> None:
+def product(src: np.ndarray, mat: np.ndarray, out: np.ndarray, block_bytes: int) -> None:
     """``out = src @ mat`` for (N, *O, K) ``src`` rows and (N, *O, M) ``out`` (views allowed) in
     bf16/f16, ``mat`` (K, M) f32, block by block."""
     m = mat.shape[1]
     src_buf = out_buf = None
-    for src_block, out_block in _blocks((src, out), mat.shape[0] + m):
+    for src_block, out_block in _blocks((src, out), mat.shape[0] + m, block_bytes):
         wide, src_buf = _wide(src_buf, src_block)
         out_buf = _fit(out_buf, wide.shape[0] * m)
         result = np.matmul(wide, mat, out=out_buf[:wide.shape[0] * m].reshape(wide.shape[0], m))
         casts.copy_into(out_block, result.reshape(out_block.shape))
 
 
-def weights_gradient(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+def weights_gradient(x: np.ndarray, dy: np.ndarray, block_bytes: int) -> np.ndarray:
     """``x`` rows^T @ ``dy`` rows, (IC, OC) in f32, block by block (``x`` may be a sampled view)."""
     x_buf = dy_buf = None
     dw = np.zeros((x.shape[-1], dy.shape[-1]), np.float32)
-    for x_block, dy_block in _blocks((x, dy), x.shape[-1] + dy.shape[-1]):
+    for x_block, dy_block in _blocks((x, dy), x.shape[-1] + dy.shape[-1], block_bytes):
         (xw, x_buf), (dyw, dy_buf) = _wide(x_buf, x_block), _wide(dy_buf, dy_block)
         if not blas.addmm(dw, xw.T, dyw):
             dw += xw.T @ dyw

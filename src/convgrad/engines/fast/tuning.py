@@ -1,5 +1,10 @@
-"""The fast engine's tuning table: every threshold of the ``jit`` strategy and of its selection,
-in one place, with the measurements behind it (docs/engine.md has the tables)."""
+"""The fast engine's tuning table: every threshold and constant of the engine, in one place.
+
+The selection rule (:func:`.plan.default_plan`) and each strategy read their thresholds here; a
+:class:`.plan.Plan` carries the parameters a strategy runs with (register block, chunk and
+block sizes, thread split, GEMM variant), defaulted from this table. The measurements behind
+the values are in docs/engine.md ("Measurements behind the tuning table"), not here.
+"""
 
 from __future__ import annotations
 
@@ -8,39 +13,85 @@ from dataclasses import dataclass, field
 __all__ = ["Tuning", "TUNING"]
 
 
+def _per_task(forward: float, data: float, weights: float) -> dict[str, float]:
+    return {"forward": forward, "backward_data": data, "backward_weights": weights}
+
+
 @dataclass(frozen=True)
 class Tuning:
-    """Thresholds of the jit strategy (see :mod:`.jit` and :func:`convgrad.engines.fast._algorithm`)."""
+    """Thresholds and default plan parameters of the fast engine."""
 
-    #: Bytes of operands meant to stay in the (per-core L2) cache: the weights gradient reduces
-    #: over chunks of output rows whose x and dy rows take about this much (all taps and channel
-    #: blocks run per chunk); forward and backward data loop over the channel blocks outermost
-    #: where the packed weights take more (Zen 3: 512 KiB L2 per core).
-    cache_bytes: int = 256 << 10
-    #: The weights gradient splits dw's blocks among the threads (each over all positions, no
-    #: partial sums) where dw has more than this times the values of x and dy together (small
-    #: images, many channels: ResNet-50's res4/res5), else the positions (partial dw per thread).
-    weights_split: float = 0.25
-    #: The jit strategy is selected for kernels of several taps with at most this many channels
-    #: per group on either side (per task). ResNet-50 3x3 layers, mb 16, f32 NXC, AVX2 (Zen 3),
-    #: jit time / today's BLAS-based path, at 1 thread | 2 threads (shared, loaded machine):
-    #: 64 ch: data 1.17 | 3.75, weights 1.19 | 1.53, forward 1.40 | 4.33;
-    #: 128 ch: 1.03 | 4.29, 0.94 | 1.33, 1.29 | 3.48; 256 ch: 0.87 | 1.42, 0.80 | 1.06, 0.94 | 1.57;
-    #: 512 ch: 0.70 | 0.93, 0.66 | 0.74, 0.87 | 0.89 (speed-ups; below 1 today's path is faster).
-    #: Quieter re-run (load 2-3): 128 ch 0.93 | 1.85, 0.97 | 1.27, 1.12 | 2.39 (docs/engine.md).
-    #: Those 2-thread figures alternated strategies call by call, which slows OpenBLAS's spinning
-    #: threads; timed each in its own block after a pause (quiet machine, 2 threads, GFLOP/s jit vs
-    #: best other): 64 ch data 83 / 61, weights 102 / 98, forward 113 / 74; 128 ch data 62 / 76,
-    #: weights 75 / 80, forward 87 / 72; dilated 64->128 (11x11, D 3) data 26 / 56, weights 48 / 54.
-    jit_channels: dict[str, int] = field(default_factory=lambda: {
-        "forward": 128, "backward_data": 64, "backward_weights": 64})
-    #: ... and for the gradients at least this many input channels per group (the lanes of
-    #: backward data's vectors, the rows of the weights gradient's blocks): ResNet-50's 3-channel
-    #: conv1 ran at 0.47 | 0.65 (data) and 0.70 | 2.24 (weights), its forward 1.61 | 5.87.
+    # -- the selection rule ---------------------------------------------------------------------
+    #: Problems of at most this many FLOPs (2*N*OC*ICg*prod(K)*prod(O)) run on the ``direct``
+    #: strategy's loops, where the GEMM paths' fixed per-call costs would dominate.
+    direct_flops: int = 500_000
+    #: Kernel families on which the rule selects the ``jit`` strategy: every family with JIT
+    #: kernels (``portable`` has none).
+    jit_families: tuple[str, ...] = ("avx512_bf16", "avx512", "avx2")
+    #: The rule selects ``jit`` for kernels of several taps with at most this many channels per
+    #: group on either side, per task ...
+    jit_channels: dict[str, float] = field(default_factory=lambda: _per_task(128, 64, 64))
+    #: ... for the gradients from this many input channels per group (fewer leave most lanes of
+    #: backward data's vectors, or rows of the weights gradient's blocks, idle) ...
     jit_min_input_channels: int = 8
-    #: Kernel families on which the rule selects the jit strategy at all (elsewhere only forced):
-    #: AVX2 is measured above; the AVX-512 families' 16-wide kernels are tested for correctness
-    #: here (LLVM splits their vectors on AVX2) but not yet timed on an AVX-512 CPU.
-    jit_families: tuple[str, ...] = ("avx2",)
+    #: ... and the weights gradient only of data already in f32 (its f32 copies of 16-bit x and
+    #: dy would exceed the 2x memory bound).
+    jit_weights_16_bit: bool = False
+    #: A gradient whose frame has this many times more rows than outputs (a large dilation on a
+    #: small output) runs as GEMMs over the output rows (``gemm`` variant ``output_rows``), not
+    #: on ``jit`` nor the frame.
+    junk_ratio: dict[str, float] = field(default_factory=lambda: {"backward_data": 1.9, "backward_weights": 1.66})
+    #: (ICg, OCg) from which a gradient with several taps runs as GEMMs over the output rows
+    #: whatever the junk (one wide, or tall, GEMM per chunk instead of one per tap); backward data
+    #: also from that ICg where the frame would sum narrow results at their shifts.
+    wide_channels: dict[str, tuple[int, int]] = field(default_factory=lambda: {
+        "backward_data": (32, 256), "backward_weights": (32, 64)})
+    #: Positions per image from which a pointwise layer on NCX data in the accumulation dtype
+    #: runs as one GEMM per image (``gemm`` variant ``image_gemms``).
+    image_gemm_rows: int = 128
+
+    # -- default plan parameters ----------------------------------------------------------------
+    #: ``jit``: bytes of operands meant to stay in a core's L2 cache: the weights gradient reduces
+    #: over chunks of output rows of about this much x and dy; forward and backward data loop over
+    #: the channel blocks outermost where the packed weights take more.
+    cache_bytes: int = 256 << 10
+    #: ``jit``: the weights gradient splits dw's blocks among the threads (each over all
+    #: positions) where dw has more than this times the values of x and dy together, else the
+    #: output positions (a partial dw per thread, then summed).
+    weights_split: float = 0.25
+    #: ``gemm``: bytes of per-chunk temporaries (frame buffers, or the output-row GEMMs' Z or
+    #: gathered taps); a chunk also takes at most half the op's inputs + output, but is never
+    #: cut below ``min_chunk_bytes`` for that; at least one image.
+    chunk_bytes: int = 16 << 20
+    min_chunk_bytes: int = 1 << 20
+    #: ``gemm``: bytes of one row-block operand of the frame's GEMMs (about a core's L2).
+    block_bytes: int = 2 << 20
+    #: ``gemm``: bytes of the f32 row buffers of the 16-bit pointwise GEMMs (input and output rows).
+    pointwise_block_bytes: int = 4 << 20
+    #: ``gemm``: row blocks have at least this many rows, whatever ``block_bytes`` says.
+    min_block_rows: int = 256
+    #: ``direct``: the depthwise weights gradient sums this many partial dw per thread.
+    depthwise_parts_per_thread: int = 4
+
+    # -- inside the ``gemm`` strategy -----------------------------------------------------------
+    #: Reduction depth (taps x channels) from which one GEMM runs near BLAS speed: below it the
+    #: frame gathers several taps per GEMM (a blocked im2col).
+    gemm_depth: int = 64
+    #: The frame's weights gradient takes one tap per GEMM on views from this many input channels.
+    reduce_views: int = 32
+    #: Gathered taps x channels (output rows of the GEMM) of the weights gradient of narrow inputs.
+    reduce_depth: int = 256
+    #: The frame's narrow-output sums take blocks of this many ``block_bytes``.
+    spread_blocks: int = 8
+    #: Up to this many groups the GEMMs run group by group through BLAS's ``beta = 1`` GEMM;
+    #: more go to ``np.matmul`` as one batch.
+    blas_groups: int = 8
+    #: (at most ICg, at least OCg) of a multi-tap backward data whose products of dy's own rows
+    #: are scattered into the phase buffers (a first layer: few image channels from many).
+    scatter_channels: tuple[int, int] = (4, 32)
+    #: Output rows per output channel up to which the output-row weights gradient of NCX data
+    #: sums dw in OIX memory order (taps innermost) instead of transposing an XIO dw.
+    oix_rows: int = 8
+
 
 TUNING = Tuning()

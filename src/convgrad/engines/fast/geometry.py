@@ -1,0 +1,86 @@
+"""Convolution geometry shared by the fast engine's strategies, written once: 3-D spatial views,
+the taps of an output, stride phases, weights regrouped per tap and group, zero-padded copies.
+
+Every strategy sees a convolution of rank 1-3 as 3-D spatial: missing *leading* spatial axes of
+size 1 (kernel 1, stride 1, dilation 1, no padding). Along one axis (input size I, output O,
+kernel K, stride S, dilation D, begin pad PB) tap ``k`` of output ``o`` reads the input at
+``i = o*S + k*D - PB`` (nothing where that lies in the padding).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from ...problem import ConvGeometry
+
+__all__ = ["spatial", "spatial3", "params", "tap", "stride_phase", "phase_taps", "tap_weights", "padded", "flat"]
+
+
+def spatial(values: tuple[int, ...], fill: int) -> tuple[int, ...]:
+    """Per-axis ``values`` of rank 1-3 as 3 values, the missing leading axes ``fill``."""
+    return (fill,) * (3 - len(values)) + tuple(values)
+
+
+def spatial3(a: np.ndarray) -> np.ndarray:
+    """(N, *X, C) as (N, X0, X1, X2, C), missing leading spatial axes of size 1 (a view)."""
+    return a.reshape(a.shape[0], *(1,) * (5 - a.ndim), *a.shape[1:])
+
+
+def params(g: ConvGeometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Strides, dilations and begin pads of the 3-D spatial view, as int64 arrays (for numba)."""
+    return (np.array(spatial(g.strides, 1), np.int64), np.array(spatial(g.dilations, 1), np.int64),
+            np.array(spatial(g.pads_begin, 0), np.int64))
+
+
+@numba.njit(inline="always")
+def tap(a, k, stride, dilation, pad, size, transposed):  # pragma: no cover - compiled
+    """Where tap k of position a reads, or -1 if nowhere: the input under output a
+    (``a*S + k*D - PB``), or with ``transposed`` the output whose tap k covers input a."""
+    if transposed:
+        t = a + pad - k * dilation
+        return t // stride if t >= 0 and t % stride == 0 and t // stride < size else -1
+    i = a * stride + k * dilation - pad
+    return i if 0 <= i < size else -1
+
+
+def stride_phase(j: int, d: int, s: int, pb: int = 0) -> tuple[int, int]:
+    """The stride-phase split along one axis: tap ``j`` of output ``o`` reads the input at
+    ``o*S + j*D - PB = S*(o + q) + r`` with ``(q, r) = divmod(j*D - PB, S)``, i.e. phase ``r``
+    (positions ``S*m + r``) at ``m = o + q``; (r, q). With ``PB = 0``: the phases of a padded
+    input (:mod:`.frame`)."""
+    q, r = divmod(j * d - pb, s)
+    return r, q
+
+
+def phase_taps(r: int, k: int, s: int, d: int, pb: int) -> list[tuple[int, int]]:
+    """Backward data per stride phase along one axis: the input positions ``i = m*S + r`` get
+    ``dy[m + c]`` through the taps ``j`` of phase ``r`` (:func:`stride_phase`), ``c = -q``:
+    (tap j, offset c) of each."""
+    return [(j, -q) for j in range(k) for rj, q in [stride_phase(j, d, s, pb)] if rj == r]
+
+
+def tap_weights(g: ConvGeometry, w: np.ndarray, transpose: bool = False) -> np.ndarray:
+    """Canonical (*K, ICg, G*OCg) weights as a (T, G, ICg, OCg) view, or (T, G, OCg, ICg) with
+    ``transpose`` (T = prod(K), taps in C order)."""
+    taps = w.reshape(math.prod(g.kernel), g.icg, g.groups, g.ocg)
+    return taps.transpose(0, 2, 3, 1) if transpose else taps.transpose(0, 2, 1, 3)
+
+
+def padded(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], dtype: np.dtype, slack: int = 0) -> np.ndarray:
+    """Canonical (N, *X, C) data as a zeroed ``dtype`` (N, P0, P1, P2, C) array (``size`` = P,
+    3-D) holding ``a`` at offsets ``lo``, on a flat buffer with ``slack`` zeroed values after it
+    (:func:`flat` gives that buffer)."""
+    a3 = spatial3(a)
+    shape = (a3.shape[0], *size, a3.shape[-1])
+    buffer = np.zeros(math.prod(shape) + slack, dtype)
+    out = buffer[:math.prod(shape)].reshape(shape)
+    out[(slice(None), *(slice(b, b + n) for b, n in zip(lo, a3.shape[1:4])), slice(None))] = a3
+    return out
+
+
+def flat(a: np.ndarray) -> np.ndarray:
+    """The flat buffer under an array made by :func:`padded` (its slack included)."""
+    return a.base if a.base is not None and a.base.ndim == 1 else a.reshape(-1)

@@ -1,0 +1,207 @@
+"""Plans: which strategy runs a problem, with which parameters, and the one function that picks it.
+
+A :class:`Plan` names a strategy (``direct``, ``jit`` or ``gemm``, each a module with
+``applies``, ``run`` and ``workspace_bytes``) and its parameters. :func:`select` returns, in
+order: a plan forced by :func:`forced_plan` / :func:`forced_strategy` / ``CONVGRAD_STRATEGY``
+(where it applies), the plan cached for the problem (:func:`.plan_cache.lookup`, where it still
+applies), else :func:`default_plan`, the tuning table's rule:
+
+1. depthwise (ICg = OCg = 1): ``direct`` (its depthwise loops);
+2. at most ``TUNING.direct_flops`` of work: ``direct``;
+3. ``jit`` on a family of ``TUNING.jit_families`` for f32-accumulating kernels of several taps
+   with at most ``TUNING.jit_channels[task]`` channels per group on either side; for the
+   gradients from ``TUNING.jit_min_input_channels`` input channels, the weights gradient of f32
+   data only, and no junk-heavy frame (``Features.junk_heavy``);
+4. ``gemm``, its variant by the first that applies: ``pointwise`` (1x1 bf16/f16 NXC),
+   ``output_rows`` (junk-heavy or wide gradients), ``image_gemms`` (1x1 NCX with at least
+   ``TUNING.image_gemm_rows`` positions per image), else ``frame``.
+
+An empty batch is no plan: the engine returns zeros.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import ModuleType
+
+from ...errors import EngineError
+from . import direct, gemm, jit, kernels, plan_cache
+from .features import Features
+from .tuning import TUNING
+
+__all__ = ["Plan", "STRATEGIES", "candidates", "default_plan", "select", "forced_plan", "forced_strategy",
+           "strategy_module", "jit_selected", "gemm_variant"]
+
+#: The strategies, in the order :func:`candidates` lists them.
+STRATEGIES = ("direct", "jit", "gemm")
+_MODULES: dict[str, ModuleType] = {"direct": direct, "jit": jit, "gemm": gemm}
+
+Value = int | str | bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A strategy and its parameters, as sorted (name, value) pairs (missing ones take the
+    strategy's defaults for the problem)."""
+
+    strategy: str
+    params: tuple[tuple[str, Value], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"plan strategy {self.strategy!r}: expected one of {', '.join(STRATEGIES)}")
+        names = [p[0] if isinstance(p, tuple) and len(p) == 2 else None for p in self.params]
+        if any(not isinstance(n, str) for n in names) or names != sorted(set(names)):
+            raise ValueError(f"plan params {self.params!r}: expected sorted (name, value) pairs, names unique")
+        for name, value in self.params:
+            if not isinstance(value, (int, str)):
+                raise ValueError(f"plan param {name}={value!r}: expected an int, a str or a bool")
+
+    @classmethod
+    def of(cls, strategy: str, **params: Value) -> Plan:
+        return cls(strategy, tuple(sorted(params.items())))
+
+    def param(self, name: str, default: Value | None = None) -> Value | None:
+        return dict(self.params).get(name, default)
+
+    def to_json(self) -> dict:
+        return {"strategy": self.strategy, "params": dict(self.params)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Plan:
+        """The plan of :meth:`to_json`'s dict; ValueError on anything malformed."""
+        if not isinstance(d, dict) or set(d) - {"strategy", "params"} or not isinstance(d.get("strategy"), str) \
+                or not isinstance(d.get("params", {}), dict):
+            raise ValueError(f"not a plan: {d!r}")
+        return cls.of(d["strategy"], **d.get("params", {}))
+
+    def __str__(self) -> str:
+        return self.strategy + "".join(f" {k}={v}" for k, v in self.params)
+
+
+def strategy_module(name: str) -> ModuleType:
+    """The module of strategy ``name``."""
+    return _MODULES[name]
+
+
+def _complete(f: Features, plan: Plan) -> Plan | None:
+    """``plan`` with its missing parameters defaulted for ``f``, or None where it cannot run ``f``."""
+    module = _MODULES[plan.strategy]
+    if not module.applies(f):
+        return None
+    params = dict(plan.params)
+    if plan.strategy == "gemm":
+        params.setdefault("variant", gemm_variant(f))
+    full = Plan.of(plan.strategy, **module.complete(f, params))
+    return full if module.applies(f, full) else None
+
+
+def jit_selected(f: Features) -> bool:
+    """Whether the rule picks the jit strategy for ``f`` (rule 3 of the module docstring)."""
+    if not jit.applies(f) or f.family not in TUNING.jit_families or f.taps < 2 \
+            or max(f.icg, f.ocg) > TUNING.jit_channels[f.task] or f.junk_heavy():
+        return False
+    if f.task == "backward_weights" and f.data_dtype != f.acc and not TUNING.jit_weights_16_bit:
+        return False
+    return f.task == "forward" or f.icg >= TUNING.jit_min_input_channels
+
+
+def gemm_variant(f: Features) -> str:
+    """The rule's ``gemm`` variant for ``f`` (rule 4): ``pointwise`` for 16-bit NXC pointwise
+    layers; ``output_rows`` for junk-heavy gradients (:meth:`.Features.junk_heavy`) and multi-tap
+    ones from ``TUNING.wide_channels`` (ICg, OCg) channels per group (backward data also from that
+    ICg where the frame would sum narrow results at their shifts); ``image_gemms`` for pointwise
+    NCX layers with at least ``TUNING.image_gemm_rows`` positions per image; else ``frame``."""
+    if gemm.variant_applies(f, "pointwise") and not f.channels_first:
+        return "pointwise"
+    if f.task != "forward":
+        icg, ocg = TUNING.wide_channels[f.task]
+        wide = f.taps > 1 and f.icg >= icg and (
+            f.ocg >= ocg or f.task == "backward_data" and kernels.spreads(f.taps, f.ocg, f.icg))
+        if f.junk_heavy() or wide:
+            return "output_rows"
+    if gemm.variant_applies(f, "image_gemms") and f.channels_first \
+            and math.prod(f.out_size) >= TUNING.image_gemm_rows:
+        return "image_gemms"
+    return "frame"
+
+
+def default_plan(f: Features) -> Plan:
+    """The tuning table's rule (the module docstring) for a non-empty problem ``f``."""
+    if f.depthwise or f.flops <= TUNING.direct_flops:
+        return Plan.of("direct", **direct.complete(f, {}))
+    if jit_selected(f):
+        return Plan.of("jit", **jit.complete(f, {}))
+    return Plan.of("gemm", **gemm.complete(f, {"variant": gemm_variant(f)}))
+
+
+def candidates(f: Features) -> list[Plan]:
+    """The plans worth timing for ``f``, the default first: each strategy that applies with each
+    of its parameter sets worth trying (:func:`direct.options`, ...)."""
+    plans = [default_plan(f)]
+    for name in STRATEGIES:
+        module = _MODULES[name]
+        if not module.applies(f):
+            continue
+        for params in module.options(f):
+            plan = _complete(f, Plan.of(name, **params))
+            if plan is not None and plan not in plans:
+                plans.append(plan)
+    return plans
+
+
+_forced: list[Plan | None] = []
+
+
+@contextlib.contextmanager
+def forced_plan(plan: Plan | None) -> Iterator[None]:
+    """Within the block, run every problem ``plan`` can run with it (its missing parameters
+    defaulted per problem); the others, and all with ``None``, by :func:`select`'s other rules."""
+    _forced.append(plan)
+    try:
+        yield
+    finally:
+        _forced.pop()
+
+
+def _named(name: str) -> Plan:
+    """The plan a strategy name (or a ``gemm`` variant's name) forces."""
+    if name in STRATEGIES:
+        return Plan(name)
+    if name in gemm.VARIANTS:
+        return Plan.of("gemm", variant=name)
+    raise EngineError(None, f"CONVGRAD_STRATEGY={name!r} is not a strategy of the fast engine: expected one of "
+                      f"{', '.join(STRATEGIES)} or a gemm variant ({', '.join(gemm.VARIANTS)})")
+
+
+@contextlib.contextmanager
+def forced_strategy(name: str | None) -> Iterator[None]:
+    """:func:`forced_plan` of strategy ``name`` with its default parameters, or of the ``gemm``
+    variant ``name`` (``frame``, ``output_rows``, ``pointwise``, ``image_gemms``); ``None``: the
+    rule. ``CONVGRAD_STRATEGY=name`` (read at every call) does the same for a whole process."""
+    with forced_plan(_named(name) if name else None):
+        yield
+
+
+def forced() -> Plan | None:
+    """The plan forced by :func:`forced_plan` (innermost) or ``CONVGRAD_STRATEGY``."""
+    if _forced:
+        return _forced[-1]
+    name = os.environ.get("CONVGRAD_STRATEGY")
+    return _named(name) if name else None
+
+
+def select(f: Features, *, tune: bool = False) -> Plan:
+    """The plan that runs the non-empty problem ``f``: forced > cached > :func:`default_plan`.
+    With ``tune`` (a call about to run, not a memory estimate) and ``CONVGRAD_AUTOTUNE=1``, a
+    problem without a cached plan is tuned first (:func:`.plan_cache.lookup`)."""
+    for source in (forced, lambda: plan_cache.lookup(f, tune=tune)):
+        plan = source()
+        complete = _complete(f, plan) if plan is not None else None
+        if complete is not None:
+            return complete
+    return default_plan(f)

@@ -1,0 +1,271 @@
+"""The plan cache: plans measured on this machine by ``convgrad tune`` (FFTW's *wisdom*).
+
+One JSON file, ``plans.json`` in the user's cache directory (``platformdirs``: honours
+``XDG_CACHE_HOME``), or the file ``CONVGRAD_PLANS`` names; ``CONVGRAD_PLANS=off`` ignores it::
+
+    {"format": "convgrad-plans", "version": 1,
+     "machines": {MACHINE: {"cpu": ..., "cpu_name": ..., "features": [...], "family": ...,
+                            "threads": N, "convgrad": VERSION,
+                            "plans": {PROBLEM: {"plan": {...}, "ms": T, "default_ms": T0, "tuned": DATE}}}}}
+
+``MACHINE`` names the CPU model, LLVM's name for it, its vector features, the kernel family in
+use, the thread count and convgrad's version: a plan is only looked up under the key of the
+machine asking (a cache copied from another CPU, or written by another version, is never used).
+``PROBLEM`` is :meth:`Features.key`. A file that cannot be read as such (corrupt, foreign,
+truncated) or an entry that is not a plan is ignored with one warning per process, never an
+error. Writers take a lock file and replace the file atomically (a temporary file renamed over
+it), so two processes tuning at once lose nothing and a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import isa
+
+if TYPE_CHECKING:  # plan.py asks this module (lookup), so it imports Plan only where it reads one
+    from .features import Features
+    from .plan import Plan
+
+__all__ = ["PlanCacheWarning", "Entry", "warn", "cache_file", "enabled", "lookup", "store", "entries", "clear",
+           "machine_key"]
+
+FORMAT, VERSION = "convgrad-plans", 1
+
+
+class PlanCacheWarning(UserWarning):
+    """The plan cache file (or an entry of it) could not be used; the tuning table's rule runs."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One cached plan: for which machine and problem, and what it measured."""
+
+    machine: str
+    problem: str
+    plan: Plan | None          # None: the entry is not a valid plan
+    ms: float | None
+    default_ms: float | None
+    tuned: str
+    current: bool              # written for this machine (the only ones lookup uses)
+
+
+def enabled() -> bool:
+    """Whether plans are looked up at all (``CONVGRAD_PLANS`` is not ``off``)."""
+    return os.environ.get("CONVGRAD_PLANS", "").strip().lower() not in ("off", "0", "false", "no")
+
+
+def cache_file() -> Path:
+    """The cache file: ``CONVGRAD_PLANS`` when it names a file, else ``plans.json`` in the
+    user's cache directory for convgrad."""
+    named = os.environ.get("CONVGRAD_PLANS", "").strip()
+    if named and enabled() and named.lower() not in ("on", "1", "true", "yes"):
+        return Path(named).expanduser()
+    import platformdirs
+    return Path(platformdirs.user_cache_dir("convgrad", appauthor=False)) / "plans.json"
+
+
+@functools.cache
+def _cpu() -> tuple[str, str, tuple[str, ...]]:
+    """(CPU model, LLVM's CPU name, the host's vector features relevant to the kernels)."""
+    from llvmlite import binding
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    if not model:
+        import platform
+        model = platform.processor() or platform.machine()
+    vector = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512bf16", "avx512fp16",
+              "amx-tile", "amx-bf16")
+    return model, binding.get_host_cpu_name(), tuple(sorted(f for f in isa.host_features() if f in vector))
+
+
+def _threads() -> int:
+    import numba
+    return numba.get_num_threads()
+
+
+def machine() -> dict[str, Any]:
+    """What the machine key is made of, for this process now."""
+    from ... import __version__
+    model, name, features = _cpu()
+    return {"cpu": model, "cpu_name": name, "features": list(features), "family": isa.family(),
+            "threads": _threads(), "convgrad": __version__}
+
+
+def machine_key(info: dict[str, Any] | None = None) -> str:
+    """The key plans of this machine (or of ``info``) are stored under."""
+    m = info or machine()
+    return (f"{m['cpu']} | {m['cpu_name']} | {'+'.join(m['features'])} | family={m['family']} | "
+            f"threads={m['threads']} | convgrad {m['convgrad']}")
+
+
+# -- reading ------------------------------------------------------------------------------------
+_warned: set[str] = set()
+_loaded: dict[str, Any] = {}   # "stamp": (path, mtime_ns, size), "data": the file's dict, "plans": {}
+
+
+def warn(message: str) -> None:
+    """One warning per distinct message per process."""
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, PlanCacheWarning, stacklevel=4)
+
+
+def _valid(data: Any) -> bool:
+    return (isinstance(data, dict) and data.get("format") == FORMAT and data.get("version") == VERSION
+            and isinstance(data.get("machines"), dict)
+            and all(isinstance(m, dict) and isinstance(m.get("plans", {}), dict) for m in data["machines"].values()))
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """The file's contents, or an empty cache (with one warning) where it is not a plan cache."""
+    try:
+        with path.open("rb") as f:
+            data = json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        return _empty()
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        warn(f"plan cache {path}: cannot be read ({type(exc).__name__}: {str(exc)[:200]}); ignored: the tuning "
+              "table's plans run (`convgrad tune` rewrites it)")
+        return _empty()
+    if not _valid(data):
+        warn(f"plan cache {path}: not a convgrad plan cache of format {FORMAT!r} version {VERSION}; ignored: the "
+              "tuning table's plans run (`convgrad tune` rewrites it)")
+        return _empty()
+    return data
+
+
+def _empty() -> dict[str, Any]:
+    return {"format": FORMAT, "version": VERSION, "machines": {}}
+
+
+def _current() -> dict[str, Any]:
+    """The cache as on disk now (re-read only when the file changed)."""
+    path = cache_file()
+    try:
+        st = path.stat()
+        stamp = (str(path), st.st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = (str(path), None, None)
+    if _loaded.get("stamp") != stamp:
+        _loaded.update(stamp=stamp, data=_read(path), plans={})
+    return _loaded
+
+
+def lookup(f: Features, tune: bool = False) -> Plan | None:
+    """The plan cached for problem ``f`` on this machine, or ``None`` (none cached, plans off, or
+    the entry is not a valid plan: then one warning). With ``tune`` and ``CONVGRAD_AUTOTUNE=1``
+    a problem without a cached plan is tuned first (:func:`.tune.autotuned`)."""
+    if not enabled():
+        return None
+    state = _current()
+    key = (machine_key(), f.key())
+    plans = state["plans"]
+    if key not in plans:
+        entry = state["data"]["machines"].get(key[0], {}).get("plans", {}).get(key[1])
+        plans[key] = _plan(entry, state["stamp"][0]) if entry is not None else None
+    if plans[key] is None and tune:
+        from .tune import autotuned
+        return autotuned(f)
+    return plans[key]
+
+
+def _plan(entry: Any, path: str) -> Plan | None:
+    from .plan import Plan
+    try:
+        if not isinstance(entry, dict):
+            raise ValueError(f"expected an object, got {type(entry).__name__}")
+        return Plan.from_json(entry["plan"])
+    except (KeyError, TypeError, ValueError) as exc:
+        warn(f"plan cache {path}: an entry is not a plan ({type(exc).__name__}: {str(exc)[:200]}); ignored")
+        return None
+
+
+# -- writing ------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` + ``.lock`` (POSIX ``flock``; elsewhere no lock)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(path.with_name(path.name + ".lock"), "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` atomically by ``data`` (a temporary file in the same folder, renamed)."""
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(data, out, indent=1, sort_keys=True)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def store(f: Features, plan: Plan, ms: float | None = None, default_ms: float | None = None) -> Path:
+    """Record ``plan`` as the one to use for ``f`` on this machine (with its measured median
+    ``ms`` and the default plan's ``default_ms``); returns the cache file."""
+    path = cache_file()
+    info = machine()
+    key = machine_key(info)
+    with _locked(path):
+        data = _read(path)
+        slot = data["machines"].setdefault(key, {**info, "plans": {}})
+        slot.setdefault("plans", {})[f.key()] = {
+            "plan": plan.to_json(), "ms": ms, "default_ms": default_ms,
+            "tuned": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        _write(path, data)
+    _loaded.clear()
+    return path
+
+
+def entries() -> list[Entry]:
+    """Every cached plan, this machine's first."""
+    state = _current()
+    here = machine_key()
+    out = []
+    for key, slot in state["data"]["machines"].items():
+        for problem, entry in slot.get("plans", {}).items():
+            good = isinstance(entry, dict)
+            out.append(Entry(key, problem, _plan(entry, state["stamp"][0]) if good else None,
+                             entry.get("ms") if good else None, entry.get("default_ms") if good else None,
+                             str(entry.get("tuned", "")) if good else "", key == here))
+    return sorted(out, key=lambda e: (not e.current, e.machine, e.problem))
+
+
+def clear(all_machines: bool = False) -> int:
+    """Remove this machine's plans (or every machine's); returns how many were removed."""
+    path = cache_file()
+    with _locked(path):
+        data = _read(path)
+        keys = list(data["machines"]) if all_machines else [machine_key()]
+        removed = sum(len(data["machines"].pop(k, {}).get("plans", {})) for k in keys)
+        _write(path, data)
+    _loaded.clear()
+    return removed

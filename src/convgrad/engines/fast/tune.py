@@ -1,0 +1,173 @@
+"""Plans measured on this machine: time a problem's candidate plans and cache the fastest.
+
+For one problem (:class:`Features`), every plan of :func:`candidates` runs on the same random
+inputs, each in its own block: a warm-up call (JIT compiles happen there), a pause, then timed
+calls (at least ``min_runs``, until ``block_seconds`` have passed), their median kept. Timing each
+plan in its own block, never call by call in turns, keeps one strategy's spinning worker threads
+(OpenBLAS's, numba's) from slowing the next. The fastest plan is stored in the plan cache
+(:mod:`.plan_cache`) unless it beats the default plan by less than ``margin`` (then the default
+is stored: a plan is never changed on noise). Used by ``convgrad tune`` and by
+``CONVGRAD_AUTOTUNE=1`` (each new problem tuned at its first call, as ``cudnn.benchmark`` does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from ... import layout
+from ...limits import memory_budget
+from ...problem import ConvGeometry
+from . import plan_cache
+from .features import Features
+from .plan import Plan, candidates, default_plan, forced_plan, strategy_module
+
+__all__ = ["Timing", "Tuned", "inputs", "tune", "autotune_enabled", "autotuned"]
+
+#: Relative speed-up a candidate needs over the default plan to be chosen instead of it.
+MARGIN = 0.03
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One plan's measurement: median and fastest of ``runs`` timed calls, in milliseconds."""
+
+    plan: Plan
+    median_ms: float
+    min_ms: float
+    runs: int
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """The outcome of tuning one problem: every plan's timing, the default and the plan chosen."""
+
+    features: Features
+    timings: tuple[Timing, ...]
+    default: Plan
+    chosen: Plan
+
+    def timing(self, plan: Plan) -> Timing:
+        return next(t for t in self.timings if t.plan == plan)
+
+    @property
+    def speedup(self) -> float:
+        """Default plan's median time / the chosen plan's (1.0: the default kept)."""
+        return self.timing(self.default).median_ms / self.timing(self.chosen).median_ms
+
+
+def inputs(f: Features, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Random canonical inputs of ``f``'s task (x and w, dy and w, or x and dy) in its dtype and
+    memory order (NCX data with OIX weights where ``f.channels_first``, else NXC with XIO)."""
+    g = f.geometry
+    dtype = f.data_dtype
+    fmt, wfmt = ("NCX", "OIX") if f.channels_first else ("NXC", "XIO")
+
+    def data(shape: tuple[int, ...]) -> np.ndarray:
+        stored = (shape[0], shape[-1], *shape[1:-1]) if f.channels_first else shape
+        return layout.data_to_canonical(rng.standard_normal(stored, np.float32).astype(dtype), fmt)
+
+    def weights() -> np.ndarray:
+        shape = g.w_shape
+        stored = (shape[-1], shape[-2], *shape[:-2]) if f.channels_first else shape
+        return layout.weights_to_canonical(rng.standard_normal(stored, np.float32).astype(dtype), wfmt)
+
+    if f.task == "forward":
+        return data(g.x_shape), weights()
+    if f.task == "backward_data":
+        return data(g.y_shape), weights()
+    return data(g.x_shape), data(g.y_shape)
+
+
+def _run(f: Features, g: ConvGeometry, arrays: tuple[np.ndarray, np.ndarray]) -> None:
+    from . import FastEngine
+    with np.errstate(all="ignore"):
+        getattr(FastEngine(), f.task)(g, *arrays)
+
+
+def _time(plan: Plan, f: Features, g: ConvGeometry, arrays: tuple[np.ndarray, np.ndarray], min_runs: int,
+          block_seconds: float, pause: float) -> Timing:
+    """``plan``'s block: one warm-up call, a pause, then at least ``min_runs`` timed calls until
+    ``block_seconds`` have passed."""
+    with forced_plan(plan):
+        _run(f, g, arrays)
+        time.sleep(pause)
+        times: list[float] = []
+        start = time.perf_counter()
+        while len(times) < min_runs or time.perf_counter() - start < block_seconds:
+            t0 = time.perf_counter()
+            _run(f, g, arrays)
+            times.append(time.perf_counter() - t0)
+    return Timing(plan, 1e3 * statistics.median(times), 1e3 * min(times), len(times))
+
+
+def tune(f: Features, *, store: bool = True, min_runs: int = 3, block_seconds: float = 0.2, pause: float = 0.05,
+         margin: float = MARGIN, seed: int = 0) -> Tuned:
+    """Time every candidate plan of ``f`` (each in its own block) and, with ``store``, cache the
+    fastest (the default plan unless another beats it by more than ``margin``). Plans whose
+    memory bound exceeds the memory budget are not tried."""
+    g = f.geometry
+    default = default_plan(f)
+    budget = memory_budget()
+    plans = list(dict.fromkeys([default, *(p for p in candidates(f)
+                                            if strategy_module(p.strategy).workspace_bytes(f, p) <= budget)]))
+    if len(plans) == 1:
+        timings = (Timing(default, math.nan, math.nan, 0),)
+        chosen = default
+    else:
+        arrays = inputs(f, np.random.default_rng(seed))
+        timings = tuple(_time(p, f, g, arrays, min_runs, block_seconds, pause) for p in plans)
+        best = min(timings, key=lambda t: t.median_ms)
+        base = timings[0]
+        chosen = best.plan if best.median_ms < (1 - margin) * base.median_ms else default
+    tuned = Tuned(f, timings, default, chosen)
+    if store:
+        _store(tuned)
+    return tuned
+
+
+def _store(tuned: Tuned) -> None:
+    """Cache the chosen plan of ``tuned`` with its median time and the default plan's."""
+    def ms(t: Timing) -> float | None:
+        return None if math.isnan(t.median_ms) else t.median_ms
+    plan_cache.store(tuned.features, tuned.chosen, ms(tuned.timing(tuned.chosen)), ms(tuned.timing(tuned.default)))
+
+
+# -- CONVGRAD_AUTOTUNE ---------------------------------------------------------------------------
+_tuning: list[bool] = []
+
+
+def autotune_enabled() -> bool:
+    """``CONVGRAD_AUTOTUNE=1``: tune each problem without a cached plan at its first call."""
+    return os.environ.get("CONVGRAD_AUTOTUNE", "").strip().lower() in ("1", "on", "true", "yes")
+
+
+@contextlib.contextmanager
+def _tuning_now() -> Iterator[None]:
+    _tuning.append(True)
+    try:
+        yield
+    finally:
+        _tuning.pop()
+
+
+def autotuned(f: Features) -> Plan | None:
+    """With ``CONVGRAD_AUTOTUNE=1`` and plans on: the plan :func:`tune` stores for ``f`` (not
+    re-entered while tuning); otherwise ``None``."""
+    if _tuning or not autotune_enabled() or not plan_cache.enabled():
+        return None
+    with _tuning_now():
+        tuned = tune(f, store=False)
+    try:
+        _store(tuned)
+    except OSError as exc:  # a read-only or full cache directory: the plan still serves this call
+        plan_cache.warn(f"plan cache {plan_cache.cache_file()}: cannot be written ({exc}); plans tuned by "
+                        "CONVGRAD_AUTOTUNE are not kept")
+    return tuned.chosen

@@ -1,0 +1,237 @@
+"""The fast engine's plans: Features, Plan (JSON), select (forced > cached > the tuning table's
+rule), candidates, and every candidate plan of odd problems against the float64 reference engine,
+with its strategy's memory bound checked against tracemalloc."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import convgrad as cg
+from convgrad.dtypes import DATA_DTYPES
+from convgrad.engines import get_engine
+from convgrad.engines.fast import (STRATEGIES, TUNING, Features, Plan, candidates, default_plan, forced_plan,
+                                   forced_strategy, isa, plan_cache, select, strategy_module)
+from convgrad.problem import ConvGeometry
+
+FAST, REF = get_engine("fast"), get_engine("reference")
+TASKS = ("forward", "backward_data", "backward_weights")
+TOLERANCE = {"f64": 1e-10, "f32": 2e-5, "bf16": 2e-2, "f16": 2e-3}
+
+
+def _geometry(n, groups, icg, ocg, in_size, kernel, strides=None, dilations=None, pb=None, pe=None) -> ConvGeometry:
+    rank = len(in_size)
+    strides, dilations = strides or (1,) * rank, dilations or (1,) * rank
+    pb, pe = pb or (0,) * rank, pe or (0,) * rank
+    out = tuple((i + b + e - (k - 1) * d - 1) // s + 1
+                for i, b, e, k, d, s in zip(in_size, pb, pe, kernel, dilations, strides))
+    return ConvGeometry(n, groups, groups * icg, groups * ocg, tuple(in_size), out, tuple(kernel), tuple(strides),
+                        tuple(dilations), tuple(pb), tuple(pe))
+
+
+def _inputs(g: ConvGeometry, rng: np.random.Generator, dtype, channels_first: bool) -> dict[str, tuple]:
+    x, w, dy = (rng.uniform(0.5, 1.5, s) * rng.choice([-1, 1], s) for s in (g.x_shape, g.w_shape, g.y_shape))
+    x, w, dy = (a.astype(dtype) for a in (x, w, dy))
+    if channels_first:
+        x, dy = (np.moveaxis(np.ascontiguousarray(np.moveaxis(a, -1, 1)), 1, -1) for a in (x, dy))
+    return {"forward": (x, w), "backward_data": (dy, w), "backward_weights": (x, dy)}
+
+
+def _close(got, want, tol: float, msg: str) -> None:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, msg
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(1.0, float(np.abs(want).max(initial=0))),
+                               err_msg=msg)
+
+
+# -- Plan and Features -------------------------------------------------------------------------------
+def test_plan_json_round_trip_and_params():
+    plan = Plan.of("jit", block="6x2", split="rows", cache_bytes=1 << 18)
+    assert plan.params == (("block", "6x2"), ("cache_bytes", 1 << 18), ("split", "rows"))
+    assert Plan.from_json(plan.to_json()) == plan and plan.param("block") == "6x2" and plan.param("x", 3) == 3
+    assert Plan.from_json({"strategy": "direct"}) == Plan("direct")
+    assert Plan.from_json({"strategy": "gemm", "params": {"variant": "frame", "blas": True}}).param("blas") is True
+
+
+@pytest.mark.parametrize("bad", [
+    {"strategy": "im2col"}, {"strategy": 3}, {}, [], "jit", {"strategy": "jit", "params": []},
+    {"strategy": "jit", "params": {"block": 1.5}}, {"strategy": "jit", "params": {"block": None}},
+    {"strategy": "jit", "extra": 1},
+])
+def test_malformed_plans_are_value_errors(bad):
+    with pytest.raises(ValueError):
+        Plan.from_json(bad)
+
+
+def test_plan_params_must_be_sorted_pairs():
+    with pytest.raises(ValueError):
+        Plan("jit", (("split", "rows"), ("block", "6x2")))
+    with pytest.raises(ValueError):
+        Plan("jit", (("block", "6x2"), ("block", "8x1")))
+
+
+def test_features_of_a_problem():
+    g = _geometry(3, 2, 5, 7, (9, 8), (3, 2), (2, 1), (1, 2), (1, 0), (0, 1))
+    f = Features.of(g, "backward_data", cg.dtypes.bfloat16, True)
+    assert f.geometry == g and f.dtype == "bfloat16" and f.acc == np.float32 and f.taps == 6
+    assert f.flops == 2 * g.n * g.oc * g.icg * 6 * math.prod(g.out_size) and f.channels_first
+    assert f.family == isa.family() and f.result_shape == g.x_shape
+    key = f.key()
+    assert "family" not in key and "task=backward_data" in key and "kernel=3x2" in key and "channels_first=true" in key
+    assert Features.of(g, "backward_data", cg.dtypes.bfloat16, False).key() != key
+    assert Features.of(g, "backward_weights", cg.dtypes.bfloat16, True).key() != key
+    with pytest.raises(ValueError, match="task"):
+        Features.of(g, "sideways", np.float32, False)
+
+
+# -- select ----------------------------------------------------------------------------------------
+@pytest.fixture
+def avx2():
+    if "avx2" not in isa.supported():
+        pytest.skip("the jit rule is measured on AVX2")
+    before = isa.set_family("avx2")
+    yield
+    isa.set_family(before)
+
+
+@pytest.mark.parametrize("case,task,dtype,channels_first,want", [
+    ((16, 32, 1, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "forward", np.float32, False,
+     "direct loops=depthwise"),
+    ((2, 1, 3, 4, (5, 5), (3, 3)), "forward", np.float32, False, "direct loops=general"),
+    ((16, 1, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_data", np.float32, False, "jit"),
+    ((16, 1, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_data", np.float64, False,
+     "gemm variant=frame"),
+    ((16, 1, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_weights", np.float64, False,
+     "gemm variant=output_rows"),
+    ((16, 1, 16, 64, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_weights", np.float16, False,
+     "gemm variant=frame"),
+    ((16, 1, 256, 256, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_data", np.float32, False,
+     "gemm variant=output_rows"),
+    ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_data", np.float32, False,
+     "gemm variant=output_rows"),
+    ((16, 1, 64, 256, (56, 56), (1, 1)), "forward", cg.dtypes.bfloat16, False, "gemm variant=pointwise"),
+    ((16, 1, 64, 256, (56, 56), (1, 1)), "forward", np.float32, True, "gemm variant=image_gemms"),
+    ((16, 1, 64, 256, (56, 56), (1, 1)), "forward", np.float32, False, "gemm variant=frame"),
+])
+def test_the_tuning_tables_rule(case, task, dtype, channels_first, want, avx2):
+    f = Features.of(_geometry(*case), task, dtype, channels_first)
+    plan = default_plan(f)
+    assert select(f) == plan and str(plan).startswith(want.split(" ")[0])
+    assert all(item in str(plan).split(" ") for item in want.split(" ")[1:]), plan
+    assert candidates(f)[0] == plan
+
+
+def test_forced_then_cached_then_default(monkeypatch):
+    g = _geometry(4, 1, 8, 16, (12, 12), (3, 3), pb=(1, 1), pe=(1, 1))
+    f = Features.of(g, "backward_data", np.float32, False)
+    default = default_plan(f)
+    cached = Plan.of("gemm", variant="output_rows", chunk_bytes=1 << 16)
+    monkeypatch.setattr(plan_cache, "lookup", lambda features, tune=False: cached if features == f else None)
+    assert select(f) == Plan.of("gemm", variant="output_rows", chunk_bytes=1 << 16, block_bytes=TUNING.block_bytes)
+    with forced_strategy("direct"):
+        assert select(f) == Plan.of("direct", loops="general")
+        with forced_plan(None):  # the innermost wins: no forcing
+            assert select(f).param("variant") == "output_rows"
+    monkeypatch.setenv("CONVGRAD_STRATEGY", "frame")
+    assert select(f).param("variant") == "frame"
+    monkeypatch.delenv("CONVGRAD_STRATEGY")
+    # cached plans that no longer apply fall back to the rule
+    for stale in (Plan.of("gemm", variant="pointwise"), Plan.of("jit", block="9x9"), Plan.of("gemm", chunk_bytes=0),
+                  Plan.of("direct", loops="depthwise"), Plan.of("gemm", variant="bogus")):
+        monkeypatch.setattr(plan_cache, "lookup", lambda features, tune=False, _p=stale: _p)
+        assert select(f) == default, stale
+    f64 = Features.of(g, "backward_data", np.float64, False)
+    monkeypatch.setattr(plan_cache, "lookup", lambda features, tune=False: Plan.of("jit"))
+    assert select(f64) == default_plan(f64) and select(f64).strategy == "gemm"
+
+
+def test_forcing_an_unknown_strategy_is_a_clear_error(monkeypatch):
+    with pytest.raises(cg.ConvgradError, match="'im2col' is not a strategy of the fast engine"):
+        with forced_strategy("im2col"):
+            pass
+    assert len(STRATEGIES) <= 4
+
+
+def test_candidates_are_distinct_and_apply():
+    for case in ((4, 1, 8, 16, (12, 12), (3, 3)), (2, 3, 1, 1, (9,), (3,)), (2, 1, 64, 64, (7, 7), (1, 1))):
+        for task, dtype in itertools.product(TASKS, (np.float32, np.float64, cg.dtypes.bfloat16)):
+            f = Features.of(_geometry(*case), task, dtype, False)
+            plans = candidates(f)
+            assert len(plans) == len(set(plans)) and plans[0] == default_plan(f)
+            assert all(strategy_module(p.strategy).applies(f, p) for p in plans)
+            assert {p.strategy for p in plans} >= {"gemm"}
+
+
+# -- every candidate plan against the reference ------------------------------------------------------
+CASES = {
+    "1-D grouped strided dilated": _geometry(2, 3, 3, 5, (11,), (3,), (2,), (2,), (2,), (1,)),
+    "2-D tails": _geometry(2, 1, 5, 11, (7, 9), (3, 3), (1, 2), (1, 1), (1, 1), (1, 0)),
+    "2-D kernel > input": _geometry(1, 2, 4, 3, (3, 4), (5, 4), (1, 1), (1, 1), (2, 2), (2, 1)),
+    "3-D": _geometry(2, 1, 3, 9, (4, 5, 3), (2, 3, 2), (2, 1, 1), (1, 1, 2), (1, 0, 1), (0, 2, 1)),
+    "1x1 strided": _geometry(2, 1, 6, 10, (5, 7), (1, 1), (2, 1)),
+    "1x1": _geometry(3, 1, 9, 5, (12, 11), (1, 1)),
+    "depthwise": _geometry(2, 6, 1, 1, (6, 7), (3, 3), (2, 1), (1, 2), (1, 1), (1, 1)),
+    "dilated gradient": _geometry(3, 1, 8, 12, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("dtype_name", ["f32", "bf16", "f16", "f64"])
+@pytest.mark.parametrize("channels_first", [False, True])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_candidate_against_reference(case, channels_first, dtype_name, rng):
+    g, dtype = CASES[case], DATA_DTYPES[dtype_name]
+    inputs = _inputs(g, rng, dtype, channels_first)
+    for task in TASKS:
+        want = getattr(REF, task)(g, *inputs[task])
+        plans = candidates(Features.of(g, task, dtype, channels_first))
+        for plan in plans:
+            with forced_plan(plan):
+                got = getattr(FAST, task)(g, *inputs[task])
+            _close(got, want, TOLERANCE[dtype_name], f"{case} {task} {dtype_name} {plan}")
+
+
+@pytest.mark.parametrize("case", ["2-D tails", "3-D", "1x1", "depthwise", "dilated gradient"])
+@pytest.mark.parametrize("dtype_name", ["f32", "bf16"])
+@pytest.mark.parametrize("channels_first", [False, True])
+def test_every_candidates_memory_bound(case, dtype_name, channels_first, rng):
+    """Each strategy's ``workspace_bytes`` bounds the peak of its allocations (the result excluded
+    where it is in the accumulation dtype, included for bf16) for every candidate plan."""
+    g, dtype = CASES[case], DATA_DTYPES[dtype_name]
+    inputs = _inputs(g, rng, dtype, channels_first)
+    for task in TASKS:
+        f = Features.of(g, task, dtype, channels_first)
+        for plan in candidates(f):
+            with forced_plan(plan):
+                getattr(FAST, task)(g, *inputs[task])  # compiles outside the measurement
+                tracemalloc.start()
+                result = getattr(FAST, task)(g, *inputs[task])
+                peak = tracemalloc.get_traced_memory()[1] - result.nbytes
+                tracemalloc.stop()
+            bound = strategy_module(plan.strategy).workspace_bytes(f, plan)
+            assert peak <= bound, f"{case} {task} {plan}: {peak} > {bound}"
+
+
+@pytest.mark.parametrize("task", TASKS[1:])
+@pytest.mark.parametrize("case", [
+    (16, 1, 16, 16, (12, 1, 1), (5, 1, 1), (1, 1, 1), (5, 1, 1), (13, 0, 0), (13, 0, 0)),  # dilated_conv:34
+    (16, 1, 16, 16, (7,), (5,), (1,), (4,), (9,), (9,)),                                  # dilated_conv:36, 1-D
+    (2, 1, 64, 128, (11, 11), (3, 3), (1, 1), (2, 2), (1, 1), (1, 1)),                    # dilated_conv:21
+])
+def test_dilated_gradients_stay_within_twice_the_arrays(case, task, rng):
+    """The dilated gradients' default plans (GEMMs over output rows) take at most 2x the op's
+    inputs + output of extra memory, small problems included."""
+    g = _geometry(*case)
+    inputs = _inputs(g, rng, np.float32, False)[task]
+    FAST_task = getattr(FAST, task)
+    FAST_task(g, *inputs)
+    tracemalloc.start()
+    result = FAST_task(g, *inputs)
+    peak = tracemalloc.get_traced_memory()[1] - result.nbytes
+    tracemalloc.stop()
+    io_bytes = sum(a.nbytes for a in inputs) + result.nbytes
+    assert peak <= 2 * io_bytes
+    _close(result, getattr(REF, task)(g, *inputs), 2e-5, task)

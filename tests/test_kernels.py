@@ -1,0 +1,293 @@
+"""The micro-kernel families on every machine (issue 22: "Testing a family the machine lacks").
+
+- 16-wide (AVX-512) blocks run on an AVX2 host through LLVM's splitting: against the float64
+  reference in tests/test_jit_engine.py (every block) and here through the drivers;
+- the bf16 dot-product kernel runs the plain-IR stand-in where the host lacks AVX512_BF16 (the
+  instruction itself where it has it): bit-exact against a NumPy model of the SDM's order, and
+  against float64; the jit drivers on bf16 data with the ``avx512_bf16`` family forced;
+- the kernels' assembly for ``znver4`` / ``sapphirerapids`` (and ``znver3`` for AVX2), compiled
+  with llvmlite in a subprocess (compiling the bf16 intrinsic for a CPU without it aborts the
+  process): the expected instructions in the inner loop, and no spills there;
+- natively where the host has the family (denormals, NaN): skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import convgrad as cg
+from convgrad.engines import get_engine
+from convgrad.engines.fast import isa, jit, microkernel
+from convgrad.engines.fast.tuning import TUNING
+from convgrad.problem import ConvGeometry
+
+BF16 = cg.dtypes.DATA_DTYPES["bf16"]
+NATIVE_BF16 = "avx512bf16" in isa.host_features()
+ALL_BLOCKS = [(w, *b) for w, blocks in microkernel.BLOCKS.items() for b in blocks]
+
+
+def _bits(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values.astype(BF16)).view(np.uint16)
+
+
+def _f32(bits: np.ndarray) -> np.ndarray:
+    """bf16 bits as the f32 values they stand for (exact)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _bf16_case(rng, width, rows, vecs, k=11, taps=3):
+    """Random bf16 operands of a kernel call with offsets, strides, taps and an accumulated c."""
+    vw = vecs * width
+    lda, astep, bstep, ldc = 2 * k * taps + 3, 2, 2 * vw + 6, vw + 8
+    a = _bits(rng.standard_normal(rows * lda + 64))
+    b = _bits(rng.standard_normal(taps * (k + 1) * bstep + 64))
+    ta = np.array([2 * k * t for t in range(taps)], np.int64)
+    tb = np.array([(k + 1) * bstep * t for t in (2, 0, 1)[:taps]], np.int64)
+    c = rng.standard_normal(rows * ldc + 9).astype(np.float32)
+    return dict(c=c, coff=5, ldc=ldc, a=a, aoff=1, lda=lda, astep=astep, b=b, boff=3, bstep=bstep, ta=ta, tb=tb,
+                ntaps=taps, k=k)
+
+
+def _bf16_model(p: dict, width: int, rows: int, vecs: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the instruction's order in f32: per step the odd pair's product added, then the even
+    pair's, each sum rounded once, the products being exact; the float64 sum) of a kernel call."""
+    vw = vecs * width
+    c32, c64 = p["c"].copy(), p["c"].astype(np.float64)
+    a, b = _f32(p["a"]), _f32(p["b"])
+    for r in range(rows):
+        at = p["coff"] + r * p["ldc"]
+        acc, exact = c32[at:at + vw].copy(), c64[at:at + vw].copy()
+        for t in range(p["ntaps"]):
+            for i in range(p["k"]):
+                ai = p["aoff"] + p["ta"][t] + r * p["lda"] + i * p["astep"]
+                bi = p["boff"] + p["tb"][t] + i * p["bstep"]
+                pairs = b[bi:bi + 2 * vw].reshape(vw, 2)
+                for half in (1, 0):
+                    acc = (acc + np.float32(a[ai + half]) * pairs[:, half]).astype(np.float32)
+                    exact += np.float64(a[ai + half]) * pairs[:, half].astype(np.float64)
+        c32[at:at + vw], c64[at:at + vw] = acc, exact
+    return c32, c64
+
+
+@pytest.mark.parametrize("width, rows, vecs", ALL_BLOCKS)
+def test_bf16_kernel_is_the_instructions_order_bit_exact(width, rows, vecs, rng):
+    """The bf16 kernel (the instruction where the host has AVX512_BF16, else the stand-in) sums
+    each lane's pairs in VDPBF16PS's order, bit for bit, and close to the float64 sums."""
+    if width != 16 and NATIVE_BF16:
+        pytest.skip("the instruction is 16 lanes wide (the stand-in runs at 8 elsewhere)")
+    p = _bf16_case(rng, width, rows, vecs)
+    want, exact = _bf16_model(p, width, rows, vecs)
+    got = p["c"].copy()
+    microkernel.kernel_call(width, rows, vecs)(got, *list(p.values())[1:])
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-4 * np.abs(exact).max())
+
+
+def test_kernel_rejects_mixed_operands():
+    """f32 against bf16 operands is a typing error naming both, not a wrong answer."""
+    c, f, u, t = np.zeros(8, np.float32), np.zeros(8, np.float32), np.zeros(8, np.uint16), np.zeros(1, np.int64)
+    with pytest.raises(Exception, match="both float32 or both"):
+        microkernel.kernel_call(8, 8, 1)(c, 0, 8, f, 0, 1, 1, u, 0, 8, t, t, 1, 1)
+
+
+@pytest.mark.parametrize("channels, width, rows, block", [
+    (8, 8, None, (8, 1)), (16, 8, None, (6, 2)), (24, 8, None, (4, 3)), (40, 8, None, (4, 3)), (64, 8, 64, (6, 2)),
+    (16, 16, None, (16, 1)), (30, 16, None, (14, 2)), (48, 16, None, (8, 3)), (64, 16, None, (14, 2)),
+    (64, 16, 64, (6, 4)), (80, 16, None, (14, 2)), (24, 8, 8, (4, 3))])
+def test_block_choice(channels, width, rows, block):
+    """Fewest idle lanes (and rows), then most accumulators, then fewest loads per FMA; all fit
+    the register file."""
+    assert microkernel.block_for(channels, width, rows) == block
+    registers = {8: 16, 16: 31}[width]    # 16 ymm; 32 zmm less one for the compiler's use
+    assert all(r * v + v + 1 <= registers for r, v in microkernel.BLOCKS[width])
+
+
+def _geometry(n, groups, icg, ocg, in_size, kernel, strides, pads) -> ConvGeometry:
+    out = tuple((i + 2 * p - k) // s + 1 for i, p, k, s in zip(in_size, pads, kernel, strides))
+    return ConvGeometry(n, groups, groups * icg, groups * ocg, in_size, out, kernel, strides, (1,) * len(kernel),
+                        pads, pads)
+
+
+BF16_CASES = {
+    "odd channels": _geometry(2, 1, 5, 19, (7, 9), (3, 3), (1, 1), (1, 1)),
+    "groups, odd pairs, strides": _geometry(2, 3, 7, 9, (8, 7), (3, 2), (2, 1), (1, 0)),
+    "3-D, 1x1x1 output tail": _geometry(1, 1, 18, 33, (3, 4, 5), (2, 3, 2), (1, 2, 1), (0, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BF16_CASES))
+def test_bf16_family_drivers_against_reference(case, rng):
+    """Forward and backward data of bf16 data on the ``avx512_bf16`` family run the bf16 kernel
+    (channel pairs, odd channel counts padded per group) and match the float64 reference."""
+    g, reference = BF16_CASES[case], get_engine("reference")
+    x, w, dy = (rng.uniform(-1, 1, s).astype(BF16) for s in (g.x_shape, g.w_shape, g.y_shape))
+    before = isa.set_family("avx512_bf16", allow_emulated=True)
+    try:
+        assert jit._depth(BF16) == 2 and jit._depth(np.dtype(np.float32)) == 1
+        got = {"forward": jit.forward(g, x, w), "backward_data": jit.backward_data(g, dy, w)}
+    finally:
+        isa.set_family(before)
+    for task, args in (("forward", (x, w)), ("backward_data", (dy, w))):
+        want = getattr(reference, task)(g, *args)
+        assert got[task].dtype == np.float32
+        np.testing.assert_allclose(got[task], want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=task)
+
+
+def test_every_jit_family_is_selectable():
+    """The selection rule considers every family with JIT kernels (not only AVX2)."""
+    assert set(TUNING.jit_families) == set(isa.WIDTH)
+
+
+def test_register_chains_compute_what_they_claim():
+    """The register-only probe's chains are real work: their lane sums match a float64 model."""
+    out = np.zeros(2, np.float32)
+    microkernel._register_spin(8)(out, 50)
+    acc = 0.999 + np.arange(microkernel._CHAINS[8], dtype=np.float64)
+    for _ in range(50):
+        acc = acc * np.float32(0.999) + np.float32(0.999) * 0.5
+    np.testing.assert_allclose(out, 8 * acc.sum(), rtol=1e-5)
+    assert microkernel.register_peak(8, 1, seconds=0.05) > 0
+
+
+# --- assembly for CPUs this host may lack -----------------------------------------------------
+
+_ASM = textwrap.dedent("""
+    import sys
+    import llvmlite.binding as llvm
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    module = llvm.parse_assembly(sys.stdin.read())
+    module.verify()
+    target = llvm.Target.from_triple("x86_64-unknown-linux-gnu")
+    print(target.create_target_machine(cpu=sys.argv[1], features="", opt=3).emit_assembly(module))
+""")
+
+
+def _inner_loop(asm: str) -> list[str]:
+    """The instructions of the innermost loop (a label and the backward jump to it with no
+    label between) that holds the most vector instructions."""
+    lines = [line.strip() for line in asm.splitlines()]
+    loops = []
+    for end, line in enumerate(lines):
+        jump = re.match(r"j\w+\s+(\.LBB\w+)", line)
+        if jump and f"{jump.group(1)}:" in lines[:end]:
+            start = lines.index(f"{jump.group(1)}:")
+            body = lines[start + 1:end + 1]
+            if not any(re.match(r"\.LBB\w+:", b) for b in body):
+                loops.append(body)
+    assert loops, asm
+    return max(loops, key=lambda body: sum("mm" in b for b in body))
+
+
+def _assembly(ir_text: str, cpu: str) -> str:
+    out = subprocess.run([sys.executable, "-c", _ASM, cpu], input=ir_text, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+@pytest.mark.parametrize("cpu", ["znver4", "sapphirerapids"])
+@pytest.mark.parametrize("kind", ["f32", "bf16"])
+def test_avx512_kernels_assembly(cpu, kind):
+    """Every 16-wide block compiled for an AVX-512 CPU: one ``vfmadd231ps`` (f32) or
+    ``vdpbf16ps`` (bf16) on zmm registers per accumulator in the inner loop, and no spill there
+    (no stack operand). One subprocess per CPU and kind (the bf16 intrinsic aborts LLVM for a
+    CPU without it)."""
+    names = {"f32": "vfmadd231ps", "bf16": "vdpbf16ps"}
+    modules = [microkernel.kernel_ir(16, rows, vecs, bf16=kind == "bf16", native=True)
+               for rows, vecs in microkernel.BLOCKS[16]]
+    for (rows, vecs), text in zip(microkernel.BLOCKS[16], modules):
+        loop = _inner_loop(_assembly(text, cpu))
+        ops = [line for line in loop if line.startswith(names[kind])]
+        assert len(ops) == rows * vecs and all("zmm" in op for op in ops), (rows, vecs, loop)
+        assert not [line for line in loop if "(%rsp)" in line], (rows, vecs, loop)
+
+
+def test_avx2_kernels_assembly():
+    """The 8-wide blocks for Zen 3 (AVX2): ``vfmadd231ps`` on ymm registers, no spill in the inner loop."""
+    for rows, vecs in microkernel.BLOCKS[8]:
+        loop = _inner_loop(_assembly(microkernel.kernel_ir(8, rows, vecs), "znver3"))
+        ops = [line for line in loop if line.startswith("vfmadd")]
+        assert len(ops) == rows * vecs and all("ymm" in op for op in ops), (rows, vecs, loop)
+        assert not [line for line in loop if "(%rsp)" in line], (rows, vecs, loop)
+
+
+# --- natively, where the host has the family --------------------------------------------------
+
+@pytest.mark.skipif(not NATIVE_BF16, reason="the host lacks AVX512_BF16")
+def test_native_bf16_denormals_and_nan():
+    """The instruction itself: denormal bf16 inputs count as zero, NaN propagates."""
+    call = microkernel.kernel_call(16, 16, 1)
+    one, t = np.zeros(1, np.int64), np.ones(2 * 16, np.float32)
+    b = _bits(t)
+    for a_value, check in ((np.uint16(0x0001), lambda c: np.all(c == 1.0)), (_bits(np.array([np.nan]))[0], np.isnan)):
+        a = np.zeros(2 * 16 + 2, np.uint16)
+        a[1::2] = a_value                                       # the odd half of each row's pair
+        c = np.ones(16 * 16, np.float32)
+        call(c, 0, 16, a, 0, 2, 2, b, 0, 32, one - 1, one - 1, 1, 1)
+        assert np.all(check(c)), c
+
+
+@pytest.mark.skipif("avx512f" not in isa.host_features(), reason="the host lacks AVX-512")
+def test_native_avx512_denormals_and_nan(rng):
+    """16-wide f32 kernels natively: denormals are kept (no flushing), NaN propagates."""
+    call = microkernel.kernel_call(16, 14, 2)
+    zero = np.zeros(1, np.int64)
+    a = np.full(14, np.float32(1e-39), np.float32)                  # a denormal
+    a[3] = np.nan
+    b = np.ones(32, np.float32)
+    c = np.zeros(14 * 32, np.float32)
+    call(c, 0, 32, a, 0, 1, 1, b, 0, 32, zero, zero, 1, 1)
+    c = c.reshape(14, 32)
+    assert np.isnan(c[3]).all() and np.all(c[np.arange(14) != 3] == np.float32(1e-39))
+
+
+# --- the disk cache follows the kernel's source -----------------------------------------------
+
+_CACHED = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    import numpy as np
+    from convgrad.engines.fast import microkernel
+    assert microkernel.__file__.startswith(sys.argv[1]), microkernel.__file__
+
+    @microkernel.cached_njit()
+    def probe(x):
+        return x + 1
+
+    probe(np.int64(1))
+    print(sum(probe.stats.cache_hits.values()), sum(probe.stats.cache_misses.values()))
+""")
+
+
+def test_disk_cache_is_invalidated_when_the_kernel_source_changes(tmp_path):
+    """A caller compiled with ``cached_njit`` loads from numba's disk cache in a new process,
+    and recompiles once ``microkernel.py`` was edited (numba alone checks only the caller's file)."""
+    package = Path(cg.__file__).parent
+    shutil.copytree(package, tmp_path / "convgrad", ignore=shutil.ignore_patterns("__pycache__"))
+    script = tmp_path / "probe.py"
+    script.write_text(_CACHED)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def hits_misses() -> tuple[int, ...]:
+        out = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return tuple(map(int, out.stdout.split()))
+
+    assert hits_misses() == (0, 1)
+    assert hits_misses() == (1, 0)
+    kernel = tmp_path / "convgrad" / "engines" / "fast" / "microkernel.py"
+    kernel.write_text(kernel.read_text() + "\n# edited\n")
+    assert hits_misses() == (0, 1)
+    assert hits_misses() == (1, 0)

@@ -1,0 +1,238 @@
+"""The plan cache, the tuner and ``convgrad tune`` (engine v3: plans measured on this machine)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import convgrad as cg
+from convgrad.dtypes import DATA_DTYPES
+from convgrad.engines.fast import Features, Plan, candidates, default_plan, plan_cache, select, tune
+from convgrad.problem import ConvGeometry
+
+GEOMETRY = ConvGeometry(2, 1, 16, 24, (9, 10), (9, 10), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own empty cache directory and a process state that has read nothing."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("CONVGRAD_PLANS", raising=False)
+    monkeypatch.delenv("CONVGRAD_AUTOTUNE", raising=False)
+    plan_cache._loaded.clear()
+    plan_cache._warned.clear()
+    yield tmp_path / "cache" / "convgrad" / "plans.json"
+    plan_cache._loaded.clear()
+    plan_cache._warned.clear()
+
+
+def features(task: str = "backward_data", dtype: str = "f32", channels_first: bool = False,
+             g: ConvGeometry = GEOMETRY) -> Features:
+    return Features.of(g, task, DATA_DTYPES[dtype], channels_first)
+
+
+def other_plan(f: Features) -> Plan:
+    """A candidate plan of ``f`` that is not its default (the problem has several)."""
+    plans = [p for p in candidates(f) if p != default_plan(f)]
+    assert plans, f"no second candidate for {f}"
+    return plans[0]
+
+
+def test_cache_file_honours_xdg_cache_home(fresh_cache: Path) -> None:
+    assert plan_cache.cache_file() == fresh_cache
+
+
+def test_round_trip_in_this_and_a_new_process(fresh_cache: Path) -> None:
+    f = features()
+    plan = other_plan(f)
+    assert plan_cache.lookup(f) is None
+    assert select(f) == default_plan(f)
+    plan_cache.store(f, plan, 1.5, 2.0)
+    assert plan_cache.lookup(f) == plan and select(f) == plan
+    data = json.loads(fresh_cache.read_text())
+    (slot,) = data["machines"].values()
+    assert slot["plans"][f.key()]["plan"] == plan.to_json() and slot["plans"][f.key()]["ms"] == 1.5
+    code = ("from convgrad.engines.fast import Features, plan_cache, Plan; from convgrad.problem import ConvGeometry;"
+            "import numpy as np, json, sys;"
+            f"g = ConvGeometry(*{(GEOMETRY.n, GEOMETRY.groups, GEOMETRY.ic, GEOMETRY.oc)}, {GEOMETRY.in_size},"
+            f"{GEOMETRY.out_size}, {GEOMETRY.kernel}, {GEOMETRY.strides}, {GEOMETRY.dilations}, {GEOMETRY.pads_begin},"
+            f"{GEOMETRY.pads_end}); f = Features.of(g, 'backward_data', np.dtype('float32'), False);"
+            "print(json.dumps(plan_cache.lookup(f).to_json()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy(),
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert Plan.from_json(json.loads(out.stdout)) == plan
+
+
+def test_other_problems_keep_the_default() -> None:
+    f = features()
+    plan_cache.store(f, other_plan(f))
+    for g in (features("backward_weights"), features(dtype="bf16"), features(channels_first=True),
+              features(g=replace(GEOMETRY, n=3))):
+        assert plan_cache.lookup(g) is None and select(g) == default_plan(g)
+
+
+def test_plans_off_and_a_named_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_cache: Path) -> None:
+    f = features()
+    plan = other_plan(f)
+    plan_cache.store(f, plan)
+    monkeypatch.setenv("CONVGRAD_PLANS", "off")
+    assert plan_cache.lookup(f) is None and select(f) == default_plan(f)
+    named = tmp_path / "elsewhere" / "mine.json"
+    monkeypatch.setenv("CONVGRAD_PLANS", str(named))
+    assert plan_cache.cache_file() == named and plan_cache.lookup(f) is None
+    plan_cache.store(f, plan)
+    assert named.is_file() and plan_cache.lookup(f) == plan
+
+
+@pytest.mark.parametrize("content", [b"\x00\xffnot json", b'{"format": "convgrad-plans", "version": 1, "mach',
+                                     b"[1, 2, 3]", b'{"format": "convgrad-plans", "version": 99, "machines": {}}',
+                                     b'{"format": "convgrad-plans", "version": 1, "machines": {"x": 5}}',
+                                     b"[" * 100_000])
+def test_a_corrupt_file_is_ignored_with_one_warning(fresh_cache: Path, content: bytes) -> None:
+    fresh_cache.parent.mkdir(parents=True)
+    fresh_cache.write_bytes(content)
+    f = features()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            assert plan_cache.lookup(f) is None and select(f) == default_plan(f)
+        x = np.random.default_rng(1).standard_normal((2, 9, 10, 16), np.float32)
+        w = np.random.default_rng(2).standard_normal((3, 3, 16, 24), np.float32)
+        y = cg.convolution(x, w, strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1])
+    assert y.shape == (2, 9, 10, 24)
+    messages = [w for w in caught if issubclass(w.category, plan_cache.PlanCacheWarning)]
+    assert len(messages) == 1 and str(fresh_cache) in str(messages[0].message)
+    plan = other_plan(f)
+    plan_cache.store(f, plan)           # tuning rewrites it
+    assert plan_cache.lookup(f) == plan
+
+
+def test_an_entry_that_is_not_a_plan_is_ignored(fresh_cache: Path) -> None:
+    f = features()
+    plan_cache.store(f, other_plan(f))
+    data = json.loads(fresh_cache.read_text())
+    (slot,) = data["machines"].values()
+    slot["plans"][f.key()]["plan"] = {"strategy": "no such strategy", "params": {}}
+    fresh_cache.write_text(json.dumps(data))
+    with pytest.warns(plan_cache.PlanCacheWarning, match="not a plan"):
+        assert plan_cache.lookup(f) is None
+    assert select(f) == default_plan(f)
+
+
+def test_a_foreign_machine_key_is_never_used(fresh_cache: Path) -> None:
+    f = features()
+    plan = other_plan(f)
+    info = plan_cache.machine()
+    for change in ({"cpu": "Some Other CPU"}, {"features": ["avx2"] if "avx512f" in info["features"] else
+                                               ["avx512f"]}, {"convgrad": "0.0.1"}, {"threads": info["threads"] + 7},
+                   {"family": "portable"}):
+        foreign = {**info, **change}
+        data = {"format": "convgrad-plans", "version": 1,
+                "machines": {plan_cache.machine_key(foreign): {**foreign, "plans": {f.key(): {"plan": plan.to_json()}}}}}
+        fresh_cache.parent.mkdir(parents=True, exist_ok=True)
+        fresh_cache.write_text(json.dumps(data))
+        assert plan_cache.lookup(f) is None, change
+        (entry,) = plan_cache.entries()
+        assert not entry.current and entry.plan == plan
+
+
+def _store_many(path: str, first: int, count: int) -> None:
+    os.environ["CONVGRAD_PLANS"] = path
+    for n in range(first, first + count):
+        g = replace(GEOMETRY, n=n)
+        f = Features.of(g, "backward_data", np.dtype(np.float32), False)
+        plan_cache.store(f, default_plan(f), float(n))
+
+
+def test_two_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
+    path = str(tmp_path / "shared.json")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_store_many, args=(path, 1 + 20 * j, 20)) for j in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    data = json.loads(Path(path).read_text())
+    (slot,) = data["machines"].values()
+    assert len(slot["plans"]) == 40
+    assert sorted(e["ms"] for e in slot["plans"].values()) == [float(n) for n in range(1, 41)]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_tune_times_every_candidate_and_stores_the_winner() -> None:
+    f = features()
+    tuned = tune.tune(f, min_runs=2, block_seconds=0.01, pause=0)
+    assert [t.plan for t in tuned.timings][0] == default_plan(f)
+    assert {t.plan for t in tuned.timings} == set(candidates(f)) | {default_plan(f)}
+    assert all(t.runs >= 2 and t.median_ms > 0 for t in tuned.timings)
+    best = min(tuned.timings, key=lambda t: t.median_ms)
+    assert tuned.chosen in (best.plan, tuned.default)
+    assert plan_cache.lookup(f) == tuned.chosen
+    kept = tune.tune(f, min_runs=2, block_seconds=0.01, pause=0, margin=1.0)  # nothing beats it by 100%
+    assert kept.chosen == kept.default and plan_cache.lookup(f) == kept.default
+
+
+def test_autotune_tunes_a_new_problem_at_its_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONVGRAD_AUTOTUNE", "1")
+    f = features("backward_weights")
+    assert plan_cache.entries() == []
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 9, 10, 16), np.float32)
+    dy = rng.standard_normal((2, 9, 10, 24), np.float32)
+    dw = cg.convolution_backward_weights(x, dy, [3, 3, 16, 24], strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1])
+    ref = cg.convolution_backward_weights(x, dy, [3, 3, 16, 24], strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1],
+                                          engine="reference")
+    np.testing.assert_allclose(dw, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    assert plan_cache.lookup(f) is not None
+    assert [e.problem for e in plan_cache.entries()] == [f.key()]
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "convgrad", "tune", *args], capture_output=True, text=True,
+                          env=env or os.environ.copy(), timeout=300)
+
+
+def test_convgrad_tune_shapes_show_and_clear(tmp_path: Path, fresh_cache: Path) -> None:
+    shapes = tmp_path / "shapes"
+    shapes.write_text('# two layers\nmb2ic16ih10oc24oh10kh3ph1n"a"\n\nmb2ic8ih7oc8oh7kh1ph0n"b:1x1"  # comment\n')
+    out = _cli(f"--shapes={shapes}", "--dir=BWD_D,BWD_W", "--block-ms=5")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count(":TUNED ") == 4 and "Traceback" not in out.stderr
+    assert str(fresh_cache) in out.stdout
+    data = json.loads(fresh_cache.read_text())
+    (slot,) = data["machines"].values()
+    assert len(slot["plans"]) == 4
+    show = _cli("--show")
+    assert show.returncode == 0 and "4 plans for it" in show.stdout
+    cleared = _cli("--clear")
+    assert cleared.returncode == 0 and "removed 4 plans" in cleared.stdout
+    assert "0 plans for it" in _cli("--show").stdout
+
+
+def test_convgrad_tune_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    bad.write_text("--dir=BWD_D\nmb2ic16ih10oc24oh10kh3ph1n\"ok\"\nic0oc4\n")
+    out = _cli(f"--shapes={bad}", "--dir=BWD_D", "--block-ms=5")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert f"{bad}:1:" in out.stdout and "give options on its command line" in out.stdout
+    assert f"{bad}:3:" in out.stdout and out.stdout.count(":TUNED ") == 1
+    for args in (("--dir=SIDEWAYS", "ic4ih4oc4oh4kh1"), ("--dt=f8", "ic4ih4oc4oh4kh1"), ()):
+        usage = _cli(*args)
+        assert usage.returncode == 2 and "Traceback" not in usage.stderr, args
+    missing = _cli(f"--shapes={tmp_path / 'none'}")
+    assert missing.returncode == 1 and "no such file" in missing.stdout.lower()
+    hostile = tmp_path / "hostile"
+    hostile.write_text('ic4ih4oc4oh4kh1n"\x1b]0;pwned\x07"\n')
+    out = _cli(f"--shapes={hostile}", "--dir=BWD_D", "--block-ms=5")
+    assert out.returncode == 0 and "\x1b" not in out.stdout + out.stderr and "\\x1b]0;pwned" in out.stdout
