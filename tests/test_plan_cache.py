@@ -87,6 +87,8 @@ def test_plans_off_and_a_named_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     plan_cache.store(f, plan)
     monkeypatch.setenv("CONVGRAD_PLANS", "off")
     assert plan_cache.lookup(f) is None and select(f) == default_plan(f)
+    tuned = tune.tune(features("backward_weights"), min_runs=1, block_seconds=0.001, pause=0)
+    assert tuned.chosen is not None and len(plan_cache.entries()) == 1  # measured, not stored
     named = tmp_path / "elsewhere" / "mine.json"
     monkeypatch.setenv("CONVGRAD_PLANS", str(named))
     assert plan_cache.cache_file() == named and plan_cache.lookup(f) is None

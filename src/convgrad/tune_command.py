@@ -143,9 +143,10 @@ def run(problems: list[Problem], errors: list[str], block_ms: float, console: Co
                       ms(d), describe_plan(tuned.chosen), ms(c), "-" if math.isnan(d.median_ms) else
                       f"{tuned.speedup:.2f}x")
     console.print(table)
-    console.print(f"plan cache: {plan_cache.cache_file()} ({len(problems) - failed + len(errors)} of "
-                  f"{len(problems)} problems tuned in {time.perf_counter() - start:.1f} s)", markup=False,
-                  highlight=False)
+    where = f"plan cache: {plan_cache.cache_file()}" if plan_cache.enabled() else \
+        "plans not stored (CONVGRAD_PLANS=off)"
+    console.print(f"{where} ({len(problems) - failed + len(errors)} of {len(problems)} problems tuned in "
+                  f"{time.perf_counter() - start:.1f} s)", markup=False, highlight=False)
     return 0 if failed == 0 else 1
 
 

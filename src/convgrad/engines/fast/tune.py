@@ -110,8 +110,8 @@ def _time(plan: Plan, f: Features, g: ConvGeometry, arrays: tuple[np.ndarray, np
 
 def tune(f: Features, *, store: bool = True, min_runs: int = 3, block_seconds: float = 0.2, pause: float = 0.05,
          margin: float = MARGIN, seed: int = 0) -> Tuned:
-    """Time every candidate plan of ``f`` (each in its own block) and, with ``store``, cache the
-    fastest (the default plan unless another beats it by more than ``margin``). Plans whose
+    """Time every candidate plan of ``f`` (each in its own block) and, with ``store`` (and plans
+    not turned off by ``CONVGRAD_PLANS=off``), cache the fastest (the default plan unless another beats it by more than ``margin``). Plans whose
     memory bound exceeds the memory budget are not tried."""
     g = f.geometry
     default = default_plan(f)
@@ -128,7 +128,7 @@ def tune(f: Features, *, store: bool = True, min_runs: int = 3, block_seconds: f
         base = timings[0]
         chosen = best.plan if best.median_ms < (1 - margin) * base.median_ms else default
     tuned = Tuned(f, timings, default, chosen)
-    if store:
+    if store and plan_cache.enabled():
         _store(tuned)
     return tuned
 
