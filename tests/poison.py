@@ -43,18 +43,23 @@ class PoisonedNumpy:
         return self._poison(np.empty_like(*args, **kwargs))
 
 
-def _allocating_modules() -> list[types.ModuleType]:
-    found = []
-    for name, module in list(sys.modules.items()):
-        if not (name == "convgrad" or name.startswith("convgrad.")) or getattr(module, "np", None) is not np:
-            continue
+_ALLOCATES: dict[str, bool] = {}
+
+
+def _allocates(module: types.ModuleType) -> bool:
+    """Whether the module's source calls ``np.empty`` (read once per module)."""
+    if module.__name__ not in _ALLOCATES:
         try:
-            source = inspect.getsource(module)
+            _ALLOCATES[module.__name__] = "np.empty" in inspect.getsource(module)
         except (OSError, TypeError):
-            continue
-        if "np.empty" in source:
-            found.append(module)
-    return found
+            _ALLOCATES[module.__name__] = False
+    return _ALLOCATES[module.__name__]
+
+
+def _allocating_modules() -> list[types.ModuleType]:
+    return [module for name, module in list(sys.modules.items())
+            if (name == "convgrad" or name.startswith("convgrad.")) and getattr(module, "np", None) is np
+            and _allocates(module)]
 
 
 def _compiled(module: types.ModuleType) -> bool:
