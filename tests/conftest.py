@@ -18,3 +18,4 @@ def poisoned_empty(monkeypatch):
     missing write shows in the result (see poison.py)."""
     from poison import poison
     poison(monkeypatch.setattr)
+
