@@ -48,3 +48,31 @@ def test_weights_gradient_with_several_tiles_of_channels(kind: str, weights_form
         case = Case(kind, geom, data_format=data_format, weights_format=weights_format)
         with poisoned_allocations():
             check(case, torch_results(geom, random_tensors(geom, rng)), seed, engine=engine)
+
+
+def test_data_views_and_their_memory_order() -> None:
+    """NCX data as canonical (N, *X, C) views and back; channels_first tells NCX memory from NXC."""
+    ncx = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    canonical = layout.data_to_canonical(ncx, "NCX")
+    assert canonical.shape == (2, 4, 5, 3) and np.shares_memory(canonical, ncx)
+    assert canonical[1, 2, 3, 0] == ncx[1, 0, 2, 3] and layout.channels_first(canonical)
+    assert layout.data_from_canonical(canonical, "NCX").base is not None
+    assert np.array_equal(layout.data_from_canonical(canonical, "NCX"), ncx)
+    nxc = np.ascontiguousarray(canonical)
+    assert layout.data_to_canonical(nxc, "NXC") is nxc and not layout.channels_first(nxc)
+    assert layout.data_from_canonical(nxc, "NXC") is nxc
+    one_channel = np.zeros((2, 4, 5, 1), np.float32)  # strides[-1] 4 < strides[-2] 4? equal: not channels-first
+    assert not layout.channels_first(one_channel)
+    assert layout.channels_first(np.zeros((2, 1, 7), np.float32).transpose(0, 2, 1))  # NCX, 1-D
+    assert not layout.channels_first(np.zeros((7, 3), np.float32).T)  # 2 axes: not data
+
+
+@pytest.mark.parametrize("weights_format", ["OIX", "IOX", "XIO", "XOI"])
+def test_weights_views(weights_format: str) -> None:
+    w = np.arange(4 * 3 * 2 * 5, dtype=np.float64).reshape(4, 3, 2, 5)  # (A, B, K...) or (K..., B, A)
+    canonical = layout.weights_to_canonical(w, weights_format)
+    if weights_format[0] == "X":
+        assert canonical is w
+    else:
+        assert canonical.shape == (2, 5, 3, 4) and canonical[1, 4, 2, 3] == w[3, 2, 1, 4]
+    assert np.array_equal(layout.weights_from_canonical(canonical, weights_format), w)

@@ -193,3 +193,82 @@ def test_fallback_estimate_is_conservative(kind: str) -> None:
     finally:
         tracemalloc.stop()
     assert result.shape == problem.output_shape and peak <= estimate
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes for people, and what the budget accepts
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("nbytes,text", [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"),
+                                         (MiB - 1, "1024.0 KiB"), (MiB, "1.0 MiB"), (5 * GiB // 2, "2.5 GiB"),
+                                         (3 * 2**40, "3.0 TiB"), (2**50, "1024.0 TiB")])
+def test_format_size(nbytes: int, text: str) -> None:
+    assert limits.format_size(nbytes) == text
+
+
+@pytest.mark.parametrize("text,expected", [("7", 7), ("2KiB", 2048), ("1.5 mib", 3 * 2**19), ("2tb", 2 * 10**12),
+                                           ("3 TiB", 3 * 2**40), ("1.", 1), ("4g", 4 * 10**9), ("0", 0)])
+def test_parse_size_units(text: str, expected: int) -> None:
+    assert limits.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["5 XiB", "2 GiB GiB", "1,5GB", ".5GB"])
+def test_parse_size_refuses_with_the_reason(text: str) -> None:
+    with pytest.raises(cg.ResourceError) as info:
+        limits.parse_size(text)
+    assert str(info.value) == (f"memory size {text!r} is not understood: expected bytes or a number with a unit "
+                               "such as 512MiB, 2GiB or 1.5GB")
+
+
+@pytest.mark.parametrize("value", [-1, 2.5, True, np.bool_(False), "x", [1], np.int64(-3), np.float64(3)])
+def test_set_memory_budget_refuses_with_the_reason(value: Any) -> None:
+    with pytest.raises(cg.ResourceError) as info:
+        cg.set_memory_budget(value)
+    if not isinstance(value, str):
+        assert str(info.value) == (f"memory budget {value!r}: expected a non-negative number of bytes, a size string "
+                                   "such as '2GiB', or None")
+
+
+@pytest.mark.parametrize("value,budget", [(0, 0), (np.int32(5), 5), (np.uint64(7), 7), ("1KiB", 1024)])
+def test_set_memory_budget_accepts(value: Any, budget: int) -> None:
+    try:
+        cg.set_memory_budget(value)
+        assert cg.memory_budget() == budget and type(cg.memory_budget()) is int
+    finally:
+        cg.set_memory_budget(None)
+
+
+def test_over_budget_message_word_for_word() -> None:
+    op = cg.Op("Convolution", **_CONV)
+    x, w = np.ones((2, 7, 6, 3), np.float32), np.ones((3, 3, 3, 4), np.float32)
+    try:
+        cg.set_memory_budget(100)
+        with pytest.raises(cg.ResourceError) as info:
+            op(x, w, engine=_Plain())
+    finally:
+        cg.set_memory_budget(None)
+    assert str(info.value) == (
+        "Convolution: the result 'dst' [2, 7, 6, 4] (336 values) alone needs about 5.2 KiB (5376 bytes), over the "
+        "memory budget of 100 B (100 bytes). Raise it with convgrad.set_memory_budget('...GiB') or the "
+        "CONVGRAD_MEMORY_BUDGET environment variable (default: half of the available memory), or split the problem "
+        "(e.g. the batch)")
+    try:
+        cg.set_memory_budget(_ESTIMATE - 1)
+        with pytest.raises(cg.ResourceError) as info:
+            op(x, w, engine=_Plain())
+    finally:
+        cg.set_memory_budget(None)
+    assert str(info.value).startswith(
+        "Convolution: running this problem on the plain engine (tensors 'src' [2, 7, 6, 3] (252 values), 'weights' "
+        "[3, 3, 3, 4] (108 values), 'dst' [2, 7, 6, 4] (336 values)) needs about 22.9 KiB (23424 bytes), over the "
+        "memory budget of 22.9 KiB (23423 bytes).")
+
+
+def test_million_values_are_written_in_short() -> None:
+    x = np.broadcast_to(np.float32(1), (1, 1000, 1000, 1))
+    try:
+        cg.set_memory_budget(1000)
+        with pytest.raises(cg.ResourceError, match=r"'src' \[1, 1000, 1000, 1\] \(1e\+06 values\), 'weights' "
+                                                   r"\[1, 1, 1, 1\] \(1 value\),"):
+            cg.convolution(x, np.ones((1, 1, 1, 1), np.float32), strides=[1000, 1000], engine=_Plain())
+    finally:
+        cg.set_memory_budget(None)
