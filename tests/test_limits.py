@@ -68,6 +68,10 @@ def machine(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     ({"/proc/meminfo": MEMINFO, V2[0]: str(2**32 + 6), V2[1]: "0"}, {}, 2**31 + 3),
     # usage over the limit: nothing left
     ({"/proc/meminfo": MEMINFO, V2[0]: "1000", V2[1]: "5000"}, {}, 0),
+    # 2^60 and above are "no limit" even when the usage leaves little below them
+    ({"/proc/meminfo": MEMINFO, V2[0]: str(2**60), V2[1]: str(2**60 - 1000)}, {}, 4_096_000_000),
+    ({"/proc/meminfo": MEMINFO, V2[0]: str(2**60 + 10), V2[1]: str(2**60)}, {}, 4_096_000_000),
+    ({"/proc/meminfo": MEMINFO, V2[0]: str(2**60 - 1), V2[1]: str(2**60 - 1001)}, {}, 500),
     # a limit without a usage file: not usable, so no bound
     ({"/proc/meminfo": MEMINFO, V2[0]: "1000"}, {}, 4_096_000_000),
     # no /proc/meminfo: sysconf's available pages x page size, 1000 x 4096 bytes
@@ -92,6 +96,11 @@ def test_default_budget_derivation(machine: dict[str, Any], files: dict[str, str
     machine["files"].update(files)
     machine["sysconf"].update(sysconf)
     assert cg.memory_budget() == budget
+
+
+def test_nothing_left_below_the_cgroup_limit(machine: dict[str, Any]) -> None:
+    machine["files"].update({"/proc/meminfo": MEMINFO, V1[0]: "4096", V1[1]: "8192"})
+    assert limits.available_memory() == 0
 
 
 def test_odd_available_bytes_round_down(machine: dict[str, Any]) -> None:
@@ -165,6 +174,32 @@ def test_estimate_for_an_engine_without_workspace_bytes() -> None:
         np.testing.assert_allclose(op(x, w, engine=_Plain()), op(x, w, engine="reference"), rtol=0, atol=0)
     finally:
         cg.set_memory_budget(None)
+
+
+def test_estimate_uses_the_engines_own_working_set() -> None:
+    class Reporting(_Plain):
+        def workspace_bytes(self, g, task, dtype) -> int:
+            assert (g.ic, g.oc, task, dtype) == (3, 4, "forward", np.float32)
+            return 1000
+    op = cg.Op("Convolution", **_CONV)
+    problem = op.infer((2, 7, 6, 3), (3, 3, 3, 4))
+    assert limits.estimate_bytes(problem, Reporting()) == 1000 + 5376  # + the API's copies of the result
+
+
+def test_sizes_up_to_int64_pass_and_beyond_fail() -> None:
+    """A tensor of 2^60 - 1 values (x 8 bytes: just below 2^63) is inferred; 2^60 is a ShapeError
+    naming it. (Op.infer allocates nothing.)"""
+    a, b = 2**30 - 1, 2**30 + 1  # a * b = 2^60 - 1
+    op = cg.Op("Convolution", strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], dilations=[1, 1])
+    assert op.infer((1, a, b, 1), (1, 1, 1, 1)).output_shape == (1, a, b, 1)
+    with pytest.raises(cg.ShapeError) as info:
+        op.infer((1, 2**30, 2**30, 1), (1, 1, 1, 1))
+    assert str(info.value) == (f"Convolution: the 'src' tensor of this problem would have shape [1, {2**30}, {2**30}, "
+                               "1]: sizes beyond int64 cannot be allocated or indexed")
+    with pytest.raises(cg.ShapeError, match=r"the zero-padded 'src' tensor of this problem would have shape "
+                                            rf"\[1, {2**30}, {b}, 1\]"):
+        cg.Op("Convolution", strides=[1, 1], pads_begin=[1, 0], pads_end=[0, 0], dilations=[1, 1]).infer(
+            (1, a, b, 1), (2, 1, 1, 1))
 
 
 @pytest.mark.parametrize("kind", ["Convolution", "ConvolutionBackwardData", "ConvolutionBackwardWeights",

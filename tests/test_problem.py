@@ -19,6 +19,7 @@ from convgrad import problem
     ("same_upper", (7,), (3,), (2,), (0,), (1,)),      # 7 % 3 = 1: total 1
     ("same_lower", (7,), (3,), (2,), (1,), (0,)),
     ("same_upper", (9,), (3,), (2,), (0,), (0,)),      # EK < S: no padding
+    ("same_upper", (7,), (4,), (2,), (0,), (0,)),      # 7 % 4 = 3 > EK: no padding
     ("same_upper", (4, 5), (1, 1), (3, 4), (1, 1), (1, 2)),
     ("same_lower", (4, 5), (1, 1), (3, 4), (1, 2), (1, 1)),
     ("same_upper", None, (2,), (5,), (1,), (2,)),       # ConvTranspose: max(0, EK - S) = 3
