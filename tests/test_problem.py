@@ -4,6 +4,7 @@ tests let through (docs/testing.md)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import convgrad as cg
@@ -86,3 +87,32 @@ def test_problem_tensor_shapes_and_repr() -> None:
     assert g.flops == 2 * 3 * 6 * 2 * 6 * 21
     assert repr(p) == ("Problem(ConvolutionBackwardWeights: diff_weights (6, 2, 3, 2) f32, pads_begin=[1, 0], "
                        "pads_end=[0, 2], groups=2, NCX/OIX)")
+
+
+@pytest.mark.parametrize("shapes,message", [
+    (((1, 4, 4, 2), (0, 2, 3, 3)), "input 'weights' has shape [0, 2, 3, 3]: expected positive sizes"),
+    (((1, 4, 4, 2), (3, 2, 3, 0)), "input 'weights' has shape [3, 2, 3, 0]: expected positive sizes"),
+    (((1, 4, 4, 0), (3, 2, 3, 3)), "input 'src' has shape [1, 4, 4, 0]: expected positive sizes (a batch of 0 is "
+                                   "allowed)"),
+    (((1, 0, 4, 2), (3, 2, 3, 3)), "input 'src' has shape [1, 0, 4, 2]: expected positive sizes (a batch of 0 is "
+                                   "allowed)"),
+])
+def test_zero_sizes_are_refused_but_a_zero_batch(shapes, message) -> None:
+    op = cg.Op("Convolution", strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], dilations=[1, 1],
+               weights_format="OIX")
+    with pytest.raises(cg.ShapeError) as info:
+        op.infer(*shapes)
+    assert str(info.value) == f"Convolution: {message}"
+    assert op.infer((0, 4, 4, 2), (3, 2, 3, 3)).output_shape == (0, 2, 2, 3)
+
+
+def test_bias_rank_and_dtype_messages() -> None:
+    op = cg.Op("Convolution", strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], dilations=[1, 1])
+    x, w = np.ones((1, 4, 4, 2), np.float32), np.ones((3, 3, 2, 2), np.float32)
+    with pytest.raises(cg.ShapeError) as info:
+        op(x, w, np.ones((2, 1), np.float32))
+    assert str(info.value) == "Convolution: input 'bias' has shape [2, 1] (rank 2): expected rank 1"
+    with pytest.raises(cg.DTypeError) as info:
+        op(x, w.astype(np.float16))
+    assert str(info.value) == ("Convolution: input 'weights' has dtype f16: expected f32 like input 'src' (all data "
+                               "inputs share a dtype)")
