@@ -1,13 +1,14 @@
 # `make demo` runs the main job, `make test` the tests. Also: `make fuzz`, the long fuzz run
 # (FUZZ_EXAMPLES per fuzz test); `make bench`, the benchmark against PyTorch (writes
 # benchmarks/RESULTS.md and benchmarks/results.png; BENCH_ARGS=--quick for a short check).
+# `make mutate`, mutation testing (mutmut) of the modules in MUTATE_MODULES (docs/testing.md).
 # All install what they need into .venv.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install -qq --disable-pip-version-check
 
-.PHONY: demo test fuzz bench install clean
+.PHONY: demo test fuzz bench mutate install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,5 +40,29 @@ fuzz: $(VENV)/.installed-test
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
+# Mutation testing (issue 26, docs/testing.md): mutmut (pinned, the `mutate` extra) mutates the
+# modules below (paths under src/convgrad/, without .py) one change at a time and runs, for each
+# mutant, the tests among MUTATE_TESTS that reach the mutated function; survivors are printed.
+# Not part of `make test`. Run it before an engine change lands, with the engine's strategy
+# modules: e.g. make mutate MUTATE_MODULES="engines/fast/__init__ engines/fast/frame".
+MUTATE_MODULES ?= problem layout limits engines/fast/__init__ engines/fast/frame engines/fast/kernels \
+	engines/fast/direct engines/fast/output_rows engines/fast/pointwise engines/fast/jit engines/fast/depthwise
+MUTATE_TESTS ?= tests/test_limits.py tests/test_layout.py tests/test_grid.py tests/test_transpose_sizes.py tests/test_api.py \
+	tests/test_errors.py tests/test_strategies.py tests/test_guarantees.py
+MUTATE_CHILDREN ?= 2
+
+$(VENV)/.installed-mutate: pyproject.toml $(VENV)/.installed-test
+	$(PIP) -e '.[mutate]'
+	touch $@
+
+# mutmut reads its settings from setup.cfg (generated here from the variables above; ignored by git).
+mutate: $(VENV)/.installed-mutate
+	rm -rf mutants
+	{ echo '[mutmut]'; echo 'source_paths=src/'; echo 'only_mutate='; \
+	  for m in $(MUTATE_MODULES); do echo "    src/convgrad/$$m.py"; done; \
+	  echo 'pytest_add_cli_args_test_selection='; for t in $(MUTATE_TESTS); do echo "    $$t"; done; } > setup.cfg
+	$(BIN)/mutmut run --max-children $(MUTATE_CHILDREN) || true
+	$(BIN)/mutmut results
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis mutants setup.cfg

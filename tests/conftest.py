@@ -17,3 +17,12 @@ os.environ.pop("CONVGRAD_AUTOTUNE", None)
 def rng() -> np.random.Generator:
     """A fresh, unseeded generator per test (random non-zero inputs, fresh per case)."""
     return np.random.default_rng()
+
+
+@pytest.fixture
+def poisoned_empty(monkeypatch):
+    """convgrad's ``np.empty`` allocations (outputs, workspaces) NaN-filled for the test, so that a
+    missing write shows in the result (see poison.py)."""
+    from poison import poison
+    poison(monkeypatch.setattr)
+

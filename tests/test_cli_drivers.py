@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from child_env import subprocess_env
 from click.testing import CliRunner
 
 import convgrad as cg
@@ -158,8 +159,11 @@ def test_help_is_complete():
 def test_module_entry_point():
     result = subprocess.run([sys.executable, "-m", "convgrad", "conv", "--seed=7", "ic2ih4oc2oh4kh3ph1"],
                             capture_output=True, text=True, cwd=ROOT, check=False,
-                            env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
+                            env=subprocess_env())
     assert result.returncode == 0, result.stderr
+    imported = subprocess.run([sys.executable, "-c", "import convgrad; print(convgrad.__file__)"], capture_output=True,
+                              text=True, cwd=ROOT, check=True, env=subprocess_env()).stdout.strip()
+    assert Path(imported).resolve() == Path(cg.__file__).resolve()  # the package under test, not the checkout
     assert "0:PASSED __REPRO: convgrad conv --mode=C --engine=" in result.stdout
     assert "--seed=7 ic2ih4oc2oh4kh3ph1" in result.stdout
 

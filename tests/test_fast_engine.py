@@ -16,6 +16,7 @@ from convgrad.dtypes import DATA_DTYPES
 from convgrad.engines import default_engine_name, get_engine
 from convgrad.engines.fast import Features, Plan, forced_plan, forced_strategy
 from convgrad.problem import ConvGeometry
+from poison import poisoned_allocations
 
 FAST, REF = get_engine("fast"), get_engine("reference")
 TASKS = ("forward", "backward_data", "backward_weights")
@@ -30,30 +31,6 @@ def path(request) -> str:
     """Run the test once on each strategy of the fast engine."""
     with forced_strategy(request.param):
         yield request.param
-
-
-class _PoisonedNumpy:
-    """NumPy, except that ``empty`` returns NaN-filled float arrays."""
-
-    def __getattr__(self, name: str):
-        return getattr(np, name)
-
-    @staticmethod
-    def empty(*args, **kwargs) -> np.ndarray:
-        a = np.empty(*args, **kwargs)
-        if a.dtype.kind == "f":
-            a.fill(np.nan)
-        return a
-
-
-@pytest.fixture
-def poisoned_empty(monkeypatch) -> None:
-    """The fast engine's GEMM-path modules get a ``np.empty`` that returns NaN-filled arrays, so
-    that a buffer read before it is written (a missing zero fill) shows in the result. (Only
-    modules without numba code: numba must keep compiling against NumPy itself.)"""
-    from convgrad.engines import fast
-    for module in (fast.gemm, fast.frame, fast.kernels, fast.output_rows, fast.pointwise):
-        monkeypatch.setattr(module, "np", _PoisonedNumpy())
 
 
 def _tolerance(dtype: np.dtype) -> float:
@@ -114,7 +91,7 @@ GRID = list(itertools.product(OPS, (1, 2, 3), ("NXC", "NCX"), (1, 3)))
 
 
 @pytest.mark.parametrize("kind,rank,fmt,groups", GRID)
-def test_ops_grid_against_reference(kind, rank, fmt, groups, rng, path):
+def test_ops_grid_against_reference(kind, rank, fmt, groups, rng, path, poisoned_empty):
     g = _geometry(2, groups, 2, 3, (6, 5, 4)[:rank], (3, 2, 2)[:rank], (2, 1, 2)[:rank], (1, 2, 1)[:rank],
                   (1, 0, 1)[:rank], (0, 1, 1)[:rank])
     transposed = kind.startswith("ConvTranspose")
@@ -161,7 +138,7 @@ def geometries(draw) -> ConvGeometry:
        path=st.sampled_from(PATHS))
 def test_random_geometries_against_reference(g, dtype, channels_first, path):
     inputs = _engine_inputs(g, np.random.default_rng(), dtype, channels_first)
-    with forced_strategy(path):
+    with forced_strategy(path), poisoned_allocations():
         for task in TASKS:
             got, want = getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task])
             assert got.dtype == np.dtype(dtype)
@@ -232,7 +209,7 @@ def test_batch_chunks_and_row_blocks(dtype_name, monkeypatch, rng, strategy, poi
 @pytest.mark.parametrize("dtype_name", ["f32", "bf16"])
 @pytest.mark.parametrize("channels_first", [False, True])
 def test_narrow_weights_gather_taps_over_blocks_of_output_rows(channels_first, dtype_name, groups, monkeypatch,
-                                                               rng):
+                                                               rng, poisoned_empty):
     """The frame's weights gradient for narrow inputs gathers the taps of blocks of output rows
     (256 here, on images of 400 outputs): blocks inside an image at an offset and blocks across
     images (NCX: dy copied channel-major; NXC f32: one matrix; bf16: widened first)."""
@@ -421,7 +398,7 @@ def test_addmm_refuses_what_blas_cannot_take(rng):
 
 
 @pytest.mark.parametrize("channels_first", [False, True])
-def test_frame_path_without_blas_accumulation(monkeypatch, channels_first, rng):
+def test_frame_path_without_blas_accumulation(monkeypatch, channels_first, rng, poisoned_empty):
     """The NumPy fallback (matmul into scratch, then +=) gives the reference results too."""
     from convgrad.engines.fast import blas
     monkeypatch.setattr(blas, "addmm", lambda *a, **k: False)
@@ -437,7 +414,7 @@ def test_frame_path_without_blas_accumulation(monkeypatch, channels_first, rng):
 @pytest.mark.parametrize("strides", [(1, 1), (2, 3)])
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("kind", ["Convolution", "ConvolutionBackwardData", "ConvolutionBackwardWeights"])
-def test_pointwise_low_precision_blocks(kind, dtype, strides, monkeypatch, rng):
+def test_pointwise_low_precision_blocks(kind, dtype, strides, monkeypatch, rng, poisoned_empty):
     """bf16/f16 1x1 layers, converted block by block (256-row blocks, the last one short; with
     strides, runs of whole images, and dx zero where no output reads)."""
     from convgrad.engines.fast import pointwise

@@ -33,6 +33,8 @@ from click.testing import CliRunner
 from hypothesis import currently_in_test_context, event, given
 from hypothesis import strategies as st
 
+from child_env import subprocess_env
+
 from convgrad.cli import main
 from convgrad.driver import CONV, GRAPH, Driver
 from convgrad.graph import DIRECTIONS
@@ -447,7 +449,7 @@ def test_subprocess_exit_codes(tmp_path: Path, args: list[str]) -> None:
     (tmp_path / "[bold]x[red].json").write_text(json.dumps(GRAPHS["conv_fwd_nxc_f32.json"]))
     result = subprocess.run([sys.executable, "-m", "convgrad", *(a.format(tmp=tmp_path) for a in args)],
                             capture_output=True, text=True, timeout=120, check=False,
-                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                            env=subprocess_env())
     assert result.returncode in (0, 1, 2), result
     assert "Traceback" not in result.stdout + result.stderr, result.stderr
     if result.returncode != 2:

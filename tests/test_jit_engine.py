@@ -198,10 +198,33 @@ def test_strategy_forcing_is_checked(monkeypatch):
     assert select(Features.of(CASES["wide 1x1"], "backward_data", np.float32, False)).param("variant") == "frame"
 
 
+@pytest.mark.parametrize("features,families", [
+    (set(), ["portable"]),
+    ({"avx2"}, ["portable"]),                                   # AVX2 without FMA: no avx2 kernels
+    ({"avx2", "fma", "sse4.2"}, ["avx2", "portable"]),
+    ({"avx512f", "avx2", "fma"}, ["avx512", "avx2", "portable"]),
+    ({"avx512f", "avx512bf16", "avx2", "fma"}, ["avx512_bf16", "avx512", "avx2", "portable"]),
+    ({"avx512bf16"}, ["portable"]),
+])
+def test_families_follow_the_cpu_features(features, families, monkeypatch):
+    """The families a CPU supports, best first, from its LLVM feature names; the engine uses the
+    best unless CONVGRAD_ISA (read at first use) names another."""
+    monkeypatch.setattr(isa, "host_features", lambda: frozenset(features))
+    assert isa.supported() == families
+    monkeypatch.setattr(isa, "_current", [])
+    monkeypatch.delenv("CONVGRAD_ISA", raising=False)
+    assert isa.family() == families[0]
+    monkeypatch.setattr(isa, "_current", [])
+    monkeypatch.setenv("CONVGRAD_ISA", "portable")
+    assert isa.family() == "portable"
+
+
 def test_families_and_widths():
-    """The host's families are detected from its features, best first; widths are 16 / 8."""
+    """On this host: portable always last, the engine on the best family or the one CONVGRAD_ISA
+    names; widths are 16 / 8."""
     have = isa.supported()
-    assert have[-1] == "portable" and have[0] == isa.family() or os.environ.get("CONVGRAD_ISA")
+    assert have[-1] == "portable"
+    assert isa.family() == (os.environ.get("CONVGRAD_ISA") or have[0])
     assert {isa.WIDTH[f] for f in ("avx512_bf16", "avx512")} == {16} and isa.WIDTH["avx2"] == 8
     assert ("avx2" in have) == ({"avx2", "fma"} <= isa.host_features())
 

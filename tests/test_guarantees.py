@@ -1,0 +1,267 @@
+"""The promises of docs/guarantees.md that are about values, each checked on every op, both
+engines and every strategy of the fast engine (forced), with convgrad's allocations NaN-poisoned:
+
+- NaN and Inf (*NaN and Inf*): a NaN in one window makes exactly the outputs that read it NaN;
+  ``0 * inf`` with a zero gradient or weight gives NaN, not 0; padding is exact zeros, so outputs
+  that read only padding stay 0 even when every real input is NaN; overflow rounds to +-Inf in
+  bf16/f16; underflow gives a zero of the right sign.
+- No warnings and no floating-point exceptions (promise 6): every test here runs under
+  ``np.errstate(all="raise")`` and ``warnings.simplefilter("error")``.
+- Zero-copy DLPack input (promise 2): PyTorch tensors reach the engine as views of their memory.
+
+The expected values, and where NaN must appear, come from PyTorch float64 autograd on the same
+inputs, its padding explicit zeros (tests/oracle.py): the defining sums, evaluated by IEEE
+arithmetic. (So a NaN weight makes NaN every output of its channel, also where its tap meets
+padding: 0 * NaN is NaN.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+
+import ml_dtypes
+import numpy as np
+import pytest
+from oracle import IO, OPS, Case, Geometry, torch_results
+from poison import poisoned_allocations
+
+import convgrad as cg
+from convgrad.engines.fast import STRATEGIES, forced_strategy
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+#: Every engine configuration: the reference engine, and the fast one with each strategy forced
+#: (where a strategy does not apply the selection rule runs instead).
+ENGINES = [("reference", None), ("fast", None), *[("fast", s) for s in STRATEGIES]]
+#: Known: the frame strategy's data gradient multiplies the weights by the zero rows of its frame
+#: beyond dy's outputs, so a NaN or Inf weight gives NaN in dx elements that no sum of the op
+#: pairs with it (found by this file; reported, not fixed here: the engine is being rewritten).
+KNOWN = {("ConvolutionBackwardData", "frame"), ("ConvTranspose", "frame")}
+
+
+SPECIAL_CASES = [pytest.param(k, e, s, id=f"{k}-{e}-{s}" if s else f"{k}-{e}",
+                              marks=[pytest.mark.xfail(reason="frame dx: NaN/Inf weights meet junk rows", strict=False)]
+                              if (k, s) in KNOWN else []) for k in OPS for e, s in ENGINES]
+#: Two geometries: strides, dilations and asymmetric pads with some outputs reading only padding
+#: (pads larger than the dilated kernel's reach), and a wide one the GEMM strategies take.
+GEOMETRIES = [
+    Geometry(2, 1, 3, 2, (5, 4), (2, 3), (2, 1), (1, 2), (3, 1), (1, 4)),
+    Geometry(2, 1, 9, 10, (6, 7), (3, 3), (1, 2), (1, 1), (1, 4), (3, 1)),
+]
+
+
+@pytest.fixture(autouse=True)
+def strict_numpy() -> Iterator[None]:
+    """Promise 6: a caller's np.seterr(all="raise") and warnings-as-errors change nothing."""
+    with np.errstate(all="raise"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
+
+
+def _run(case: Case, tensors: dict[str, np.ndarray], engine: str, strategy: str | None, dtype=np.float64) -> np.ndarray:
+    with forced_strategy(strategy) if strategy else contextlib.nullcontext(), poisoned_allocations():
+        return np.asarray(case.run(case.inputs(tensors, dtype), engine=engine), np.float64)
+
+
+def _exact(case: Case, tensors: dict[str, np.ndarray]) -> np.ndarray:
+    """The op's result by PyTorch float64 autograd on the same (float64) inputs."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return case.expected(torch_results(case.geom, tensors))
+
+
+def _tensors(geom: Geometry, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Random non-zero canonical x, w, dy (NCX, OIX), f64."""
+    def draw(shape):
+        return rng.uniform(0.25, 1.0, shape) * rng.choice([-1.0, 1.0], shape)
+    return {"x": draw(geom.x_shape), "w": draw(geom.w_shape), "dy": draw(geom.y_shape)}
+
+
+def _operands(kind: str) -> tuple[str, str]:
+    """The canonical names of the op's two data inputs, in spec order."""
+    return tuple(n for n in IO[kind][0] if n in ("x", "w", "dy"))  # type: ignore[return-value]
+
+
+def _cases(kind: str) -> list[Case]:
+    return [Case(kind, g, data_format=fmt) for g, fmt in zip(GEOMETRIES, ("NXC", "NCX"))]
+
+
+def _reads(case: Case, tensors: dict[str, np.ndarray], name: str, where: np.ndarray) -> np.ndarray:
+    """The outputs whose sums pair an element ``where`` of input ``name`` with a real (not
+    padding) element of the other input: PyTorch on an indicator of ``where`` next to positive
+    inputs (its non-zero outputs; no cancellation)."""
+    positive = {k: np.abs(v) + 0.25 for k, v in tensors.items()}
+    return _exact(case, dict(positive, **{name: where.astype(np.float64)})) != 0
+
+
+def _check_special(case: Case, tensors: dict[str, np.ndarray], name: str, where: np.ndarray, value: float,
+                   engine: str, strategy: str | None) -> None:
+    """Input ``name`` holds ``value`` (NaN or Inf) at ``where``. NaN must appear in every output
+    whose sum meets it with a real element of the other input (``value * x`` is NaN for NaN, and
+    Inf times a real zero), and in no output whose sum does not meet it at all; every other output
+    is the sum without it. Between the two: outputs where it meets only padding. The reference
+    engine sums over zero-padded copies (0 * NaN = NaN there); the fast engine's loops and GEMMs
+    skip padding, as oneDNN's kernels do; docs/guarantees.md does not choose, so neither is
+    required here (see docs/testing.md)."""
+    inputs = dict(tensors, **{name: np.where(where, value, tensors[name])})
+    got = _run(case, inputs, engine, strategy)
+    with np.errstate(all="ignore"):
+        ieee = _exact(case, inputs)  # the defining sums over zero padding, by IEEE arithmetic
+    meets = _reads(case, tensors, name, where) if np.isnan(value) else np.isnan(ieee) & ~_padding_only(
+        case, tensors, name, where)
+    nan = np.isnan(got)
+    assert (nan[meets]).all(), f"{case}: {value} in {name} not propagated"
+    assert not nan[~np.isnan(ieee)].any(), f"{case}: {value} in {name} propagated where no sum meets it"
+    without = _exact(case, dict(tensors, **{name: np.where(where, 0.0, tensors[name])}))
+    np.testing.assert_allclose(got[~nan], without[~nan], rtol=1e-12, atol=1e-12)
+
+
+def _padding_only(case: Case, tensors: dict[str, np.ndarray], name: str, where: np.ndarray) -> np.ndarray:
+    """The outputs where the elements ``where`` of ``name`` meet no real element of the other input."""
+    return ~_reads(case, tensors, name, where)
+
+
+@pytest.mark.parametrize("kind,engine,strategy", SPECIAL_CASES)
+def test_nan_in_one_window_makes_its_outputs_nan(kind: str, engine: str, strategy: str | None) -> None:
+    rng = np.random.default_rng()
+    for case in _cases(kind):
+        tensors = _tensors(case.geom, rng)
+        for name in _operands(kind):
+            for _ in range(2):
+                where = np.zeros(tensors[name].shape, bool)
+                where[tuple(rng.integers(0, s) for s in where.shape)] = True
+                _check_special(case, tensors, name, where, np.nan, engine, strategy)
+
+
+@pytest.mark.parametrize("kind,engine,strategy", SPECIAL_CASES)
+def test_inf_times_a_zero_gradient_or_weight_is_nan(kind: str, engine: str, strategy: str | None) -> None:
+    """An infinite element of one input next to an all-zero other input (a zero gradient, zero
+    weights): NaN where the infinity meets a real zero, exact zeros where it meets nothing."""
+    rng = np.random.default_rng()
+    for case in _cases(kind):
+        tensors = _tensors(case.geom, rng)
+        first, second = _operands(kind)
+        for name, other in ((first, second), (second, first)):
+            where = np.zeros(tensors[name].shape, bool)
+            where[tuple(rng.integers(0, s) for s in where.shape)] = True
+            zeros = dict(tensors, **{other: np.zeros_like(tensors[other])})
+            _check_special(case, zeros, name, where, np.inf, engine, strategy)
+
+
+@pytest.mark.parametrize("kind,engine,strategy", SPECIAL_CASES)
+def test_padding_is_never_nan(kind: str, engine: str, strategy: str | None) -> None:
+    """Every real element of an input NaN: NaN wherever it is read, and outputs whose windows
+    read only padding of it are exact zeros (the padding itself is never NaN)."""
+    rng = np.random.default_rng()
+    for case in _cases(kind):
+        tensors = _tensors(case.geom, rng)
+        for name in _operands(kind):
+            _check_special(case, tensors, name, np.ones(tensors[name].shape, bool), np.nan, engine, strategy)
+        if kind == "Convolution":  # this geometry has outputs whose window lies wholly in padding
+            assert _padding_only(case, tensors, "x", np.ones(tensors["x"].shape, bool)).any()
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)])
+@pytest.mark.parametrize("engine,strategy", ENGINES, ids=[f"{e}-{s}" if s else e for e, s in ENGINES])
+@pytest.mark.parametrize("kind", OPS)
+def test_overflow_rounds_to_inf(kind: str, engine: str, strategy: str | None, dtype: np.dtype) -> None:
+    """Sums beyond the dtype's largest value are +-Inf with the sign of the sum; the others are
+    finite and within one ulp of the exact sum. One input is large and all of one sign, the other
+    positive (no cancellation: no partial sum overflows unless the whole sum does)."""
+    rng = np.random.default_rng()
+    threshold = float(ml_dtypes.finfo(dtype).max) * (1 + 2.0 ** -(ml_dtypes.finfo(dtype).nmant + 2))
+    for case in _cases(kind):
+        first, second = _operands(kind)
+        for sign in (1.0, -1.0):
+            tensors = {k: np.abs(v) for k, v in _tensors(case.geom, rng).items()}
+            big = 2 * threshold / np.abs(_exact(case, tensors)).max()  # the largest sums twice the limit
+            tensors[first] = sign * big * tensors[first]
+            tensors = {k: v.astype(dtype).astype(np.float64) for k, v in tensors.items()}
+            exact = _exact(case, tensors)  # f64: no overflow
+            got = _run(case, tensors, engine, strategy, dtype)
+            over = np.abs(exact) >= threshold
+            assert over.any() and (~over).any(), "the case should have both"
+            clear = np.abs(np.abs(exact) / threshold - 1) > 2.0 ** -10  # not at the rounding boundary
+            assert (got[over & clear] == sign * np.inf).all(), f"{case} {dtype}"
+            ulp = 2.0 ** -ml_dtypes.finfo(dtype).nmant
+            finite = ~over & clear
+            assert np.isfinite(got[finite]).all()
+            np.testing.assert_allclose(got[finite], exact[finite], rtol=ulp, atol=0)
+
+
+#: Per dtype, a power of two whose square is below half the dtype's smallest subnormal (so every
+#: sum of fewer than 1024 such products rounds to a zero), yet exact in the f32 accumulator for the
+#: 16-bit dtypes. f32 data: its products underflow f32 itself, so only f64 accumulation (the
+#: reference engine) keeps their sign; the fast engine's f32 sums of such products are +0.
+TINY = {"float16": 2.0 ** -24, "bfloat16": 2.0 ** -72, "float32": 2.0 ** -80}
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16), np.dtype(np.float32)])
+@pytest.mark.parametrize("engine,strategy", ENGINES, ids=[f"{e}-{s}" if s else e for e, s in ENGINES])
+@pytest.mark.parametrize("kind", OPS)
+def test_underflow_gives_a_signed_zero(kind: str, engine: str, strategy: str | None, dtype: np.dtype) -> None:
+    """Sums of products below the dtype's smallest subnormal: every output is a zero, and where
+    the exact sum is negative, -0."""
+    rng = np.random.default_rng()
+    tiny = TINY[dtype.name]
+    for case in _cases(kind):
+        first, second = _operands(kind)
+        for sign in (1.0, -1.0):
+            tensors = {k: np.abs(v) for k, v in _tensors(case.geom, rng).items()}
+            tensors[first] = sign * tiny * np.ones_like(tensors[first])
+            tensors[second] = tiny * np.ones_like(tensors[second])
+            got = _run(case, tensors, engine, strategy, dtype)
+            read = _exact(case, tensors) != 0  # outputs with terms (the others: padding only)
+            assert (got == 0).all() and read.any()
+            if dtype != np.float32 or engine == "reference":
+                assert (np.signbit(got[read]) == (sign < 0)).all(), f"{case} {dtype}: {got[read]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Zero-copy DLPack input
+# ---------------------------------------------------------------------------------------------
+class _Spy:
+    """The reference engine, recording the canonical arrays each call receives."""
+
+    name = "spy"
+
+    def __init__(self) -> None:
+        self.seen: list[np.ndarray] = []
+        reference = cg.get_engine("reference")
+        for method in ("forward", "backward_data", "backward_weights"):
+            setattr(self, method, self._recording(getattr(reference, method)))
+
+    def _recording(self, method):
+        def call(g, a, b):
+            self.seen += [a, b]
+            return method(g, a, b)
+        return call
+
+
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+def test_torch_tensors_reach_the_engine_without_a_copy(data_format: str) -> None:
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, 6, 5, 4) if data_format == "NXC" else (2, 4, 6, 5)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 4, 6)).astype(np.float32)
+    wide = torch.zeros(2 * x.size, dtype=torch.float32)
+    tx = wide[::2].view(x.shape)  # every other element: a non-contiguous view
+    tx.copy_(torch.from_numpy(x))
+    tw = torch.from_numpy(w.copy())
+    spy = _Spy()
+    got = cg.convolution(tx, tw, strides=[1, 2], pads_begin=[1, 0], pads_end=[0, 1], data_format=data_format,
+                         engine=spy)
+    seen_x, seen_w = spy.seen
+    assert np.shares_memory(seen_x, wide.numpy()) and np.shares_memory(seen_w, tw.numpy())
+    want = cg.convolution(x, w, strides=[1, 2], pads_begin=[1, 0], pads_end=[0, 1], data_format=data_format,
+                          engine="reference")
+    np.testing.assert_array_equal(got, want)
+    # bf16 tensors (a dtype NumPy's DLPack import lacks) are read as their bits, also without a copy
+    spy.seen.clear()
+    bx, bw = tx.to(torch.bfloat16), tw.to(torch.bfloat16)
+    got = cg.convolution(bx, bw, strides=[1, 2], data_format=data_format, engine=spy)
+    assert np.shares_memory(spy.seen[0], bx.view(torch.int16).numpy())
+    want = cg.convolution(bx.float().numpy().astype(BF16), bw.float().numpy().astype(BF16), strides=[1, 2],
+                          data_format=data_format, engine="reference")
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
