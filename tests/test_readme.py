@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -75,7 +76,11 @@ def test_python_snippet_runs(code, tmp_path, monkeypatch):
     for extra in ("torch", "jax", "dask"):
         if re.search(rf"^import {extra}\b", code, re.M):
             pytest.importorskip(extra)
-    exec(compile(code, "<README snippet>", "exec"), {"__name__": "readme"})
+    with contextlib.ExitStack() as stack:
+        if "dask" in code:  # another test's dask.distributed client may have left itself the default scheduler
+            dask = pytest.importorskip("dask")
+            stack.enter_context(dask.config.set(scheduler="threads"))
+        exec(compile(code, "<README snippet>", "exec"), {"__name__": "readme"})
 
 
 def _normal(line: str) -> str:

@@ -111,6 +111,8 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) ->
     """``task`` on its two canonical inputs by ``plan``'s variant; the result in the
     accumulation dtype (the pointwise variant: in the data's dtype, rounded block by block)."""
     name, acc = plan.param("variant"), compute_dtype(a.dtype)
+    if name == "frame" and task == "backward_data" and not _finite(b, acc):
+        name = "output_rows"  # the frame would multiply a NaN/Inf weight by its junk rows' zeros
     budget = chunk_budget(g, a.dtype, plan.param("chunk_bytes"), expanding=name == "output_rows")
     block = plan.param("block_bytes")
     if name == "pointwise":
@@ -122,6 +124,12 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) ->
             g, a, b, acc, budget)
     return {"forward": _forward, "backward_data": _backward_data, "backward_weights": _backward_weights}[task](
         g, a, b, acc, budget, block)
+
+
+def _finite(w: np.ndarray, acc: np.dtype) -> bool:
+    """Whether every weight is finite (one reduction: a sum that overflows counts as not finite,
+    which only sends the problem to the output-row GEMMs, exact for finite weights too)."""
+    return math.isfinite(float(np.add.reduce(w, axis=None, dtype=acc)))
 
 
 def _pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, acc: np.dtype, block: int) -> np.ndarray:
