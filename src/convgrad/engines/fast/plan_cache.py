@@ -67,8 +67,16 @@ def enabled() -> bool:
 
 def cache_file() -> Path:
     """The cache file: ``CONVGRAD_PLANS`` when it names a file, else ``plans.json`` in the
-    user's cache directory for convgrad."""
-    named = os.environ.get("CONVGRAD_PLANS", "").strip()
+    user's cache directory for convgrad (``XDG_CACHE_HOME``, else under ``HOME``)."""
+    env = tuple(os.environ.get(k) for k in ("CONVGRAD_PLANS", "XDG_CACHE_HOME", "HOME"))
+    return _cache_file(*env)
+
+
+@functools.lru_cache(maxsize=8)
+def _cache_file(plans: str | None, xdg: str | None, home: str | None) -> Path:
+    """:func:`cache_file` for these environment values (platformdirs costs tens of microseconds:
+    select asks at every call)."""
+    named = (plans or "").strip()
     if named and enabled() and named.lower() not in ("on", "1", "true", "yes"):
         return Path(named).expanduser()
     import platformdirs
@@ -108,9 +116,17 @@ def machine() -> dict[str, Any]:
 
 def machine_key(info: dict[str, Any] | None = None) -> str:
     """The key plans of this machine (or of ``info``) are stored under."""
-    m = info or machine()
+    if info is None:
+        return _machine_key(isa.family(), _threads())
+    m = info
     return (f"{m['cpu']} | {m['cpu_name']} | {'+'.join(m['features'])} | family={m['family']} | "
             f"threads={m['threads']} | convgrad {m['convgrad']}")
+
+
+@functools.lru_cache(maxsize=16)
+def _machine_key(family: str, threads: int) -> str:
+    """This machine's key with that kernel family and thread count (the rest cannot change)."""
+    return machine_key({**machine(), "family": family, "threads": threads})
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -173,10 +189,10 @@ def lookup(f: Features, tune: bool = False) -> Plan | None:
     if not enabled():
         return None
     state = _current()
-    key = (machine_key(), f.key())
+    key = (machine_key(), f)
     plans = state["plans"]
     if key not in plans:
-        entry = state["data"]["machines"].get(key[0], {}).get("plans", {}).get(key[1])
+        entry = state["data"]["machines"].get(key[0], {}).get("plans", {}).get(f.key())
         plans[key] = _plan(entry, state["stamp"][0]) if entry is not None else None
     if plans[key] is None and tune:
         from .tune import autotuned
