@@ -45,10 +45,12 @@ bench: $(VENV)/.installed-test
 # mutant, the tests among MUTATE_TESTS that reach the mutated function; survivors are printed.
 # Not part of `make test`. Run it before an engine change lands, with the engine's strategy
 # modules: e.g. make mutate MUTATE_MODULES="engines/fast/__init__ engines/fast/frame".
-MUTATE_MODULES ?= problem layout limits engines/fast/__init__ engines/fast/frame engines/fast/kernels \
-	engines/fast/direct engines/fast/output_rows engines/fast/pointwise engines/fast/jit engines/fast/depthwise
-MUTATE_TESTS ?= tests/test_limits.py tests/test_layout.py tests/test_grid.py tests/test_transpose_sizes.py tests/test_api.py \
-	tests/test_errors.py tests/test_strategies.py tests/test_guarantees.py
+MUTATE_MODULES ?= problem layout limits engines/fast/__init__ engines/fast/plan engines/fast/features \
+	engines/fast/geometry engines/fast/direct engines/fast/jit engines/fast/gemm engines/fast/frame engines/fast/kernels \
+	engines/fast/output_rows engines/fast/pointwise engines/fast/depthwise engines/fast/plan_cache
+MUTATE_TESTS ?= tests/test_limits.py tests/test_layout.py tests/test_problem.py tests/test_grid.py \
+	tests/test_transpose_sizes.py tests/test_api.py tests/test_errors.py tests/test_strategies.py \
+	tests/test_guarantees.py tests/test_engine_plans.py tests/test_plan_cache.py
 MUTATE_CHILDREN ?= 2
 
 $(VENV)/.installed-mutate: pyproject.toml $(VENV)/.installed-test
