@@ -307,3 +307,35 @@ def test_million_values_are_written_in_short() -> None:
             cg.convolution(x, np.ones((1, 1, 1, 1), np.float32), strides=[1000, 1000], engine=_Plain())
     finally:
         cg.set_memory_budget(None)
+
+
+def test_check_memory_takes_the_engines_own_estimate_up_to_the_budget_exactly() -> None:
+    """A budget equal to what the call needs passes (the checks are strict ``>``); the engine's
+    own ``workspace_bytes`` is what counts (not the conservative fallback), and an engine without
+    a name is called '?' in the message."""
+    from convgrad.limits import _result_bytes, check_memory, set_memory_budget
+
+    x, w = np.ones((1, 6, 6, 4), np.float32), np.ones((3, 3, 4, 5), np.float32)
+    problem, _ = cg.Op("Convolution", strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0],
+                       dilations=[1, 1]).prepare(x, w)
+
+    class Lean:
+        name = "lean"
+
+        def workspace_bytes(self, g, task, dtype) -> int:
+            return 0
+
+    class Anonymous:
+        def workspace_bytes(self, g, task, dtype) -> int:
+            return 1 << 40
+
+    try:
+        set_memory_budget(_result_bytes(problem))
+        check_memory(problem, Lean())  # needs exactly the budget: passes
+        with pytest.raises(cg.ConvgradError, match=r"on the \? engine"):
+            check_memory(problem, Anonymous())
+        set_memory_budget(_result_bytes(problem) - 1)
+        with pytest.raises(cg.ConvgradError, match="the result 'dst'"):
+            check_memory(problem, Lean())
+    finally:
+        set_memory_budget(None)
