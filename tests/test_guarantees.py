@@ -175,14 +175,17 @@ def test_overflow_rounds_to_inf(kind: str, engine: str, strategy: str | None, dt
     for case in _cases(kind):
         first, second = _operands(kind)
         for sign in (1.0, -1.0):
-            tensors = {k: np.abs(v) for k, v in _tensors(case.geom, rng).items()}
-            big = 2 * threshold / np.abs(_exact(case, tensors)).max()  # the largest sums twice the limit
-            tensors[first] = sign * big * tensors[first]
-            tensors = {k: v.astype(dtype).astype(np.float64) for k, v in tensors.items()}
-            exact = _exact(case, tensors)  # f64: no overflow
-            got = _run(case, tensors, engine, strategy, dtype)
-            over = np.abs(exact) >= threshold
+            for _ in range(50):  # random sums of one sign can all land above the limit: draw again
+                tensors = {k: np.abs(v) for k, v in _tensors(case.geom, rng).items()}
+                big = 2 * threshold / np.abs(_exact(case, tensors)).max()  # the largest sums twice the limit
+                tensors[first] = sign * big * tensors[first]
+                tensors = {k: v.astype(dtype).astype(np.float64) for k, v in tensors.items()}
+                exact = _exact(case, tensors)  # f64: no overflow
+                over = np.abs(exact) >= threshold
+                if over.any() and (~over).any():
+                    break
             assert over.any() and (~over).any(), "the case should have both"
+            got = _run(case, tensors, engine, strategy, dtype)
             clear = np.abs(np.abs(exact) / threshold - 1) > 2.0 ** -10  # not at the rounding boundary
             assert (got[over & clear] == sign * np.inf).all(), f"{case} {dtype}"
             ulp = 2.0 ** -ml_dtypes.finfo(dtype).nmant
