@@ -17,20 +17,13 @@ from convgrad.engines import get_engine
 from convgrad.engines.fast import (STRATEGIES, TUNING, Features, Plan, candidates, default_plan, forced_plan,
                                    forced_strategy, isa, plan_cache, select, strategy_module)
 from convgrad.problem import ConvGeometry
+from engine_support import geometry as _geometry
 
 FAST, REF = get_engine("fast"), get_engine("reference")
 TASKS = ("forward", "backward_data", "backward_weights")
 TOLERANCE = {"f64": 1e-10, "f32": 2e-5, "bf16": 2e-2, "f16": 2e-3}
 
 
-def _geometry(n, groups, icg, ocg, in_size, kernel, strides=None, dilations=None, pb=None, pe=None) -> ConvGeometry:
-    rank = len(in_size)
-    strides, dilations = strides or (1,) * rank, dilations or (1,) * rank
-    pb, pe = pb or (0,) * rank, pe or (0,) * rank
-    out = tuple((i + b + e - (k - 1) * d - 1) // s + 1
-                for i, b, e, k, d, s in zip(in_size, pb, pe, kernel, dilations, strides))
-    return ConvGeometry(n, groups, groups * icg, groups * ocg, tuple(in_size), out, tuple(kernel), tuple(strides),
-                        tuple(dilations), tuple(pb), tuple(pe))
 
 
 def _inputs(g: ConvGeometry, rng: np.random.Generator, dtype, channels_first: bool) -> dict[str, tuple]:

@@ -22,6 +22,7 @@ import convgrad as cg
 from convgrad.engines import get_engine
 from convgrad.engines.fast import Features, Plan, forced_strategy, isa, jit, microkernel, select
 from convgrad.problem import ConvGeometry
+from engine_support import geometry as _geometry
 
 TASKS = ("forward", "backward_data", "backward_weights")
 JIT_FAMILIES = [f for f in ("avx2", "avx512", "avx512_bf16") if f in isa.supported() or "avx2" in isa.supported()]
@@ -36,14 +37,6 @@ def family(request):
     isa.set_family(before)
 
 
-def _geometry(n, groups, icg, ocg, in_size, kernel, strides=None, dilations=None, pb=None, pe=None) -> ConvGeometry:
-    rank = len(in_size)
-    strides, dilations = strides or (1,) * rank, dilations or (1,) * rank
-    pb, pe = pb or (0,) * rank, pe or (0,) * rank
-    out = tuple((i + b + e - (k - 1) * d - 1) // s + 1
-                for i, b, e, k, d, s in zip(in_size, pb, pe, kernel, dilations, strides))
-    return ConvGeometry(n, groups, groups * icg, groups * ocg, tuple(in_size), out, tuple(kernel), tuple(strides),
-                        tuple(dilations), tuple(pb), tuple(pe))
 
 
 #: Odd geometries: channel tails of every block (1..3 vectors and partial ones), kernels larger

@@ -1,0 +1,17 @@
+"""Helpers shared by the engine tests (no optional extras)."""
+
+from __future__ import annotations
+
+from convgrad.problem import ConvGeometry
+
+
+def geometry(n, groups, icg, ocg, in_size, kernel, strides=None, dilations=None, pb=None, pe=None) -> ConvGeometry:
+    """The convolution of these sizes per group (strides and dilations 1, pads 0 by default),
+    its output size computed."""
+    rank = len(in_size)
+    strides, dilations = strides or (1,) * rank, dilations or (1,) * rank
+    pb, pe = pb or (0,) * rank, pe or (0,) * rank
+    out = tuple((i + b + e - (k - 1) * d - 1) // s + 1
+                for i, b, e, k, d, s in zip(in_size, pb, pe, kernel, dilations, strides))
+    return ConvGeometry(n, groups, groups * icg, groups * ocg, tuple(in_size), out, tuple(kernel), tuple(strides),
+                        tuple(dilations), tuple(pb), tuple(pe))
