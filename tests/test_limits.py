@@ -156,7 +156,8 @@ class _Plain:
 #: Convolution of an NXC f32 src (2, 7, 6, 3) with XIO weights (3, 3, 3, 4), pads 1/1 (2-D).
 #: Fallback working set: 2 copies x 8 bytes x (zero-padded src 2*9*8*3 = 432 + src 252 + dst
 #: 2*7*6*4 = 336 + weights 108 values) = 18,048 bytes; the API's copies of the 336-value result:
-#: one f64 (8 bytes) and two f32 (2 x 4 bytes) per value = 5,376 bytes. Total 23,424.
+#: the engine's (f64 for an engine that does not say, 8 bytes), its rounding to f32 and its copy in
+#: the user's layout (2 x 4 bytes) per value = 5,376 bytes. Total 23,424.
 _CONV = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], dilations=[1, 1])
 _ESTIMATE = 23_424
 

@@ -12,7 +12,7 @@ from .limits import check_memory
 from .problem import Problem
 from .tensor_ops import TensorProblem, run_tensor_problem
 
-__all__ = ["execute", "execute_canonical", "finish"]
+__all__ = ["execute", "execute_canonical", "round_result", "finish"]
 
 
 def execute(problem: Problem | TensorProblem, arrays: dict[str, np.ndarray], engine: Engine) -> np.ndarray:
@@ -41,14 +41,21 @@ def execute_canonical(problem: Problem, arrays: dict[str, np.ndarray], engine: E
         return engine.backward_weights(g, canonical["x"], canonical["y"])
 
 
-def finish(problem: Problem, result: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-    """A canonical result of :func:`execute_canonical` as the op's output: plus bias, rounded once
-    to the output dtype, in the user's layout (a fresh C-contiguous array)."""
-    fmt, wfmt = problem.data_format, problem.weights_format
+def round_result(problem: Problem, result: np.ndarray, bias: np.ndarray | None = None,
+                 out_dtype: np.dtype | None = None) -> np.ndarray:
+    """A canonical result plus bias, rounded once to the problem's dtype (then to ``out_dtype``
+    where given)."""
     with np.errstate(all="ignore"):
         if bias is not None:
             result = result + bias.astype(result.dtype)
         result = round_to(result, problem.dtype)
+        return result if out_dtype is None else result.astype(out_dtype, copy=False)
+
+
+def finish(problem: Problem, result: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """A canonical result of :func:`execute_canonical` as the op's output: plus bias, rounded once
+    to the output dtype, in the user's layout (a fresh C-contiguous array)."""
+    result = round_result(problem, result, bias)
     if problem.definition.output.role == "w":
-        return weights_in_format(result, wfmt)
-    return np.ascontiguousarray(data_from_canonical(result, fmt))
+        return weights_in_format(result, problem.weights_format)
+    return np.ascontiguousarray(data_from_canonical(result, problem.data_format))

@@ -176,17 +176,23 @@ def _fallback_workspace(problem: Problem) -> int:
 
 def estimate_bytes(problem: Problem, engine: Engine) -> int:
     """Peak extra bytes of one call: the engine's working set (``engine.workspace_bytes`` where it
-    has one, else a conservative estimate) plus the API layer's copies of the result (bias,
-    rounding, layout: one in f64, two in the output dtype)."""
+    has one, else a conservative estimate) plus the result's copies (:func:`_result_bytes`)."""
     workspace = getattr(engine, "workspace_bytes", None)
     engine_bytes = (workspace(problem.geometry, problem.task, problem.dtype) if callable(workspace)
                     else _fallback_workspace(problem))
-    return int(engine_bytes) + _result_bytes(problem)
+    return int(engine_bytes) + _result_bytes(problem, engine)
 
 
-def _result_bytes(problem: Problem) -> int:
-    """The API layer's copies of the result: one in f64, two in the output dtype."""
-    return math.prod(problem.output_shape) * (8 + 2 * problem.dtype.itemsize)
+def _result_bytes(problem: Problem, engine: Engine | None = None) -> int:
+    """The result's copies: the engine's own (in ``engine.result_dtype(dtype)``, float64 for an
+    engine that does not say), then the API layer's new arrays while it lives: plus bias (same
+    dtype), rounded to the output dtype (where that differs), and in the user's layout (a copy
+    whenever the engine's memory order is not the layout's)."""
+    result_dtype = getattr(engine, "result_dtype", None)
+    acc = np.dtype(result_dtype(problem.dtype) if callable(result_dtype) else np.float64)
+    out = np.dtype(problem.dtype)
+    per_value = acc.itemsize * (1 + problem.has_bias) + (out.itemsize if acc != out else 0) + out.itemsize
+    return math.prod(problem.output_shape) * per_value
 
 
 def check_memory(problem: Problem, engine: Engine) -> None:
@@ -195,7 +201,7 @@ def check_memory(problem: Problem, engine: Engine) -> None:
     The result's own copies are checked first, then the engine's estimate; both are closed forms
     of the sizes (O(rank) work whatever the sizes), and the error names the tensors and sizes."""
     name = problem.definition.output.name
-    result = _result_bytes(problem)
+    result = _result_bytes(problem, engine)
     if result > memory_budget():
         raise _over_budget(problem.op, f"the result {_describe(name, problem.output_shape)} alone", result)
     needed = estimate_bytes(problem, engine)

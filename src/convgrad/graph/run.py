@@ -35,6 +35,7 @@ from ..problem import Problem
 from ..tensor_ops import TensorProblem
 from .model import GraphError, LogicalTensor, storage_size
 from .plan import Plan, Step
+from .reference_check import blocks, check_bytes, convolution_error, relative_error
 
 __all__ = ["OpCheck", "Timing", "check_size", "make_inputs", "execute", "check", "time_plan", "tolerance",
            "reduction_length", "strided", "relative_error"]
@@ -51,9 +52,11 @@ def strided(values: np.ndarray, stride: tuple[int, ...] | None) -> np.ndarray:
 
 
 def _fill(rng: np.random.Generator, tensor: LogicalTensor, positive: bool = False) -> np.ndarray:
-    magnitude = rng.integers(1, 9, size=tensor.shape) / 8.0
-    sign = np.where(rng.random(tensor.shape) < 0.5, -1.0, 1.0) if not positive else 1.0
-    values = (magnitude * sign).astype(DATA_DTYPES[tensor.dtype])
+    values = np.empty(tensor.shape, DATA_DTYPES[tensor.dtype])
+    for index in blocks(values.shape):  # bounded temporaries, whatever the tensor's size
+        block = values[index]
+        magnitude = rng.integers(1, 9, size=block.shape) / 8.0
+        values[index] = magnitude if positive else np.where(rng.random(block.shape) < 0.5, -magnitude, magnitude)
     return strided(values, None if tensor.is_dense else tensor.stride)
 
 
@@ -68,7 +71,7 @@ def _positive_inputs(plan: Plan) -> set[int]:
 
 
 def _padded_shape(step: Step) -> tuple[int, ...]:
-    """Shape of the reference engine's zero-padded float64 copy of the op's data input."""
+    """Shape of a convolution's zero-padded data input."""
     g = step.problem.geometry
     return (g.n, *g.padded_size, g.ic)
 
@@ -76,21 +79,22 @@ def _padded_shape(step: Step) -> tuple[int, ...]:
 def check_size(plan: Plan, limit: int | None = None) -> None:
     """Raise GraphError when a size does not fit in int64, or when the plan would need more than
     ``limit`` bytes (default: the library's memory budget, :func:`convgrad.limits.memory_budget`):
-    every tensor with its strides' gaps, and the largest padded input."""
+    every tensor with its strides' gaps, and the largest reference check of a convolution
+    (:func:`~.reference_check.check_bytes`)."""
     limit = memory_budget() if limit is None else limit
     shapes = {f"tensor {tid} ({t.dtype})": t.shape for tid, t in plan.tensors.items()}
     convolutions = [step for step in plan.steps if step.is_convolution]
-    shapes.update({f"{step.source.label}: padded input (f64)": _padded_shape(step) for step in convolutions})
+    shapes.update({f"{step.source.label}: padded input": _padded_shape(step) for step in convolutions})
     for name, shape in shapes.items():
         if any(size >= 2**63 for size in shape):
             raise GraphError(f"{plan.graph.source}: {name} has shape {list(shape)}: expected sizes below 2^63")
     needs = {f"tensor {tid} {list(t.shape)} ({t.dtype})":
              storage_size(t.shape, t.strides) * DATA_DTYPES.get(t.dtype, np.dtype(np.int32)).itemsize
              for tid, t in plan.tensors.items()}
-    padded = {f"{step.source.label}: padded input (f64)": 8 * math.prod(_padded_shape(step)) for step in convolutions}
-    total = sum(needs.values()) + max(padded.values(), default=0)
+    checks = {f"{step.source.label}: reference check (f64)": check_bytes(step.problem) for step in convolutions}
+    total = sum(needs.values()) + max(checks.values(), default=0)
     if total > limit:
-        name, nbytes = max({**needs, **padded}.items(), key=lambda item: item[1])
+        name, nbytes = max({**needs, **checks}.items(), key=lambda item: item[1])
         raise GraphError(f"{plan.graph.source}: the case needs {_gib(total)} of memory (largest: {name}, "
                          f"{_gib(nbytes)}): expected at most {_gib(limit)}; use smaller shapes, --mb or pads")
 
@@ -169,28 +173,20 @@ class OpCheck:
 
 
 def check(plan: Plan, engine: Engine | str | None, inputs: dict[int, np.ndarray]) -> list[OpCheck]:
-    """Run the plan with ``engine`` and every op again with the reference engine on the same inputs."""
+    """Run the plan with ``engine``, then check every op against the reference engine on the same
+    inputs (convolutions slab by slab, :mod:`.reference_check`)."""
     values = execute(plan, engine, inputs)
     reference = get_engine("reference")
     checks = []
     for step in plan.steps:
-        got = values[step.output.id].astype(np.float64)
-        want = _run_step(step, values, reference).astype(np.float64)
-        checks.append(OpCheck(step, relative_error(got, want), tolerance(step.problem, DATA_DTYPES[step.output.dtype])))
+        got, out_dtype = values[step.output.id], DATA_DTYPES[step.output.dtype]
+        if isinstance(step.problem, Problem):
+            problem, arrays = step.op.prepare(*(values[tid] for tid in step.input_ids))
+            error = convolution_error(problem, arrays, got, out_dtype)
+        else:
+            error = relative_error(got, _run_step(step, values, reference))
+        checks.append(OpCheck(step, error, tolerance(step.problem, out_dtype)))
     return checks
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    """max |got - want| / max |want| over the finite reference values; NaN (a failure) where a
-    non-finite value disagrees (NaN against NaN and an infinity against the same one agree)."""
-    finite = np.isfinite(want)
-    agree = np.where(finite, np.isfinite(got), (got == want) | (np.isnan(got) & np.isnan(want)))
-    if not np.all(agree):
-        return math.nan
-    if not finite.any():
-        return 0.0
-    scale = float(np.max(np.abs(want[finite])))
-    return float(np.max(np.abs(got[finite] - want[finite]))) / (scale or 1.0)
 
 
 @dataclass(frozen=True)

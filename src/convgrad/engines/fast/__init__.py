@@ -59,6 +59,11 @@ class FastEngine:
         return self._run(g, "backward_weights", x, dy)
 
     @staticmethod
+    def result_dtype(dtype: np.dtype) -> np.dtype:
+        """The dtype of the results: f32 for f32/bf16/f16 data, f64 for f64."""
+        return compute_dtype(dtype)
+
+    @staticmethod
     def workspace_bytes(g: ConvGeometry, task: str, dtype: np.dtype) -> int:
         """Upper estimate of the extra memory ``task`` allocates beyond its inputs (its result
         included for bf16/f16 data, whose f32 result the API rounds), for data of either memory
