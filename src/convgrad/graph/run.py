@@ -6,8 +6,9 @@ a graph input that an op needs positive (Log, Sqrt, Pow). A tensor with non-dens
 that reads outside the logical elements produces NaN and fails the check.
 
 The check runs every op on the graph's values with the engine under test and again with the
-reference engine, on the same inputs, and compares elementwise relative to the largest finite
-reference magnitude: ``max |got - ref| / max |ref| <= eps(out) + 8 * eps(acc) * sqrt(R)``, where
+reference engine, on the same inputs (a convolution slab by slab, in bounded memory:
+:mod:`.reference_check`), and compares elementwise relative to the largest finite reference
+magnitude: ``max |got - ref| / max |ref| <= eps(out) + 8 * eps(acc) * sqrt(R)``, where
 eps(out) covers the one final rounding, eps(acc) is the engine's accumulation precision (f32, or
 f64 for f64 data) and R the reduction length (ICg*K forward, OCg*K backward-data, N*O
 backward-weights, N*spatial for BiasAddBackward, 1 for the other element-wise ops). NaN where the
