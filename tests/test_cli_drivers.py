@@ -174,3 +174,20 @@ def test_seed_reproduces_the_inputs():
     plan = plan_graph(load_graph(EXAMPLES / "training_step_nxc_f32.json"))
     a, b = (make_inputs(plan, np.random.default_rng(5)) for _ in range(2))
     assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_inputs_are_signed_eighths_filled_block_by_block():
+    """Every input value is a non-zero multiple of 1/8 in [-1, 1] with both signs, also in a
+    tensor of more values than one filling block (2^22), whose blocks must all be filled."""
+    from convgrad.graph import make_inputs, plan_graph
+    from convgrad.graph.conv import ConvSetup, descriptor_graph
+    from convgrad.descriptor import parse_descriptor
+
+    plan = plan_graph(descriptor_graph(parse_descriptor("mb3ic16ih300iw300oc2oh300ow300kh1kw1"), ConvSetup("FWD_D")))
+    inputs = make_inputs(plan, np.random.default_rng())
+    src = max(inputs.values(), key=lambda a: a.size)
+    assert src.size > 2**22
+    values = src.reshape(-1).astype(np.float64)
+    assert np.all(values * 8 == np.round(values * 8)) and np.all((values != 0) & (np.abs(values) <= 1))
+    for block in np.array_split(values, 8):  # each part has both signs and several magnitudes
+        assert block.min() < 0 < block.max() and len(np.unique(np.abs(block))) == 8
