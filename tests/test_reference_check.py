@@ -59,6 +59,23 @@ def test_slabs_give_pytorchs_result_and_find_a_wrong_value(kind, spec):
     assert math.isnan(convolution_error(problem, arrays, wrong, slab_size=1)), (seed, index)
 
 
+@pytest.mark.parametrize("kind", OPS)
+@pytest.mark.parametrize("rank", [1, 3])
+def test_slabs_in_one_and_three_dimensions(kind, rank):
+    rng, seed = fresh_rng()
+    spec = [((2,), (1,), (3,), (1,), (2,)), ((2, 1, 1), (1, 2, 1), (3, 2, 2), (1, 1, 0), (2, 0, 1))][rank == 3]
+    in_size = (9,) if rank == 1 else (7, 6, 5)
+    geom = Geometry(2, 2, 2, 3, in_size, *spec)
+    case = Case(kind, geom, str(rng.choice(["NCX", "NXC"])), bias=True)
+    results = torch_results(geom, random_tensors(geom, rng))
+    problem, arrays = cg.Op(kind, **case.attrs()).prepare(*case.inputs(results))
+    right = case.expected(results)
+    assert convolution_error(problem, arrays, right, slab_size=1) < 1e-13, seed
+    wrong = right.copy()
+    wrong[tuple(int(rng.integers(size)) for size in wrong.shape)] += 2 * np.max(np.abs(right))
+    assert convolution_error(problem, arrays, wrong, slab_size=1) > 1.0, seed
+
+
 def test_rows_no_output_reaches_must_be_zero():
     """Stride 3 with a 1-wide kernel: two input rows in three receive nothing; the backward data
     check wants 0 there (a slab of such rows has no sub-problem)."""
