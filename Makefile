@@ -59,6 +59,10 @@ ENGINE_TESTS := tests/test_strategies.py tests/test_engine_plans.py tests/test_p
 MUTATE_MODULES ?= problem layout limits $(ENGINE_MODULES)
 MUTATE_TESTS ?= $(PROBLEM_TESTS) tests/test_limits.py tests/test_layout.py $(ENGINE_TESTS)
 MUTATE_SELECT ?=
+# Tests left out of mutation runs: those that measure allocations with tracemalloc (mutmut's
+# trampolines allocate a few bytes per call of their own, so the strict bounds fail unmutated).
+MUTATE_DESELECT ?= not memory_bound and not bounds_the_allocations and not twice_the_arrays \
+	and not weights_in_blocks and not portable_family
 MUTATE_CHILDREN ?= 2
 
 $(VENV)/.installed-mutate: pyproject.toml $(VENV)/.installed-test
@@ -70,7 +74,8 @@ mutate: $(VENV)/.installed-mutate
 	rm -rf mutants
 	{ echo '[mutmut]'; echo 'source_paths=src/'; echo 'only_mutate='; \
 	  for m in $(MUTATE_MODULES); do echo "    src/convgrad/$$m.py"; done; \
-	  echo 'pytest_add_cli_args_test_selection='; for t in $(MUTATE_TESTS); do echo "    $$t"; done; } > setup.cfg
+	  echo 'pytest_add_cli_args_test_selection='; for t in $(MUTATE_TESTS); do echo "    $$t"; done; \
+	  echo 'pytest_add_cli_args='; echo '    -k'; echo '    $(MUTATE_DESELECT)'; } > setup.cfg
 	$(BIN)/mutmut run --max-children $(MUTATE_CHILDREN) $(MUTATE_SELECT) || true
 	$(BIN)/mutmut results
 
