@@ -27,6 +27,10 @@ The plan parameter ``variant`` picks how the convolution becomes GEMMs:
 - ``image_gemms`` (1x1, stride 1, no padding, one group, data in the accumulation dtype): one
   GEMM per image on the (C, positions) matrices of NCX data as they are, no frame copies.
 
+Padding is not part of the sums (docs/semantics.md): where the frame's or the gathered taps'
+zeros would meet a NaN or Inf weight (gradient), :func:`run` takes another path (the output-row
+GEMMs for backward data, the direct loops otherwise).
+
 Extra memory stays within 2x the op's inputs + output: a chunk takes at most
 :func:`chunk_budget` bytes of temporaries (``chunk_bytes``, and half the op's inputs + output or
 ``TUNING.min_chunk_bytes``, the latter at most the inputs + output for the output-row variant),
