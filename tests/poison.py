@@ -7,7 +7,8 @@ instead of passing by whatever the heap held.
 Which modules: every loaded ``convgrad`` module whose source allocates with ``np.empty``. Modules
 without numba code get a NumPy stand-in as their ``np``. In modules with numba code the compiled
 functions must keep resolving ``np`` to NumPy itself (numba compiles against the module's globals,
-and caches what it compiled), so there each plain Python function is replaced by a copy of it
+and caches what it compiled; some modules compile at run time, in cached factories), so there
+each plain Python function is replaced by a copy of it
 whose globals see the stand-in as ``np`` (and the module for every other name); the compiled functions are left alone.
 """
 
@@ -63,7 +64,11 @@ def _allocating_modules() -> list[types.ModuleType]:
 
 
 def _compiled(module: types.ModuleType) -> bool:
-    return any(isinstance(v, numba.core.dispatcher.Dispatcher) for v in vars(module).values())
+    """Whether the module has numba code: compiled functions, or factories that compile them at
+    run time (the jit strategy's drivers, ``functools.cache``d: left alone, so that what they
+    compile sees NumPy itself, whichever test compiles them first)."""
+    return any(isinstance(v, numba.core.dispatcher.Dispatcher) for v in vars(module).values()) \
+        or "njit" in inspect.getsource(module)
 
 
 class _Globals(dict):
@@ -72,7 +77,8 @@ class _Globals(dict):
     test patches on the module are seen)."""
 
     def __init__(self, module: types.ModuleType, stand_in: PoisonedNumpy) -> None:
-        super().__init__(__builtins__=vars(module)["__builtins__"])
+        # what the interpreter reads with dict.get (builtins; the package, for imports in a function)
+        super().__init__({name: vars(module)[name] for name in ("__builtins__", "__name__", "__package__", "__spec__")})
         self.module, self.stand_in = module, stand_in
 
     def __getitem__(self, name: str) -> Any:

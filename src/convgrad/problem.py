@@ -417,8 +417,7 @@ class _Inference:
             raise ShapeError(self.op, names["w"], f"has shape {list(shapes['w'])} ({wfmt}): its {o_name} axis is "
                              f"{w_oc}, expected {oc}, the channels of '{names['y']}'")
         if oc % groups:
-            raise AttributeValueError(self.op, "groups", groups, f"a divisor of the {oc} channels of "
-                                      f"'{names['y'] if 'y' in names else names['w']}'")
+            raise AttributeValueError(self.op, "groups", groups, f"a divisor of the {oc} channels of '{names['y']}'")
         if ic is None:
             ic = icg * groups
         elif ic % groups:
@@ -444,8 +443,7 @@ class _Inference:
         x is diff_dst, and O follows from it and output_padding (:func:`transposed_input_size`;
         the trailing rows no window reads get no gradient)."""
         names = {spec.role: spec.name for spec, _ in self.given.values()}
-        names.setdefault("x", self.d.shape_attr or self.d.output.name)
-        names.setdefault("y", self.d.output.name)
+        names.setdefault("x", self.d.shape_attr)  # y is given wherever its name is used
         if in_size is None:  # ConvTranspose: output size from the formula
             size = tuple(st * (o - 1) + k - b - e + p for o, st, k, b, e, p in zip(out_size, strides, eff, pb, pe, out_pad))
             if any(s < 1 for s in size):
@@ -494,7 +492,7 @@ def _layout_hint(definition: OpDef, attrs: Attrs, inputs: list[TensorInfo | None
     wf = definition.weights_format_attr
     given = (attrs.get("data_format", "NXC"), attrs.get(wf, definition.attr(wf).default))
     choices = definition.attr(wf).choices
-    for fmt, wfmt in sorted(((f, w) for f in ("NCX", "NXC") for w in choices), key=lambda p: (p[0] != "NCX", p[1][0] == "X")):
+    for fmt, wfmt in ((f, w) for f in ("NCX", "NXC") for w in sorted(choices)):  # OIX/IOX before XIO/XOI
         if (fmt, wfmt) == given:
             continue
         try:
@@ -507,7 +505,7 @@ def _layout_hint(definition: OpDef, attrs: Attrs, inputs: list[TensorInfo | None
     return None
 
 
-def build_problem(definition: OpDef, attrs: Attrs, inputs: list[TensorInfo | None], lenient: bool = False) -> Problem:
+def build_problem(definition: OpDef, attrs: Attrs, inputs: list[TensorInfo | None], lenient: bool) -> Problem:
     """Resolve an op invocation into a :class:`Problem`, or raise a convgrad error saying why not
     (including sizes beyond int64 and an output over the memory budget: nothing is allocated)."""
     bias = next((i for s, i in zip(definition.inputs, inputs) if s.role == "bias" and i is not None), None)

@@ -72,7 +72,7 @@ def _positive_inputs(plan: Plan) -> set[int]:
 
 
 def _padded_shape(step: Step) -> tuple[int, ...]:
-    """Shape of a convolution's zero-padded data input."""
+    """Shape of a zero-padded float64 copy of the op's data input (bounds the padded buffers an engine holds)."""
     g = step.problem.geometry
     return (g.n, *g.padded_size, g.ic)
 

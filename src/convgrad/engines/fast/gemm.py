@@ -27,6 +27,10 @@ The plan parameter ``variant`` picks how the convolution becomes GEMMs:
 - ``image_gemms`` (1x1, stride 1, no padding, one group, data in the accumulation dtype): one
   GEMM per image on the (C, positions) matrices of NCX data as they are, no frame copies.
 
+Padding is not part of the sums (docs/semantics.md): where the frame's or the gathered taps'
+zeros would meet a NaN or Inf weight (gradient), :func:`run` takes another path (the output-row
+GEMMs for backward data, the direct loops otherwise).
+
 Extra memory stays within 2x the op's inputs + output: a chunk takes at most
 :func:`chunk_budget` bytes of temporaries (``chunk_bytes``, and half the op's inputs + output or
 ``TUNING.min_chunk_bytes``, the latter at most the inputs + output for the output-row variant),
@@ -44,7 +48,7 @@ import numpy as np
 from ... import casts, layout
 from ...dtypes import bfloat16, compute_dtype
 from ...problem import ConvGeometry
-from . import blas, kernels, output_rows, pointwise
+from . import blas, direct, kernels, output_rows, pointwise
 from .features import Features
 from .frame import Frame, empty_like_data
 from .geometry import tap_weights
@@ -113,6 +117,10 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) ->
     name, acc = plan.param("variant"), compute_dtype(a.dtype)
     if name == "frame" and task == "backward_data" and not _finite(b, acc):
         name = "output_rows"  # the frame would multiply a NaN/Inf weight by its junk rows' zeros
+    if name in ("frame", "output_rows") and task != "backward_data" and _padded(g) and not _finite(b, acc):
+        # their GEMMs would multiply a NaN/Inf weight (gradient) by the padding's zeros; padding
+        # is not part of the sums (docs/semantics.md, *NaN and Inf*): the direct loops skip it
+        return (direct.forward if task == "forward" else direct.backward_weights)(g, a, b, acc)
     budget = chunk_budget(g, a.dtype, plan.param("chunk_bytes"), expanding=name == "output_rows")
     block = plan.param("block_bytes")
     if name == "pointwise":
@@ -127,9 +135,13 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) ->
 
 
 def _finite(w: np.ndarray, acc: np.dtype) -> bool:
-    """Whether every weight is finite (one reduction: a sum that overflows counts as not finite,
-    which only sends the problem to the output-row GEMMs, exact for finite weights too)."""
+    """Whether every weight (or gradient) is finite (one reduction: a sum that overflows counts as
+    not finite, which only sends the problem to another exact path)."""
     return math.isfinite(float(np.add.reduce(w, axis=None, dtype=acc)))
+
+
+def _padded(g: ConvGeometry) -> bool:
+    return any(g.pads_begin) or any(g.pads_end)
 
 
 def _pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, acc: np.dtype, block: int) -> np.ndarray:
