@@ -160,10 +160,15 @@ def test_transposed_gradient_auto_pad_keeps_the_forward_pads_where_output_paddin
 
 
 def test_sizes_of_one_are_accepted() -> None:
-    """A window exactly as large as the padded input (output size 1), a ConvTranspose output of 1."""
+    """A window exactly as large as the padded input (output size 1), a ConvTranspose output of 1, a
+    weights shape starting with 1."""
     conv = cg.Op("Convolution", strides=[1, 1], pads_begin=[1, 0], pads_end=[0, 0], dilations=[1, 1])
     assert conv.infer((1, 2, 3, 2), (3, 2, 2, 3)).output_shape == (1, 1, 2, 3)
     assert cg.Op("ConvTranspose", **_PLAIN).infer((1, 1, 1, 3), (1, 1, 2, 3)).output_shape == (1, 1, 1, 2)
+    # a weights shape whose first value is 1 (XIO: a 1-row kernel; one output channel in OIX)
+    for fmt, shape in (("XIO", [1, 1, 2, 1]), ("OIX", [1, 2, 1, 1])):
+        grad = cg.Op("ConvolutionBackwardWeights", weights_shape=shape, weights_format=fmt, **_PLAIN)
+        assert grad.infer((1, 6, 6, 2), (1, 6, 6, 1)).output_shape == tuple(shape)
 
 
 def test_defaults_and_the_functional_apis_omitted_lists() -> None:
@@ -275,3 +280,13 @@ def test_the_functional_api_gets_the_layout_hint() -> None:
     with pytest.raises(cg.ShapeError) as info:
         cg.convolution(np.ones((1, 3, 6, 6), np.float32), np.ones((4, 3, 3, 3), np.float32))
     assert str(info.value).endswith("(did you mean data_format='NCX', weights_format='OIX'?)")
+
+
+def test_a_shape_input_bears_its_attributes_name() -> None:
+    """The rank message names the shape by its attribute (problem._Inference._rank): every op
+    with a shape input names it like the attribute that can stand for it."""
+    from convgrad.opdefs import OPS
+    shaped = [d for d in OPS.values() if any(spec.role == "shape" for spec in d.inputs)]
+    assert len(shaped) == 4
+    for d in shaped:
+        assert [spec.name for spec in d.inputs if spec.role == "shape"] == [d.shape_attr]

@@ -340,7 +340,7 @@ class _Inference:
             for spec, info in self.given.values() if spec.role not in ("bias", "shape")]
         shape = self.given["shape"][1].values if "shape" in self.given else self.attrs.get(self.d.shape_attr)
         if shape is not None and len(shape) >= 3:  # shorter: not a shape at all (see _role_shapes)
-            name = self.given["shape"][0].name if "shape" in self.given else str(self.d.shape_attr)
+            name = str(self.d.shape_attr)  # the shape input bears its attribute's name (opdefs)
             pieces.append((name, tuple(shape), len(shape) - 2 == rank, False))
         ignored = ("pads_begin", "pads_end") if self.attrs.get("auto_pad", "none") != "none" else ()
         pieces += [(spec.name, self.attrs[spec.name], fits_rank(spec, self.attrs[spec.name], rank), True)
