@@ -11,6 +11,7 @@ import tracemalloc
 from types import SimpleNamespace
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -330,13 +331,69 @@ def test_check_memory_takes_the_engines_own_estimate_up_to_the_budget_exactly() 
         def workspace_bytes(self, g, task, dtype) -> int:
             return 1 << 40
 
+    result = 80 * (8 + 4 + 4)  # dst (1, 4, 4, 5): the engine's f64 result, its f32 rounding, the layout copy
+    assert _result_bytes(problem) == result
     try:
-        set_memory_budget(_result_bytes(problem))
+        set_memory_budget(result)
         check_memory(problem, Lean())  # needs exactly the budget: passes
         with pytest.raises(cg.ConvgradError, match=r"on the \? engine"):
             check_memory(problem, Anonymous())
-        set_memory_budget(_result_bytes(problem) - 1)
+        set_memory_budget(result - 1)
         with pytest.raises(cg.ConvgradError, match="the result 'dst'"):
             check_memory(problem, Lean())
     finally:
         set_memory_budget(None)
+
+
+@pytest.mark.parametrize("dtype, result_dtype, bias, per_value", [
+    (np.float32, None, False, 8 + 4 + 4),  # an engine that does not say: f64, rounded to f32, the layout copy
+    (np.float32, np.float32, False, 4 + 4),  # an f32 result: no rounding copy
+    (np.float32, np.float32, True, 4 * 2 + 4),  # the bias added into a new f32 array
+    (ml_dtypes.bfloat16, np.float32, False, 4 + 2 + 2),  # f32 result, rounded to bf16, the layout copy
+    (ml_dtypes.bfloat16, np.float32, True, 4 * 2 + 2 + 2),
+    (np.float64, np.float64, False, 8 + 8),
+])
+def test_result_copies_follow_the_engines_result_dtype(dtype, result_dtype, bias, per_value) -> None:
+    """The result's copies (80 values of dst (1, 4, 4, 5)) in the engine's ``result_dtype``, bytes
+    written out; the estimate and the memory check count them, with the engine's own workspace."""
+    from convgrad.limits import check_memory, set_memory_budget
+
+    arrays = [np.ones((1, 6, 6, 4), dtype), np.ones((3, 3, 4, 5), dtype)] + ([np.ones(5, dtype)] if bias else [])
+    problem, _ = cg.Op("Convolution", strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0],
+                       dilations=[1, 1]).prepare(*arrays)
+
+    class Engine:
+        name = "lean"
+
+        def workspace_bytes(self, g, task, dtype) -> int:
+            return 100
+
+    if result_dtype is not None:
+        Engine.result_dtype = staticmethod(lambda dtype: np.dtype(result_dtype))
+    result = 80 * per_value
+    assert limits.estimate_bytes(problem, Engine()) == 100 + result
+    try:
+        set_memory_budget(result - 1)
+        with pytest.raises(cg.ResourceError) as info:
+            check_memory(problem, Engine())
+        assert f"the result 'dst' [1, 4, 4, 5] (80 values) alone needs about " in str(info.value)
+        assert f"({result} bytes), over the memory budget of" in str(info.value)
+        set_memory_budget(result + 99)
+        with pytest.raises(cg.ResourceError, match=f"running this problem on the lean engine .*\\({result + 100} bytes\\)"):
+            check_memory(problem, Engine())
+        set_memory_budget(result + 100)
+        check_memory(problem, Engine())
+    finally:
+        set_memory_budget(None)
+
+
+def test_counts_below_a_million_are_written_out() -> None:
+    """Counts from 1 to 999,999 in full in the over-budget message (1e+06 and up in short)."""
+    x = np.broadcast_to(np.float32(1), (1, 40, 50, 1))
+    try:
+        cg.set_memory_budget(40_000)  # the result's 32,000 bytes fit, not the whole call
+        with pytest.raises(cg.ResourceError, match=r"'src' \[1, 40, 50, 1\] \(2000 values\), 'weights' "
+                                                   r"\[1, 1, 1, 1\] \(1 value\), 'dst' \[1, 40, 50, 1\] \(2000 values\)\)"):
+            cg.convolution(x, np.ones((1, 1, 1, 1), np.float32), engine=_Plain())
+    finally:
+        cg.set_memory_budget(None)
