@@ -368,8 +368,12 @@ def test_result_copies_follow_the_engines_result_dtype(dtype, result_dtype, bias
         def workspace_bytes(self, g, task, dtype) -> int:
             return 100
 
+    def engine_result_dtype(given: Any) -> np.dtype:
+        assert given is not None and np.dtype(given) == np.dtype(dtype)  # asked for the problem's dtype
+        return np.dtype(result_dtype)
+
     if result_dtype is not None:
-        Engine.result_dtype = staticmethod(lambda dtype: np.dtype(result_dtype))
+        Engine.result_dtype = staticmethod(engine_result_dtype)
     result = 80 * per_value
     assert limits.estimate_bytes(problem, Engine()) == 100 + result
     try:
@@ -397,3 +401,17 @@ def test_counts_below_a_million_are_written_out() -> None:
             cg.convolution(x, np.ones((1, 1, 1, 1), np.float32), engine=_Plain())
     finally:
         cg.set_memory_budget(None)
+
+
+def test_check_bytes_refuses_only_above_the_budget() -> None:
+    """``check_bytes`` (the ops around convolutions): strictly above the budget is refused, with
+    the op, what needs it and the bytes; at the budget it passes."""
+    try:
+        cg.set_memory_budget(1000)
+        limits.check_bytes("ReLU", "running ReLU on shape [10, 10]", 1000)
+        with pytest.raises(cg.ResourceError) as info:
+            limits.check_bytes("ReLU", "running ReLU on shape [10, 10]", 1001)
+    finally:
+        cg.set_memory_budget(None)
+    assert str(info.value).startswith("ReLU: running ReLU on shape [10, 10] needs about 1001 B (1001 bytes), over the "
+                                      "memory budget of 1000 B (1000 bytes).")
