@@ -48,6 +48,8 @@ bench: $(VENV)/.installed-test
 #   make mutate MUTATE_MODULES=problem MUTATE_TESTS="$(PROBLEM_TESTS)"
 #   make mutate MUTATE_MODULES="$(ENGINE_MODULES)" MUTATE_TESTS="$(ENGINE_TESTS)"
 # MUTATE_SELECT: mutant names to run (e.g. "convgrad.engines.fast.plan.*"; default all).
+# MUTATE_SAMPLE=K: about one mutant in K of every function (at least one each), seeded by
+# MUTATE_SEED (tests/mutation_sample.py); the engine's run of docs/testing.md is K=10.
 PROBLEM_TESTS := tests/test_problem.py tests/test_transpose_sizes.py tests/test_errors.py tests/test_grid.py \
 	tests/test_api.py
 ENGINE_MODULES := engines/fast/__init__ engines/fast/plan engines/fast/features engines/fast/geometry \
@@ -64,20 +66,34 @@ MUTATE_SELECT ?=
 MUTATE_DESELECT ?= not memory_bound and not bounds_the_allocations and not twice_the_arrays \
 	and not weights_in_blocks and not portable_family
 MUTATE_CHILDREN ?= 2
+MUTATE_SAMPLE ?=
+MUTATE_SEED ?= 0
 
 $(VENV)/.installed-mutate: pyproject.toml $(VENV)/.installed-test
 	$(PIP) -e '.[mutate]'
 	touch $@
 
 # mutmut reads its settings from setup.cfg (generated here from the variables above; ignored by git).
+# It forks each mutant's test run from a process that has run convolutions: numba's default OpenMP
+# threading layer terminates such a child ("fork() called from a process already using GNU
+# OpenMP"), so mutation runs use numba's fork-safe workqueue layer.
+mutate: export NUMBA_THREADING_LAYER = workqueue
 mutate: $(VENV)/.installed-mutate
 	rm -rf mutants
 	{ echo '[mutmut]'; echo 'source_paths=src/'; echo 'only_mutate='; \
 	  for m in $(MUTATE_MODULES); do echo "    src/convgrad/$$m.py"; done; \
 	  echo 'pytest_add_cli_args_test_selection='; for t in $(MUTATE_TESTS); do echo "    $$t"; done; \
 	  echo 'pytest_add_cli_args='; echo '    -k'; echo '    $(MUTATE_DESELECT)'; } > setup.cfg
+ifdef MUTATE_SAMPLE
+	@echo "generating the mutants and mapping the tests to functions (a run that names no mutant)"; mkdir -p mutants
+	$(BIN)/mutmut run --max-children $(MUTATE_CHILDREN) no-mutant-generate-only > mutants/generate.log 2>&1 || true
+	$(BIN)/mutmut run --max-children $(MUTATE_CHILDREN) \
+	  $$($(BIN)/python tests/mutation_sample.py $(MUTATE_SAMPLE) $(MUTATE_SEED)) || true
+else
 	$(BIN)/mutmut run --max-children $(MUTATE_CHILDREN) $(MUTATE_SELECT) || true
-	$(BIN)/mutmut results
+endif
+	$(BIN)/mutmut results | grep -v ': not checked$$' || true
+	$(BIN)/mutmut results --all true | awk -F': ' '{n[$$2]++} END {for (s in n) print n[s], s}'
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis mutants setup.cfg
