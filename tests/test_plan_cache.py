@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -146,6 +147,60 @@ def test_a_foreign_machine_key_is_never_used(fresh_cache: Path) -> None:
         assert plan_cache.lookup(f) is None, change
         (entry,) = plan_cache.entries()
         assert not entry.current and entry.plan == plan
+
+
+@pytest.mark.parametrize("value, on", [("", True), ("on", True), ("1", True), ("/some/file.json", True),
+                                       ("off", False), ("0", False), ("false", False), ("no", False),
+                                       (" OFF ", False), ("False", False)])
+def test_convgrad_plans_turns_the_cache_off(value: str, on: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONVGRAD_PLANS", value)
+    assert plan_cache.enabled() is on
+
+
+def test_the_file_and_its_entries_written_out(fresh_cache: Path) -> None:
+    """The file's structure key for key (sorted keys, one slot per machine), and ``entries()``:
+    every field, this machine's first whatever the keys' order, a slot without ``plans`` and an
+    entry that is not an object (listed with no plan, after one warning)."""
+    f1, f2 = features(), features("backward_weights")
+    info = plan_cache.machine()
+    here = plan_cache.machine_key(info)
+    foreign = {**info, "cpu": "0 Foreign CPU"}  # its key sorts before this machine's
+    there = plan_cache.machine_key(foreign)
+    fresh_cache.parent.mkdir(parents=True)
+    fresh_cache.write_text(json.dumps({"format": "convgrad-plans", "version": 1, "machines": {
+        here: dict(info),  # this machine's slot, without "plans" yet
+        there: {**foreign, "plans": {"p2": {"plan": other_plan(f1).to_json(), "ms": 3.0}, "p1": 7}}}}))
+    plan_cache.store(f1, other_plan(f1), 1.5, 2.0)
+    plan_cache.store(f2, default_plan(f2))
+    text = fresh_cache.read_text(encoding="utf-8")
+    data = json.loads(text)
+    assert text == json.dumps(data, indent=1, sort_keys=True)
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00"
+    mine = data["machines"][here]
+    assert set(mine) == set(info) | {"plans"} and all(mine[k] == v for k, v in info.items())
+    assert mine["plans"][f1.key()].keys() == {"plan", "ms", "default_ms", "tuned"}
+    assert mine["plans"][f1.key()]["default_ms"] == 2.0 and re.fullmatch(stamp, mine["plans"][f1.key()]["tuned"])
+    assert mine["plans"][f2.key()]["ms"] is None and mine["plans"][f2.key()]["default_ms"] is None
+    with pytest.warns(plan_cache.PlanCacheWarning, match="an entry is not a plan .*expected an object, got int"):
+        listed = plan_cache.entries()
+    assert [(e.machine, e.problem, e.current) for e in listed] == sorted([(here, f1.key(), True),
+                                                                           (here, f2.key(), True)]) + [
+        (there, "p1", False), (there, "p2", False)]
+    by_problem = {e.problem: e for e in listed}
+    assert (by_problem[f1.key()].plan, by_problem[f1.key()].ms, by_problem[f1.key()].default_ms) == (other_plan(f1),
+                                                                                                      1.5, 2.0)
+    assert by_problem[f1.key()].tuned == mine["plans"][f1.key()]["tuned"]
+    assert (by_problem["p1"].plan, by_problem["p1"].ms, by_problem["p1"].tuned) == (None, None, "")
+    assert (by_problem["p2"].plan, by_problem["p2"].ms, by_problem["p2"].default_ms) == (other_plan(f1), 3.0, None)
+
+
+def test_an_unreadable_file_is_named_with_its_error(fresh_cache: Path) -> None:
+    fresh_cache.parent.mkdir(parents=True)
+    fresh_cache.write_bytes(b'{"format": ')
+    with pytest.warns(plan_cache.PlanCacheWarning) as caught:
+        assert plan_cache.lookup(features()) is None
+    assert str(caught[0].message).startswith(f"plan cache {fresh_cache}: cannot be read (JSONDecodeError: Expecting "
+                                              "value: line 1 column 12 (char 11)); ignored")
 
 
 def _store_many(path: str, first: int, count: int) -> None:

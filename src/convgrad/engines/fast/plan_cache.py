@@ -268,10 +268,9 @@ def entries() -> list[Entry]:
     out = []
     for key, slot in state["data"]["machines"].items():
         for problem, entry in slot.get("plans", {}).items():
-            good = isinstance(entry, dict)
-            out.append(Entry(key, problem, _plan(entry, state["stamp"][0]) if good else None,
-                             entry.get("ms") if good else None, entry.get("default_ms") if good else None,
-                             str(entry.get("tuned", "")) if good else "", key == here))
+            fields = entry if isinstance(entry, dict) else {}
+            out.append(Entry(key, problem, _plan(entry, state["stamp"][0]), fields.get("ms"), fields.get("default_ms"),
+                             str(fields.get("tuned", "")), key == here))
     return sorted(out, key=lambda e: (not e.current, e.machine, e.problem))
 
 
