@@ -127,3 +127,37 @@ def test_every_strategy_against_the_reference(strategy: str, rng: np.random.Gene
                     _check(got, want, dtype_name, f"{problem[0]}: {kind} {dtype_name} {problem[1]}/{wfmt} "
                            f"forced {strategy}")
     assert ran[strategy] > 0, f"strategy {strategy!r} never ran when forced: {dict(ran)}"
+
+
+#: Problems where one side of a GEMM is a single row or column: one input channel, one output
+#: channel. BLAS is not called for such operands (``blas.addmm`` declines), so NumPy's fallback runs.
+NARROW = [
+    ("1x1 one input channel", "NXC", 3, 1, 1, 5, (4, 5), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
+    ("3x3 one output channel", "NCX", 2, 1, 6, 1, (5, 4), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+]
+
+
+def _no_blas(*args, **kwargs) -> bool:
+    return False
+
+
+@pytest.mark.parametrize("strategy", (*STRATEGIES, *fast.gemm.VARIANTS))
+@pytest.mark.parametrize("blas", ["direct BLAS", "NumPy fallback"])
+def test_every_strategy_on_single_channels_and_without_blas(strategy: str, blas: str, rng: np.random.Generator,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NumPy fallbacks of the BLAS calls (a single channel; a BLAS that declines every call,
+    as on a NumPy without a loadable one), forced strategies, f32 and bf16, against the reference."""
+    if blas == "NumPy fallback":
+        monkeypatch.setattr(fast.blas, "addmm", _no_blas)
+    problems = NARROW + (PROBLEMS[3:5] if blas == "NumPy fallback" else [])
+    for problem in problems:
+        for kind in OPS:
+            d = cg.OPS[kind]
+            wfmt = "IOX" if d.transposed else "OIX"
+            op = cg.Op(kind, **_attrs(kind, problem, wfmt))
+            for dtype_name in ("f32", "bf16"):
+                inputs = _inputs(kind, problem, wfmt, DATA_DTYPES[dtype_name], rng)
+                want = op(*inputs, engine="reference")
+                with forced_strategy(strategy), poisoned_allocations():
+                    got = op(*inputs, engine="fast")
+                _check(got, want, dtype_name, f"{problem[0]}: {kind} {dtype_name} forced {strategy}, {blas}")

@@ -167,7 +167,7 @@ def _image_gemms(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, acc: 
         dw = _zero_sums(g, acc, layout.channels_first(a))
         total = dw[0, :, 0]
         for xn, dyn in zip(_image_rows(a), _image_rows(b)):
-            if not blas.addmm(total, xn.T, dyn, beta=1.0):
+            if not blas.addmm(total, xn.T, dyn):
                 total += xn.T @ dyn
         return dw.reshape(g.w_shape)
     out = empty_like_data(g.y_shape if task == "forward" else g.x_shape, acc, a)
