@@ -134,6 +134,7 @@ def test_every_strategy_against_the_reference(strategy: str, rng: np.random.Gene
 NARROW = [
     ("1x1 one input channel", "NXC", 3, 1, 1, 5, (4, 5), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
     ("3x3 one output channel", "NCX", 2, 1, 6, 1, (5, 4), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+    ("3x3 unpadded", "NXC", 1, 1, 5, 7, (6, 5), (3, 3), (1, 1), (1, 1), (0, 0), (0, 0)),  # x is its own frame
 ]
 
 
