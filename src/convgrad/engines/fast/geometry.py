@@ -82,5 +82,6 @@ def padded(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], dtype: np.
 
 
 def flat(a: np.ndarray) -> np.ndarray:
-    """The flat buffer under an array made by :func:`padded` (its slack included)."""
-    return a.base if a.base is not None and a.base.ndim == 1 else a.reshape(-1)
+    """The flat buffer under an array made by :func:`padded` (its slack included): its base, the
+    one array NumPy records under every view of it."""
+    return a.base
