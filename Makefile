@@ -82,7 +82,7 @@ mutate: $(VENV)/.installed-mutate
 	{ echo '[mutmut]'; echo 'source_paths=src/'; echo 'only_mutate='; \
 	  for m in $(MUTATE_MODULES); do echo "    src/convgrad/$$m.py"; done; \
 	  echo 'pytest_add_cli_args_test_selection='; for t in $(MUTATE_TESTS); do echo "    $$t"; done; \
-	  echo 'pytest_add_cli_args='; $(if $(MUTATE_DESELECT),echo '    -k'; echo '    $(MUTATE_DESELECT)';) } > setup.cfg
+	  $(if $(MUTATE_DESELECT),echo 'pytest_add_cli_args='; echo '    -k'; echo '    $(MUTATE_DESELECT)';) } > setup.cfg
 ifdef MUTATE_SAMPLE
 	@echo "generating the mutants and mapping the tests to functions (a run that names no mutant)"; mkdir -p mutants
 	$(BIN)/mutmut run --max-children $(MUTATE_CHILDREN) no-mutant-generate-only > mutants/generate.log 2>&1 || true
