@@ -454,3 +454,21 @@ def test_frame_planning_in_closed_form_matches_its_tables(rank, data):
     frame = Frame.of(huge)
     assert frame.phase_count == 1 and frame.max_shift(1) == (10**6 - 1) * 10**6 + 10**6 - 1
     assert get_engine("fast").workspace_bytes(huge, "backward_weights", np.dtype(np.float32)) > 10**12
+
+
+@pytest.mark.parametrize("per_gemm", [1, 2])
+def test_accumulate_over_live_rows_in_small_blocks(per_gemm, monkeypatch, rng):
+    """``kernels.accumulate`` with ``live`` source rows, in blocks of 4 rows: blocks where the
+    first taps read no live row but later ones do (the sum must go on past them), against NumPy."""
+    from dataclasses import replace
+
+    from convgrad.engines.fast import kernels
+    monkeypatch.setattr(kernels, "TUNING", replace(kernels.TUNING, min_block_rows=4))
+    taps, rows, ci, co = [(0, 0), (0, 5), (0, 10)], 30, 3, 4
+    src = np.zeros((40, ci), np.float32)
+    src[20:30] = rng.uniform(0.25, 1.0, (10, ci)) * rng.choice([-1.0, 1.0], (10, ci))
+    weights = rng.uniform(0.25, 1.0, (3, 1, ci, co)).astype(np.float32)
+    out = np.full((rows, co), np.nan, np.float32)
+    kernels.accumulate(out, [src], taps, weights, per_gemm, block_bytes=1, live=(20, 30))
+    want = sum(src[off:off + rows].astype(np.float64) @ weights[t, 0] for t, (_, off) in enumerate(taps))
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
