@@ -52,6 +52,8 @@ GEOMETRIES = [
     Geometry(2, 1, 3, 2, (5, 4), (2, 3), (2, 1), (1, 2), (3, 1), (1, 4)),
     Geometry(2, 1, 9, 10, (6, 7), (3, 3), (1, 2), (1, 1), (1, 4), (3, 1)),
 ]
+#: Padding at the beginning only (a problem is padded if either side is).
+BEGIN_PADDED = Geometry(2, 1, 3, 2, (5, 4), (2, 3), (2, 1), (1, 2), (3, 1), (0, 0))
 
 
 @pytest.fixture(autouse=True)
@@ -163,7 +165,7 @@ def test_a_nonfinite_weight_or_gradient_next_to_padding(kind: str, engine: str, 
     gradient likewise for the weights gradients). Element 0 of w (or dy) meets the padding at the
     beginning of both geometries; the IEEE sums over zero-padded copies would be NaN there."""
     rng = np.random.default_rng()
-    for case in _cases(kind):
+    for case in _cases(kind) + [Case(kind, BEGIN_PADDED, data_format="NXC")]:
         tensors = _tensors(case.geom, rng)
         name = "w" if "w" in _operands(kind) else "dy"
         other = next(n for n in _operands(kind) if n != name)
