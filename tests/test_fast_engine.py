@@ -472,3 +472,12 @@ def test_accumulate_over_live_rows_in_small_blocks(per_gemm, monkeypatch, rng):
     kernels.accumulate(out, [src], taps, weights, per_gemm, block_bytes=1, live=(20, 30))
     want = sum(src[off:off + rows].astype(np.float64) @ weights[t, 0] for t, (_, off) in enumerate(taps))
     np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype, acc", [("f64", 8), ("f32", 4), ("bf16", 4), ("f16", 4)])
+def test_result_dtype_and_the_empty_batch_workspace(dtype, acc):
+    """The fast engine's results are in its accumulation dtype (f64 for f64 data, else f32); a
+    batch of 0 needs only the zero weights gradient in it (+ 4 KiB)."""
+    assert FAST.result_dtype(DATA_DTYPES[dtype]) == np.dtype(np.float64 if acc == 8 else np.float32)
+    g = ConvGeometry(0, 1, 3, 5, (4, 4), (2, 2), (3, 3), (1, 1), (1, 1), (0, 0), (0, 0))
+    assert FAST.workspace_bytes(g, "backward_weights", DATA_DTYPES[dtype]) == 5 * 3 * 3 * 3 * acc + 4096
