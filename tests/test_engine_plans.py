@@ -66,6 +66,9 @@ def test_plan_params_must_be_sorted_pairs():
         Plan("jit", (("split", "rows"), ("block", "6x2")))
     with pytest.raises(ValueError):
         Plan("jit", (("block", "6x2"), ("block", "8x1")))
+    for params in ((["block", "6x2"],), (("block", "6x2", "x"),), ("block",)):  # pairs are 2-tuples
+        with pytest.raises(ValueError, match="expected sorted \\(name, value\\) pairs"):
+            Plan("jit", params)
 
 
 def test_features_of_a_problem():
