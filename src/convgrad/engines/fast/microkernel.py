@@ -299,10 +299,11 @@ def _spin(width: int, rows: int, vecs: int) -> Callable:
 
 def _best_rate(step: Callable[[int], None], flop_per_rep: float, seconds: float) -> float:
     """GFLOP/s of the fastest of a few timed ``step(reps)`` runs (after a warm-up), each long
-    enough to time (the thread wake-up excluded)."""
+    enough to time (the thread wake-up excluded): at least one, however long the short runs took
+    (on a loaded machine waking the threads can take as long as the whole budget)."""
     step(1)
     reps, best, spent = 1000, 0.0, 0.0
-    while spent < seconds:
+    while spent < seconds or not best:
         start = time.perf_counter()
         step(reps)
         elapsed = time.perf_counter() - start
