@@ -175,6 +175,18 @@ def test_include_chain_is_cut_at_the_depth_limit(tmp_path: Path) -> None:
             f"expected at most {MAX_INCLUDE_DEPTH}") in out, out
 
 
+@pytest.mark.parametrize("driver", ["conv", "graph"])
+def test_a_nested_batch_name_with_a_nul_byte_is_a_failed_case(tmp_path: Path, driver: str) -> None:
+    """A batch file naming ``--batch=<NUL>`` (a name no file can have): one failed case naming the
+    error, the other lines still run; no traceback (found by test_fuzz_cli's hypothesis run)."""
+    batch = tmp_path / "hostile.batch"
+    batch.write_bytes(b"--batch=\x00\n" + (DESCRIPTOR.encode() + b"\n" if driver == "conv" else b""))
+    graph = write_graph(tmp_path / "g.json", relu_graph())
+    code, out = run(driver, f"--batch={batch}", *([f"--case={graph}"] if driver == "graph" else []))
+    assert code == 1 and "cannot read batch file " in out and "\\x00 (embedded null byte)" in out, out
+    assert counts(out)[1] == 1, out  # the good case still passed
+
+
 # --- 5. op ordering ---------------------------------------------------------------------------------
 
 def _old_order(graph) -> list[int] | None:

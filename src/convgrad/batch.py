@@ -54,6 +54,15 @@ def read_bytes(path: Path) -> bytes:
     return data
 
 
+def _resolved(path: Path) -> Path:
+    """``path.resolve()``, or ``path`` itself where it cannot be resolved (a NUL byte in a name
+    a file gave, a symlink loop): reading it then fails with a named error."""
+    try:
+        return path.resolve()
+    except (OSError, ValueError, RuntimeError):
+        return path
+
+
 def _not_utf8(data: bytes, exc: UnicodeDecodeError) -> str:
     """Where the first byte that is not UTF-8 is: its line, its byte in that line, its value."""
     line = data.count(b"\n", 0, exc.start) + 1
@@ -185,7 +194,7 @@ class BatchReader:
     def _lines(self, path: Path, stack: tuple[Path, ...], origin: str) -> Iterator[tuple[str, list[str] | Case]]:
         """A batch file's lines as ``(where, words)``, or ``(where, failed case)`` for a line that
         cannot be read, or for the whole file (unreadable, including itself, nested too deep)."""
-        if path.resolve() in stack:
+        if _resolved(path) in stack:
             yield origin, Case(f"--batch={path}", error=f"{origin}: batch file {path} includes itself", origin=origin)
             return
         if len(stack) >= MAX_INCLUDE_DEPTH:
@@ -219,7 +228,7 @@ class BatchReader:
     def read(self, path: Path, settings: dict[str, str], stack: tuple[Path, ...] = (),
              origin: str = "command line") -> Iterator[Case]:
         """The cases of a batch file (nested batches included), read as they are run."""
-        inner = (*stack, path.resolve())
+        inner = (*stack, _resolved(path))
         for where, words in self._lines(path, stack, origin):
             if isinstance(words, Case):
                 yield words
@@ -231,7 +240,7 @@ class BatchReader:
         """How many cases :meth:`read` gives for ``path`` under ``settings`` (updated in place as
         :meth:`read` does), without building them: each file is read once per chain of files
         that includes it and options in force, however often it is included."""
-        key = (path.resolve(), stack, tuple(settings.items()))
+        key = (_resolved(path), stack, tuple(settings.items()))
         if key not in self._counts:
             total = 0
             for where, words in self._lines(path, stack, origin):

@@ -243,7 +243,10 @@ def _drive(driver: Driver, targets: tuple[str, ...], batches: tuple[str, ...], m
         raise click.UsageError("--plot needs --mode=P")
     if plot_file and importlib.util.find_spec("matplotlib") is None:
         raise click.UsageError("--plot needs matplotlib: pip install 'convgrad[plot]'")
-    folder = Path(plot_file).resolve().parent if plot_file else None
+    try:
+        folder = Path(plot_file).resolve().parent if plot_file else None
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise click.BadParameter(f"{plot_file!r}: {exc}", param_hint="--plot") from None
     if folder and not (folder.is_dir() and os.access(folder, os.W_OK)):
         raise click.BadParameter(f"{plot_file!r}: folder {str(folder)!r} does not exist or is not writable",
                                  param_hint="--plot")
