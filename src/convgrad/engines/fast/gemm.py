@@ -115,12 +115,25 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) ->
     """``task`` on its two canonical inputs by ``plan``'s variant; the result in the
     accumulation dtype (the pointwise variant: in the data's dtype, rounded block by block)."""
     name, acc = plan.param("variant"), compute_dtype(a.dtype)
+    # The frame and output-row GEMMs multiply the padding's zeros too; padding is not part of the
+    # sums (docs/semantics.md, *NaN and Inf*), so a NaN/Inf weight or gradient that would meet it
+    # goes to a path that skips it: checked on the weights before (one reduction over w), on the
+    # weights gradient after (over dw, not dy: a non-finite dy makes every dw it pairs with
+    # non-finite, padding included, so a finite dw means no padding met one).
+    meets_padding = name in ("frame", "output_rows") and _padded(g)
     if name == "frame" and task == "backward_data" and not _finite(b, acc):
         name = "output_rows"  # the frame would multiply a NaN/Inf weight by its junk rows' zeros
-    if name in ("frame", "output_rows") and task != "backward_data" and _padded(g) and not _finite(b, acc):
-        # their GEMMs would multiply a NaN/Inf weight (gradient) by the padding's zeros; padding
-        # is not part of the sums (docs/semantics.md, *NaN and Inf*): the direct loops skip it
-        return (direct.forward if task == "forward" else direct.backward_weights)(g, a, b, acc)
+    if meets_padding and task == "forward" and not _finite(b, acc):
+        return direct.forward(g, a, b, acc)
+    result = _run(name, plan, g, a, b, task, acc)
+    if meets_padding and task == "backward_weights" and not _finite(result, acc):
+        return direct.backward_weights(g, a, b, acc)
+    return result
+
+
+def _run(name: str, plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str,
+         acc: np.dtype) -> np.ndarray:
+    """``task`` by variant ``name``."""
     budget = chunk_budget(g, a.dtype, plan.param("chunk_bytes"), expanding=name == "output_rows")
     block = plan.param("block_bytes")
     if name == "pointwise":
@@ -135,8 +148,8 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) ->
 
 
 def _finite(w: np.ndarray, acc: np.dtype) -> bool:
-    """Whether every weight (or gradient) is finite (one reduction: a sum that overflows counts as
-    not finite, which only sends the problem to another exact path)."""
+    """Whether every value of ``w`` is finite (one reduction: a sum that overflows counts as not
+    finite, which only sends the problem to another exact path)."""
     return math.isfinite(float(np.add.reduce(w, axis=None, dtype=acc)))
 
 
