@@ -58,9 +58,42 @@ def _bf16_case(rng, width, rows, vecs, k=11, taps=3):
                 ntaps=taps, k=k)
 
 
+_TINY = 2.0 ** -126   # f32's smallest normal
+
+
+def _daz(x: np.ndarray) -> np.ndarray:
+    """f32 values (as f64) with denormals as zeros of their sign."""
+    return np.where((np.abs(x) < _TINY) & (x != 0), np.copysign(0.0, x), x)
+
+
+def _dot_step(acc: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """One product added as VDPBF16PS adds it (measured bit for bit on a Zen 4, docs/engine.md):
+    denormal inputs as signed zeros, the exact product added with one rounding to f32 (RNE), a
+    sum tiny after rounding to 24 bits with an unbounded exponent flushed to a zero of its sign."""
+    with np.errstate(all="ignore"):
+        return _dot_step_exact(acc, x, y)
+
+
+def _dot_step_exact(acc: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    acc, x, y = _daz(np.asarray(acc, np.float64)), _daz(np.asarray(x, np.float64)), _daz(np.asarray(y, np.float64))
+    p = x * y                                             # bf16 x bf16: exact in f64
+    s = acc + p
+    t = s - acc
+    err = (acc - (s - t)) + (p - t)                       # s + err is the exact sum
+    r = s.astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for step in (np.inf, -np.inf):                    # s an f32 midpoint: err breaks the tie
+            near = np.nextafter(r, np.float32(step))
+            mid = (r.astype(np.float64) + near.astype(np.float64)) / 2
+            r = np.where((s == mid) & (err * step > 0), near, r)
+        m, e = np.frexp(s + err)
+        unbounded = np.ldexp(np.round(m * 2.0 ** 24), e - 24)
+    return np.where(np.abs(unbounded) < _TINY, np.copysign(0.0, r), r).astype(np.float32)
+
+
 def _bf16_model(p: dict, width: int, rows: int, vecs: int) -> tuple[np.ndarray, np.ndarray]:
     """(the instruction's order in f32: per step the odd pair's product added, then the even
-    pair's, each sum rounded once, the products being exact; the float64 sum) of a kernel call."""
+    pair's, each as :func:`_dot_step`; the float64 sum) of a kernel call."""
     vw = vecs * width
     c32, c64 = p["c"].copy(), p["c"].astype(np.float64)
     a, b = _f32(p["a"]), _f32(p["b"])
@@ -73,24 +106,76 @@ def _bf16_model(p: dict, width: int, rows: int, vecs: int) -> tuple[np.ndarray, 
                 bi = p["boff"] + p["tb"][t] + i * p["bstep"]
                 pairs = b[bi:bi + 2 * vw].reshape(vw, 2)
                 for half in (1, 0):
-                    acc = (acc + np.float32(a[ai + half]) * pairs[:, half]).astype(np.float32)
+                    acc = _dot_step(acc, a[ai + half], pairs[:, half])
                     exact += np.float64(a[ai + half]) * pairs[:, half].astype(np.float64)
         c32[at:at + vw], c64[at:at + vw] = acc, exact
     return c32, c64
 
 
+#: Natively where the host has AVX512_BF16, and the stand-in (the emulated twin) everywhere.
+KERNELS = [pytest.param(True, id="native", marks=pytest.mark.skipif(not NATIVE_BF16, reason="no AVX512_BF16")),
+           pytest.param(False, id="standin")]
+
+
+@pytest.mark.parametrize("native", KERNELS)
 @pytest.mark.parametrize("width, rows, vecs", ALL_BLOCKS)
-def test_bf16_kernel_is_the_instructions_order_bit_exact(width, rows, vecs, rng):
-    """The bf16 kernel (the instruction where the host has AVX512_BF16, else the stand-in) sums
-    each lane's pairs in VDPBF16PS's order, bit for bit, and close to the float64 sums."""
-    if width != 16 and NATIVE_BF16:
-        pytest.skip("the instruction is 16 lanes wide (the stand-in runs at 8 elsewhere)")
+def test_bf16_kernel_is_the_instructions_order_bit_exact(width, rows, vecs, native, rng):
+    """The bf16 kernel (the instruction, or its stand-in) sums each lane's pairs in VDPBF16PS's
+    order, bit for bit, and close to the float64 sums."""
+    if width != 16 and native:
+        pytest.skip("the instruction is 16 lanes wide (the stand-in runs at 8 too)")
     p = _bf16_case(rng, width, rows, vecs)
     want, exact = _bf16_model(p, width, rows, vecs)
     got = p["c"].copy()
-    microkernel.kernel_call(width, rows, vecs)(got, *list(p.values())[1:])
+    microkernel.kernel_call(width, rows, vecs, native)(got, *list(p.values())[1:])
     np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-4 * np.abs(exact).max())
+
+
+def _special_bits(rng, n: int) -> np.ndarray:
+    """Random bf16 bits, most near the bottom of the range (denormals, zeros, products that
+    underflow f32) or of any exponent; no Inf/NaN."""
+    exponent = np.where(rng.random(n) < 0.3, rng.integers(0, 3, n),
+                        np.where(rng.random(n) < 0.5, rng.integers(55, 75, n), rng.integers(0, 255, n)))
+    return ((rng.integers(0, 2, n) << 15) | (exponent << 7) | rng.integers(0, 128, n)).astype(np.uint16)
+
+
+def _one_pair_call(native: bool, c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """c (16 rows x 16 lanes) plus one pair step: row r's pair a[2r:2r+2] against lane l's b[2l:2l+2]."""
+    got, one = c.copy(), np.zeros(1, np.int64)
+    microkernel.kernel_call(16, 16, 1, native)(got, 0, 16, a, 0, 2, 2, b, 0, 32, one, one, 1, 1)
+    return got
+
+
+@pytest.mark.parametrize("native", KERNELS)
+def test_bf16_flushing_is_the_instructions(native, rng):
+    """Denormal inputs and accumulators, products that underflow, sums at 2^-126: the kernel
+    gives the model's bits (DAZ, two roundings, FTZ after rounding), random cases and the edge
+    cases whose results were read off a Zen 4 (each one tells two plausible models apart)."""
+    for _ in range(40):
+        a, b = _special_bits(rng, 32), _special_bits(rng, 32)
+        cbits = rng.integers(0, 2 ** 32, 256, dtype=np.uint64).astype(np.uint32)
+        c = ((cbits & 0x807FFFFF) | (rng.integers(0, 30, 256).astype(np.uint32) << 23)).view(np.float32)
+        want = c.reshape(16, 16)
+        fa, fb = _f32(a).reshape(16, 2), _f32(b).reshape(16, 2)
+        for half in (1, 0):
+            want = _dot_step(want, fa[:, half:half + 1], fb[:, half][None, :])
+        np.testing.assert_array_equal(_one_pair_call(native, c, a, b).view(np.uint32), want.reshape(-1).view(np.uint32))
+    t = 2.0 ** -126
+    edges = [  # (c, odd a, odd b, even a, even b) -> the instruction's result
+        ((t, -2.0 ** -75, 2.0 ** -76, 0, 0), t),                 # tiny before rounding, not after: kept
+        ((t, -1.5 * 2.0 ** -75, 2.0 ** -76, 0, 0), 0.0),         # 2^-126 with gradual underflow, tiny after: 0
+        ((t * (1 + 2.0 ** -23), -2.0 ** -75, 2.0 ** -75, 0, 0), t),  # the product is not flushed before the sum
+        ((-(2.0 ** -130), 1.0, 1.0, 0, 0), 1.0),                 # a denormal accumulator counts as -0
+        ((-0.0, -2.0 ** -75, 2.0 ** -75, -2.0 ** -75, 2.0 ** -75), -0.0),  # negative underflow: -0
+        ((1.0, 2.0 ** 12, 2.0 ** 12, -2.0 ** 12, 2.0 ** 12), 0.0),  # odd pair first, each sum rounded
+        ((0.0, 2.0 ** -130, 2.0 ** 10, 0, 0), 0.0),               # a denormal bf16 input counts as zero
+    ]
+    for (c0, a1, b1, a0, b0), want in edges:
+        a, b = np.zeros(32, np.uint16), np.zeros(32, np.uint16)
+        a[:2], b[:2] = _bits(np.array([a0, a1])), _bits(np.array([b0, b1]))
+        got = _one_pair_call(native, np.full(256, c0, np.float32), a, b)[0]
+        assert got.view(np.uint32) == np.float32(want).view(np.uint32), ((c0, a1, b1, a0, b0), got, want)
 
 
 def test_kernel_rejects_mixed_operands():
@@ -224,17 +309,16 @@ def test_avx2_kernels_assembly():
 
 # --- natively, where the host has the family --------------------------------------------------
 
-@pytest.mark.skipif(not NATIVE_BF16, reason="the host lacks AVX512_BF16")
-def test_native_bf16_denormals_and_nan():
-    """The instruction itself: denormal bf16 inputs count as zero, NaN propagates."""
-    call = microkernel.kernel_call(16, 16, 1)
-    one, t = np.zeros(1, np.int64), np.ones(2 * 16, np.float32)
+@pytest.mark.parametrize("native", KERNELS)
+def test_bf16_denormals_and_nan(native):
+    """Denormal bf16 inputs count as zero (a denormal times 1, added to 1, leaves 1), NaN
+    propagates: the instruction, and its stand-in on every machine."""
+    t = np.ones(2 * 16, np.float32)
     b = _bits(t)
     for a_value, check in ((np.uint16(0x0001), lambda c: np.all(c == 1.0)), (_bits(np.array([np.nan]))[0], np.isnan)):
-        a = np.zeros(2 * 16 + 2, np.uint16)
+        a = np.zeros(2 * 16, np.uint16)
         a[1::2] = a_value                                       # the odd half of each row's pair
-        c = np.ones(16 * 16, np.float32)
-        call(c, 0, 16, a, 0, 2, 2, b, 0, 32, one - 1, one - 1, 1, 1)
+        c = _one_pair_call(native, np.ones(16 * 16, np.float32), a, b)
         assert np.all(check(c)), c
 
 

@@ -28,7 +28,8 @@ import os
 
 from ...errors import ConvgradError
 
-__all__ = ["FAMILIES", "WIDTH", "host_features", "supported", "family", "set_family", "ISAError"]
+__all__ = ["FAMILIES", "WIDTH", "host_features", "supported", "family", "set_family", "bf16_host", "bf16_native",
+           "ISAError"]
 
 #: Families from the most capable down, and the CPU features each needs.
 FAMILIES: dict[str, frozenset[str]] = {
@@ -77,6 +78,18 @@ def _cpu_name() -> str:
 
 
 _current: list[str] = []
+_standin: list[bool] = [False]
+
+
+def bf16_host() -> bool:
+    """Whether this CPU has the AVX512_BF16 dot-product instruction."""
+    return "avx512bf16" in host_features()
+
+
+def bf16_native() -> bool:
+    """Whether the ``avx512_bf16`` family's kernels run the instruction itself (else its bit-exact
+    stand-in: on CPUs without it, or where :func:`set_family` asked for the stand-in)."""
+    return bf16_host() and not _standin[0]
 
 
 def family() -> str:
@@ -87,10 +100,12 @@ def family() -> str:
     return _current[0]
 
 
-def set_family(name: str | None, allow_emulated: bool = False) -> str:
+def set_family(name: str | None, allow_emulated: bool = False, standin: bool = False) -> str:
     """Use family ``name`` from now on (``None``: the host's best); returns the one used before.
     ``allow_emulated``: accept ``avx512``/``avx512_bf16`` on an AVX2 host (LLVM splits their vectors,
-    the bf16 dot product runs a stand-in; for tests)."""
+    the bf16 dot product runs a stand-in; for tests). ``standin``: the bf16 kernels run the
+    stand-in even where the CPU has the instruction (the emulated twins of native tests)."""
     before = family()
     _current[:] = [_check(name, allow_emulated) if name else supported()[0]]
+    _standin[0] = standin
     return before

@@ -175,8 +175,9 @@ def _source(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], slack: in
 
 
 @functools.cache
-def _outputs(width: int, rows: int, vecs: int) -> Callable:
-    """The driver of forward and backward data for one kernel variant (compiled for it alone)."""
+def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
+    """The driver of forward and backward data for one kernel variant (compiled for it alone;
+    ``native``: :func:`.microkernel.run`'s flag)."""
     @microkernel.cached_njit(parallel=True)
     def outputs(src, steps, taps_a, out, out_base, out_steps, out_grid, pitch, valid, wp, per_block, taps_b,
                 groups, kred, depth, channels, blocks_outer):  # pragma: no cover - compiled
@@ -211,7 +212,7 @@ def _outputs(width: int, rows: int, vecs: int) -> Callable:
             base = out_base + n * out_steps[0] + q0 * out_steps[1] + q1 * out_steps[2] + g * channels + nb * vw
             for m in range(0, m_, rows):
                 c[:] = 0
-                microkernel.run(width, rows, vecs, c, 0, vw, src, src_row + m * steps[3], steps[3], depth, wp, boff,
+                microkernel.run(width, rows, vecs, native, c, 0, vw, src, src_row + m * steps[3], steps[3], depth, wp, boff,
                                 vw * depth, taps_a, taps_b, ntaps, kred)
                 for r in range(min(rows, m_ - m)):
                     a1 = (m + r) // pitch
@@ -241,7 +242,7 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_
         shape, pitch = (n, q0, 1, flat), pitch
     else:
         shape, pitch = (n, q0, q1, q2), q2
-    _outputs(width, rows, vecs)(geometry.flat(src), steps, taps_a, out.reshape(-1), out_base, out_steps,
+    _outputs(width, rows, vecs, depth == 2 and isa.bf16_native())(geometry.flat(src), steps, taps_a, out.reshape(-1), out_base, out_steps,
                                 np.array(shape, np.int64), pitch, q2, wp, taps * kred * depth * vw, taps_b, groups,
                                 kred, depth, channels, wp.nbytes > cache_bytes)
 
@@ -377,7 +378,7 @@ def _weights(width: int, rows: int, vecs: int) -> Callable:
                     t = triple // (row_blocks * groups)
                     coff = (p * triples + triple) * rows * ldc
                     for nb in range(nblocks):
-                        microkernel.run(width, rows, vecs, parts, coff + nb * vw, ldc, xb,
+                        microkernel.run(width, rows, vecs, False, parts, coff + nb * vw, ldc, xb,
                                         taps_a[t] + (g * row_blocks + ib) * block_size, 1, x_steps[3], dyp,
                                         g * ldc + nb * vw, dy_row, ra, rb, count, o2_)
     return weights

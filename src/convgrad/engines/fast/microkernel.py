@@ -16,9 +16,12 @@ reduction values, ``a[p]`` and ``a[p+1]`` (``p = aoff + ta[t] + r*lda + i*astep`
 interleaved pairs ``b[q + 2*(v*W + l)]``, ``b[q + 2*(v*W + l) + 1]`` (``q = boff + tb[t] +
 i*bstep``), into f32 accumulators, as ``VDPBF16PS`` does (Intel SDM: the odd pair's product is
 added first, then the even pair's, each rounded once to f32). Where the host has AVX512_BF16 the
-kernel is that instruction (``llvm.x86.avx512bf16.dpbf16ps.512``, ``W`` = 16); elsewhere a
-plain-IR stand-in computes the same sums in the same order with two FMAs (bit-exact, except the
-instruction's denormal flushing). Offsets and strides count uint16 elements.
+kernel is that instruction (``llvm.x86.avx512bf16.dpbf16ps.512``, ``W`` = 16); elsewhere (and
+in :data:`run_standin` everywhere) a plain-IR stand-in computes it bit for bit: as measured on a
+Zen 4's ``vdpbf16ps`` (docs/engine.md), denormal inputs (``a``, ``b`` and the accumulator) count
+as zeros of their sign, each pair's two products are added one at a time (odd first) with one
+rounding each (RNE), and a sum that is tiny after rounding to 24 bits with an unbounded exponent
+(below 2^-126) becomes a zero of its sign. Offsets and strides count uint16 elements.
 
 Blocks (:data:`BLOCKS`) fit the register file: ``R*V`` accumulators + ``V`` operands + one
 broadcast <= 16 ymm registers (``W`` = 8, AVX2) or 31 of the 32 zmm (``W`` = 16, AVX-512). A 16-wide kernel
@@ -74,10 +77,6 @@ def block_for(channels: int, width: int, rows: int | None = None) -> tuple[int, 
     return min((b for b in BLOCKS[width] if b[1] <= vectors and (b[1] > 1 or vectors == 1)), key=cost)
 
 
-def _bf16_native() -> bool:
-    return "avx512bf16" in isa.host_features()
-
-
 class _Ops:
     """IR of one reduction step for f32 or bf16 operands (see the module docstring)."""
 
@@ -85,6 +84,7 @@ class _Ops:
         self.builder, self.width, self.bf16 = builder, width, bf16
         f32, i32 = ir.FloatType(), ir.IntType(32)
         self.acc = ir.VectorType(f32, width)
+        self.bits = ir.VectorType(i32, width)
         fma_t = ir.FunctionType(self.acc, [self.acc] * 3)
         self.fma = cgutils.get_or_insert_function(builder.module, fma_t, f"llvm.fma.v{width}f32")
         self.native = bf16 and native
@@ -110,13 +110,23 @@ class _Ops:
         """A loaded ``b`` vector, ready for :meth:`step` (bf16 stand-in: its odd and even lanes as f32)."""
         if not self.bf16 or self.native:
             return vector
-        b, i32v = self.builder, ir.VectorType(ir.IntType(32), self.width)
+        b, i32v = self.builder, self.bits
         halves = []
         for first in (1, 0):   # odd lanes, then even ones
             lanes = b.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(ir.IntType(32), self.width),
                                                                  list(range(first, 2 * self.width, 2))))
-            halves.append(self._to_f32(b.shl(b.zext(lanes, i32v), self.splat(ir.Constant(ir.IntType(32), 16), i32v))))
+            halves.append(self._daz(b.shl(b.zext(lanes, i32v), self._bits(16))))
         return tuple(halves)
+
+    def _bits(self, value: int, scalar: bool = False) -> ir.Value:
+        one = ir.Constant(ir.IntType(32), value)
+        return one if scalar else self.splat(one, self.bits)
+
+    def _daz(self, bits32: ir.Value) -> ir.Value:
+        """The f32 of ``bits32`` (a scalar or a vector of i32), a denormal as a zero of its sign."""
+        b, scalar = self.builder, not isinstance(bits32.type, ir.VectorType)
+        tiny = b.icmp_unsigned("==", b.and_(bits32, self._bits(0x7F800000, scalar)), self._bits(0, scalar))
+        return self._to_f32(b.select(tiny, b.and_(bits32, self._bits(0x80000000, scalar)), bits32))
 
     def operand_a(self, value: ir.Value):
         """A loaded ``a`` value broadcast, ready for :meth:`step` (bf16 stand-in: its odd and even halves)."""
@@ -125,8 +135,8 @@ class _Ops:
             return self.splat(value, self.acc)
         if self.native:
             return b.bitcast(self.splat(value, ir.VectorType(ir.IntType(32), self.width)), self.b_vec)
-        odd = self._to_f32(b.and_(value, ir.Constant(ir.IntType(32), 0xFFFF0000)))
-        even = self._to_f32(b.shl(value, ir.Constant(ir.IntType(32), 16)))
+        odd = self._daz(b.and_(value, self._bits(0xFFFF0000, True)))
+        even = self._daz(b.shl(value, self._bits(16, True)))
         return self.splat(odd, self.acc), self.splat(even, self.acc)
 
     def step(self, acc: ir.Value, a, b) -> ir.Value:
@@ -135,8 +145,27 @@ class _Ops:
             return self.builder.call(self.fma, [a, b, acc])
         if self.native:
             return self.builder.call(self.dot, [acc, a, b])
-        acc = self.builder.call(self.fma, [a[0], b[0], acc])      # odd pair first (SDM order)
-        return self.builder.call(self.fma, [a[1], b[1], acc])
+        for x, y in zip(a, b):                                      # odd pair first (SDM order)
+            acc = self._flushed_fma(x, y, acc)
+        return acc
+
+    def _flushed_fma(self, x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
+        """``acc + x*y`` as one step of the instruction: the accumulator's denormals as zeros, one
+        rounding, a result tiny after rounding to 24 bits (unbounded exponent) as a zero of its
+        sign. The fma's gradual result differs from that rounding only where it is 2^-126 while
+        the exact sum (exact in f64: bf16 products have 16 bits) is below 2^-126 - 2^-151."""
+        b, f64v = self.builder, ir.VectorType(ir.DoubleType(), self.width)
+        acc = self._daz(b.bitcast(acc, self.bits))
+        r = b.call(self.fma, [x, y, acc])
+        rbits = b.bitcast(r, self.bits)
+        magnitude = b.and_(rbits, self._bits(0x7FFFFFFF))
+        exact = b.fadd(b.fpext(acc, f64v), b.fmul(b.fpext(x, f64v), b.fpext(y, f64v)))
+        below = b.fcmp_ordered("<", b.call(cgutils.get_or_insert_function(
+            b.module, ir.FunctionType(f64v, [f64v]), f"llvm.fabs.v{self.width}f64"), [exact]),
+            self.splat(ir.Constant(ir.DoubleType(), 2.0 ** -126 - 2.0 ** -151), f64v))
+        tiny = b.or_(b.icmp_unsigned("<", magnitude, self._bits(0x00800000)),
+                     b.and_(b.icmp_unsigned("==", magnitude, self._bits(0x00800000)), below))
+        return self._to_f32(b.select(tiny, b.and_(rbits, self._bits(0x80000000)), rbits))
 
 
 def _emit(builder: ir.IRBuilder, rows: int, vecs: int, width: int, ptrs: dict, ints: dict, bf16: bool,
@@ -203,9 +232,9 @@ def _emit(builder: ir.IRBuilder, rows: int, vecs: int, width: int, ptrs: dict, i
         builder.store(out, caddr[j // vecs][j % vecs], align=4)
 
 
-_ARRAYS = (("c", 3), ("a", 6), ("b", 10), ("ta", 13), ("tb", 14))
-_INTS = (("coff", 4), ("ldc", 5), ("aoff", 7), ("lda", 8), ("astep", 9), ("boff", 11), ("bstep", 12),
-         ("ntaps", 15), ("k", 16))
+_ARRAYS = (("c", 4), ("a", 7), ("b", 11), ("ta", 14), ("tb", 15))
+_INTS = (("coff", 5), ("ldc", 6), ("aoff", 8), ("lda", 9), ("astep", 10), ("boff", 12), ("bstep", 13),
+         ("ntaps", 16), ("k", 17))
 
 
 def _constant(value: ir.Value, name: str) -> int:
@@ -216,26 +245,29 @@ def _constant(value: ir.Value, name: str) -> int:
 
 
 @intrinsic
-def run(typingctx, width, rows, vecs, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k):
+def run(typingctx, width, rows, vecs, native, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k):
     """The kernel of ``width`` (8 or 16) and block ``rows`` x ``vecs`` (compile-time constants,
-    one of :data:`BLOCKS`) on f32 ``a``/``b``, or bf16 bits (uint16) ``a``/``b`` (see the module docstring)."""
+    one of :data:`BLOCKS`) on f32 ``a``/``b``, or bf16 bits (uint16) ``a``/``b`` (see the module
+    docstring): with ``native`` (a constant bool) the AVX512_BF16 instruction where the host has
+    it, else the stand-in (:func:`.isa.bf16_native` says which the engine uses)."""
     kinds = {a.dtype, b.dtype} if all(isinstance(t, types.Array) for t in (c, a, b, ta, tb)) else set()
     if kinds not in ({types.float32}, {types.uint16}) or c.dtype != types.float32:
         raise errors.TypingError("microkernel.run: c must be float32 arrays and a, b both float32 or both "
                                  f"uint16 (bf16 bits), got {c}, {a}, {b}")
     i64t = types.int64
-    sig = types.void(i64t, i64t, i64t, c, i64t, i64t, a, i64t, i64t, i64t, b, i64t, i64t, ta, tb, i64t, i64t)
+    sig = types.void(i64t, i64t, i64t, types.boolean, c, i64t, i64t, a, i64t, i64t, i64t, b, i64t, i64t, ta, tb, i64t, i64t)
     bf16 = kinds == {types.uint16}
 
     def codegen(context, builder, signature, argv):
-        width_, rows_, vecs_ = (_constant(argv[j], name) for j, name in enumerate(("width", "rows", "vecs")))
+        width_, rows_, vecs_, native_ = (_constant(argv[j], name)
+                                         for j, name in enumerate(("width", "rows", "vecs", "native")))
         if (rows_, vecs_) not in BLOCKS.get(width_, ()):
             raise errors.NumbaValueError(f"microkernel.run: no {rows_}x{vecs_} block of width {width_}: "
                                          f"expected one of {BLOCKS}")
         ptrs = {name: cgutils.create_struct_proxy(signature.args[j])(context, builder, value=argv[j]).data
                 for name, j in _ARRAYS}
         ints = {name: argv[j] for name, j in _INTS}
-        _emit(builder, rows_, vecs_, width_, ptrs, ints, bf16, bf16 and _bf16_native())
+        _emit(builder, rows_, vecs_, width_, ptrs, ints, bf16, bf16 and bool(native_) and isa.bf16_host())
         return context.get_dummy_value()
 
     return sig, codegen
@@ -257,12 +289,13 @@ def cached_njit(**options) -> Callable:
 
 
 @functools.cache
-def kernel_call(width: int, rows: int, vecs: int) -> Callable:
+def kernel_call(width: int, rows: int, vecs: int, native: bool = True) -> Callable:
     """:func:`run` of one variant, callable from Python: ``f(c, coff, ldc, a, aoff, lda, astep, b,
-    boff, bstep, ta, tb, ntaps, k)`` (tests; compiled for this variant only)."""
+    boff, bstep, ta, tb, ntaps, k)`` (tests; compiled for this variant only; ``native`` False: the
+    bf16 stand-in even where the host has the instruction)."""
     @numba.njit(cache=True)
     def call(c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k):  # pragma: no cover
-        run(width, rows, vecs, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k)
+        run(width, rows, vecs, native, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k)
     return call
 
 
@@ -292,7 +325,7 @@ def _spin(width: int, rows: int, vecs: int) -> Callable:
         one = np.zeros(1, np.int64)
         for p in numba.prange(threads):
             for _ in range(reps):
-                run(width, rows, vecs, c, p * rows * vw, vw, a, p * depth * rows, 1, rows, b, p * depth * vw, vw,
+                run(width, rows, vecs, False, c, p * rows * vw, vw, a, p * depth * rows, 1, rows, b, p * depth * vw, vw,
                     one, one, 1, depth)
     return spin
 
