@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 
 from ...errors import ConvgradError
 
-__all__ = ["FAMILIES", "WIDTH", "host_features", "supported", "family", "set_family", "bf16_host", "bf16_native",
+__all__ = ["FAMILIES", "WIDTH", "host_features", "supported", "family", "set_family", "bf16_host", "bf16_native", "cache_sizes",
            "ISAError"]
 
 #: Families from the most capable down, and the CPU features each needs.
@@ -53,6 +54,28 @@ def host_features() -> frozenset[str]:
     """The host CPU's enabled features, as LLVM names them (``avx2``, ``fma``, ``avx512f``...)."""
     from llvmlite import binding
     return frozenset(name for name, on in binding.get_host_cpu_features().items() if on)
+
+
+#: Per-core L1 data, L2 and shared L3 sizes where the host does not say (a Zen 4's).
+_CACHE_DEFAULTS = (32 << 10, 1 << 20, 32 << 20)
+
+
+@functools.cache
+def cache_sizes() -> tuple[int, int, int]:
+    """Bytes of the L1 data, L2 and L3 caches of CPU 0 (Linux's sysfs; :data:`_CACHE_DEFAULTS`
+    for what it does not tell)."""
+    found: dict[int, int] = {}
+    root = Path("/sys/devices/system/cpu/cpu0/cache")
+    for index in sorted(root.glob("index*")) if root.is_dir() else []:
+        try:
+            level, kind = int((index / "level").read_text()), (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip().upper()
+        except (OSError, ValueError):
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
+        if kind in ("Data", "Unified") and size.rstrip("KM").isdigit():
+            found[level] = int(size.rstrip("KM")) * scale
+    return tuple(found.get(level, _CACHE_DEFAULTS[level - 1]) for level in (1, 2, 3))  # type: ignore[return-value]
 
 
 def supported() -> list[str]:

@@ -1,0 +1,145 @@
+"""Our GEMM: ``C[M, N] = A[M, K] @ B[K, N]`` (f32 accumulation) on the micro-kernel, the BLIS way.
+
+The loops around :func:`.microkernel.run` (Van Zee and van de Geijn, "BLIS", ACM TOMS 2015;
+block sizes as in Low et al., "Analytical Modeling Is Enough for High-Performance BLIS", 2016),
+with the kernel's roles: ``A`` broadcast (``mr`` rows), ``B`` loaded as vectors (``nr`` lanes)::
+
+    pack all of B into kc x nr micro-panels                       (once; shared by the threads)
+    parallel over (mc-row block of A, share of the nr-panels):
+        for pc over K in steps of kc:
+            pack A[ic:ic+mc, pc:pc+kc] into mr x kc micro-panels    (this thread's L2)
+            for jr over the share's panels: for ir over the mr-panels:
+                C[ir, jr] += Ap[ir] . Bp[pc, jr]                    (the kernel, kc deep)
+
+``kc``: a B micro-panel (``kc x nr``) fills half the L1 data cache; ``mc``: an A block
+(``mc x kc``) half the L2; both read from the host's cache sizes (:func:`.isa.cache_sizes`).
+bf16 operands on the ``avx512_bf16`` family stay bf16: both are packed in pairs along K (the dot
+instruction's layout, K padded to even), and the kernel is the dot product (or its stand-in).
+C is zeroed, padded to whole blocks (``mr`` rows, ``nr`` columns) and returned as a view.
+A and B may be any 2-D strided views (transposes, strided positions): packing reads them once.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from . import isa, microkernel
+
+__all__ = ["Blocks", "blocks", "gemm", "workspace_bytes"]
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """The register block (``rows`` x ``vecs`` vectors of ``width`` lanes) and the cache blocks."""
+
+    width: int
+    rows: int
+    vecs: int
+    kc: int        #: reduction values per packed micro-panel (even: whole bf16 pairs)
+    mc: int        #: rows of A per packed block (a multiple of ``rows``)
+
+    @property
+    def nr(self) -> int:
+        return self.vecs * self.width
+
+
+def blocks(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None = None) -> Blocks:
+    """The blocks for an ``m x k x n`` GEMM of ``itemsize``-byte packed operands: the register
+    block with the fewest idle lanes over ``n`` (:func:`.microkernel.block_for`, or ``block``),
+    ``kc`` from L1, ``mc`` from L2, ``mc`` cut so that every thread gets a block."""
+    width = isa.WIDTH[isa.family()]
+    rows, vecs = block or microkernel.block_for(n, width, m)
+    l1, l2, _ = isa.cache_sizes()
+    kc = max(16, min(-(-k // 2) * 2, (l1 // 2) // (vecs * width * itemsize) // 16 * 16))
+    mc = max(rows, (l2 // 2) // (kc * itemsize) // rows * rows)
+    per_thread = -(-m // numba.get_num_threads())
+    mc = min(mc, -(-per_thread // rows) * rows)
+    return Blocks(width, rows, vecs, kc, mc)
+
+
+def workspace_bytes(m: int, k: int, n: int, itemsize: int) -> int:
+    """Upper bound of :func:`gemm`'s allocations besides its operands: the packed B, the padded C
+    (f32) and one packed A block per thread."""
+    b = blocks(m, k, n, itemsize)
+    kp, npad, mpad = -(-k // 2) * 2, -(-n // b.nr) * b.nr, -(-m // b.rows) * b.rows
+    return kp * npad * itemsize + mpad * npad * 4 + numba.get_num_threads() * b.mc * b.kc * itemsize + 4096
+
+
+@functools.cache
+def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
+    """The parallel loops of :func:`gemm` for one register block (compiled for it alone)."""
+    @microkernel.cached_njit(parallel=True)
+    def run(a, bp, c, kc, mc, depth, n_shares):  # pragma: no cover - compiled
+        """``c[:M, :] += a @ B`` with ``bp`` B packed as (panels, K/depth, nr*depth): items of
+        (mc-block of a's rows, share of the nr-panels), kc deep steps, a packed per step."""
+        nr = vecs * width
+        m, k = a.shape
+        panels = bp.shape[0]
+        kd = bp.shape[1]                       # K steps (pairs for depth 2)
+        ldc = c.shape[1]
+        ldp = bp.shape[1] * bp.shape[2]
+        m_blocks = -(-m // mc)
+        steps = kc // depth
+        zero = np.zeros(1, np.int64)
+        for item in numba.prange(m_blocks * n_shares):
+            mb, share = item // n_shares, item % n_shares
+            m0 = mb * mc
+            rows_here = min(mc, m - m0)
+            row_panels = -(-rows_here // rows)
+            first, last = panels * share // n_shares, panels * (share + 1) // n_shares
+            ap = np.zeros(row_panels * steps * rows * depth, bp.dtype)
+            for s0 in range(0, kd, steps):
+                ks = min(steps, kd - s0)
+                for rp in range(row_panels):          # pack: (ks, rows, depth) per micro-panel
+                    base = rp * steps * rows * depth
+                    for r in range(rows):
+                        row = m0 + rp * rows + r
+                        for i in range(ks):
+                            for j in range(depth):
+                                kk = (s0 + i) * depth + j
+                                at = base + (i * rows + r) * depth + j
+                                if row < m and kk < k:
+                                    ap[at] = a[row, kk]
+                                else:
+                                    ap[at] = 0
+                for jp in range(first, last):
+                    for rp in range(row_panels):
+                        microkernel.run(width, rows, vecs, native, c, (m0 + rp * rows) * ldc + jp * nr, ldc,
+                                        ap, rp * steps * rows * depth, depth, rows * depth, bp,
+                                        jp * ldp + s0 * nr * depth, nr * depth, zero, zero, 1, ks)
+    return run
+
+
+def _pack_b(b: np.ndarray, nr: int, depth: int) -> np.ndarray:
+    """B (K, N) as (panels, K/depth, nr*depth): each nr-column panel contiguous, K in pairs
+    interleaved per lane for ``depth`` 2, zero past K and N."""
+    k, n = b.shape
+    kp, npad = -(-k // depth) * depth, -(-n // nr) * nr
+    out = np.zeros((kp, npad), b.dtype)
+    out[:k, :n] = b
+    return np.ascontiguousarray(out.reshape(kp // depth, depth, npad // nr, nr).transpose(2, 0, 3, 1)).reshape(
+        npad // nr, kp // depth, nr * depth)
+
+
+def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None) -> np.ndarray:
+    """``a @ b`` in f32 for f32 ``a`` (M, K) and ``b`` (K, N), or bf16 bits (uint16) of both
+    (the dot-product kernel on pairs along K): a (M, N) view of a padded f32 array."""
+    bf16 = a.dtype == np.uint16
+    m, k = a.shape
+    n = b.shape[1]
+    depth = 2 if bf16 else 1
+    bl = blocks(m, k, n, a.dtype.itemsize, block)
+    bp = _pack_b(b, bl.nr, depth)
+    mpad = -(-m // bl.rows) * bl.rows
+    c = np.zeros((mpad, bp.shape[0] * bl.nr), np.float32)
+    m_blocks = -(-m // bl.mc)
+    n_shares = min(bp.shape[0], max(1, -(-numba.get_num_threads() // m_blocks)))
+    if m and k:
+        _driver(bl.width, bl.rows, bl.vecs, bf16 and isa.bf16_native())(a, bp, c, bl.kc, bl.mc, depth, n_shares)
+    return c[:m, :n]
+
