@@ -74,11 +74,12 @@ def workspace_bytes(m: int, k: int, n: int, itemsize: int) -> int:
 def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
     """The parallel loops of :func:`gemm` for one register block (compiled for it alone)."""
     @microkernel.cached_njit(parallel=True)
-    def run(a, bp, c, kc, mc, depth, n_shares):  # pragma: no cover - compiled
-        """``c[:M, :] += a @ B`` with ``bp`` B packed as (panels, K/depth, nr*depth): items of
-        (mc-block of a's rows, share of the nr-panels), kc deep steps, a packed per step."""
+    def run(a, lda, astep, m, k, packed, bp, c, kc, mc, depth, n_shares):  # pragma: no cover - compiled
+        """``c[:m, :] += A @ B``, A's value (row, kk) at ``a[row*lda + kk*astep]`` (flat), ``bp``
+        B packed as (panels, K/depth, nr*depth): items of (mc-block of A's rows, share of the
+        nr-panels), kc deep steps; with ``packed`` A's block is packed per step (pairs along K
+        for depth 2), else the kernel reads A where it lies (``depth`` 1, or pairs adjacent)."""
         nr = vecs * width
-        m, k = a.shape
         panels = bp.shape[0]
         kd = bp.shape[1]                       # K steps (pairs for depth 2)
         ldc = c.shape[1]
@@ -92,26 +93,44 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
             rows_here = min(mc, m - m0)
             row_panels = -(-rows_here // rows)
             first, last = panels * share // n_shares, panels * (share + 1) // n_shares
-            ap = np.zeros(row_panels * steps * rows * depth, bp.dtype)
+            ap = np.zeros(row_panels * steps * rows * depth if packed else rows * steps * depth, a.dtype)
             for s0 in range(0, kd, steps):
                 ks = min(steps, kd - s0)
-                for rp in range(row_panels):          # pack: (ks, rows, depth) per micro-panel
-                    base = rp * steps * rows * depth
+                if packed:                            # (ks, rows, depth) per micro-panel
+                    for rp in range(row_panels):
+                        base = rp * steps * rows * depth
+                        for r in range(rows):
+                            row = m0 + rp * rows + r
+                            for i in range(ks):
+                                for j in range(depth):
+                                    kk = (s0 + i) * depth + j
+                                    at = base + (i * rows + r) * depth + j
+                                    if row < m and kk < k:
+                                        ap[at] = a[row * lda + kk * astep]
+                                    else:
+                                        ap[at] = 0
+                tail = not packed and rows_here % rows != 0   # the last, partial panel: packed
+                if tail:
+                    rp = row_panels - 1
                     for r in range(rows):
                         row = m0 + rp * rows + r
-                        for i in range(ks):
-                            for j in range(depth):
-                                kk = (s0 + i) * depth + j
-                                at = base + (i * rows + r) * depth + j
-                                if row < m and kk < k:
-                                    ap[at] = a[row, kk]
-                                else:
-                                    ap[at] = 0
+                        for i in range(ks * depth):
+                            kk = s0 * depth + i
+                            ap[r * steps * depth + i] = a[row * lda + kk * astep] if row < m and kk < k else 0
                 for jp in range(first, last):
                     for rp in range(row_panels):
-                        microkernel.run(width, rows, vecs, native, c, (m0 + rp * rows) * ldc + jp * nr, ldc,
-                                        ap, rp * steps * rows * depth, depth, rows * depth, bp,
-                                        jp * ldp + s0 * nr * depth, nr * depth, zero, zero, 1, ks)
+                        coff = (m0 + rp * rows) * ldc + jp * nr
+                        boff = jp * ldp + s0 * nr * depth
+                        if tail and rp == row_panels - 1:
+                            microkernel.run(width, rows, vecs, native, c, coff, ldc, ap, 0, steps * depth, depth, bp,
+                                            boff, nr * depth, zero, zero, 1, ks)
+                        elif packed:
+                            microkernel.run(width, rows, vecs, native, c, coff, ldc, ap, rp * steps * rows * depth,
+                                            depth, rows * depth, bp, boff, nr * depth, zero, zero, 1, ks)
+                        else:
+                            microkernel.run(width, rows, vecs, native, c, coff, ldc, a,
+                                            (m0 + rp * rows) * lda + s0 * depth * astep, lda, astep * depth, bp, boff,
+                                            nr * depth, zero, zero, 1, ks)
     return run
 
 
@@ -128,7 +147,9 @@ def _pack_b(b: np.ndarray, nr: int, depth: int) -> np.ndarray:
 
 def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None) -> np.ndarray:
     """``a @ b`` in f32 for f32 ``a`` (M, K) and ``b`` (K, N), or bf16 bits (uint16) of both
-    (the dot-product kernel on pairs along K): a (M, N) view of a padded f32 array."""
+    (the dot-product kernel on pairs along K): a (M, N) view of a padded f32 array. ``a`` is
+    read where it lies when its elements are evenly spaced in memory (any 2-D strided view of
+    f32; bf16 with adjacent values along an even K), else packed block by block."""
     bf16 = a.dtype == np.uint16
     m, k = a.shape
     n = b.shape[1]
@@ -139,7 +160,13 @@ def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None) -> 
     c = np.zeros((mpad, bp.shape[0] * bl.nr), np.float32)
     m_blocks = -(-m // bl.mc)
     n_shares = min(bp.shape[0], max(1, -(-numba.get_num_threads() // m_blocks)))
+    lda, astep = (max(0, s) // a.itemsize for s in a.strides)
+    in_place = min(a.strides) >= 0 and all(s % a.itemsize == 0 for s in a.strides) \
+        and (not bf16 or (astep == 1 and k % 2 == 0))
+    if not in_place:
+        a, lda, astep = np.ascontiguousarray(a), k, 1
     if m and k:
-        _driver(bl.width, bl.rows, bl.vecs, bf16 and isa.bf16_native())(a, bp, c, bl.kc, bl.mc, depth, n_shares)
+        flat = np.lib.stride_tricks.as_strided(a, ((m - 1) * lda + (k - 1) * astep + 1,), (a.itemsize,))
+        _driver(bl.width, bl.rows, bl.vecs, bf16 and isa.bf16_native())(
+            flat, lda, astep, m, k, bf16 and not in_place, bp, c, bl.kc, bl.mc, depth, n_shares)
     return c[:m, :n]
-

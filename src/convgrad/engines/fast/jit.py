@@ -39,7 +39,7 @@ import numpy as np
 
 from ...dtypes import bfloat16
 from ...problem import ConvGeometry
-from . import geometry, isa, microkernel
+from . import blis, geometry, isa, microkernel
 from .features import Features
 from .geometry import padded, phase_taps, spatial, spatial3, tap_weights
 from .tuning import TUNING
@@ -101,9 +101,38 @@ def _plan(g: ConvGeometry, task: str, plan: Plan | None) -> Plan:
 
 
 def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) -> np.ndarray:
-    """``task`` on its two canonical inputs, f32 result."""
+    """``task`` on its two canonical inputs, f32 result: a pointwise problem (1x1, unpadded, one
+    group) as one GEMM (:func:`pointwise`), the others by their drivers."""
+    if g.groups == 1 and math.prod(g.kernel) == 1 and not any(g.pads_begin) and not any(g.pads_end):
+        return pointwise(g, a, b, task, plan)
     return {"forward": forward, "backward_data": backward_data, "backward_weights": backward_weights}[task](
         g, a, b, plan)
+
+
+def _operand(a: np.ndarray) -> np.ndarray:
+    """``a`` as the GEMM reads it: bf16 bits (uint16) on the ``avx512_bf16`` family, else f32."""
+    return a.view(np.uint16) if _depth(a.dtype) == 2 else a.astype(F32, copy=False)
+
+
+def pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Plan | None = None) -> np.ndarray:
+    """A 1x1 unpadded one-group convolution as one GEMM of :func:`.blis.gemm` over the positions
+    ``x_s = x[:, ::S...]`` the strides keep (M of them): forward ``y = x_s @ w`` (M x IC x OC),
+    backward data ``dx_s = dy @ w^T`` (zero elsewhere), backward weights ``dw = x_s^T @ dy``
+    (IC x M x OC: reduced over the positions, bf16 packed in pairs of positions)."""
+    block = _block(plan)[:2] if plan is not None else None
+    keep = (slice(None), *(slice(None, o * s, s) for o, s in zip(g.out_size, g.strides)), slice(None))
+    if task == "backward_data":
+        dy2 = _operand(a).reshape(-1, g.oc)
+        rows = blis.gemm(dy2, _operand(b).reshape(g.ic, g.oc).T, block)
+        if all(s == 1 for s in g.strides) and tuple(g.out_size) == tuple(g.in_size):
+            return np.ascontiguousarray(rows).reshape(g.x_shape)
+        dx = np.zeros(g.x_shape, F32)
+        dx[keep] = rows.reshape(g.y_shape[:-1] + (g.ic,))
+        return dx
+    xs = _operand(a)[keep].reshape(-1, g.ic)
+    if task == "forward":
+        return np.ascontiguousarray(blis.gemm(xs, _operand(b).reshape(g.ic, g.oc), block)).reshape(g.y_shape)
+    return np.ascontiguousarray(blis.gemm(xs.T, _operand(b).reshape(-1, g.oc), block)).reshape(g.w_shape)
 
 
 def _block(plan: Plan) -> tuple[int, int, int]:
@@ -120,6 +149,12 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
     per-thread accumulator blocks."""
     g, task = f.geometry, f.task
     rows, _, vw = _block(plan)
+    if f.pointwise:    # the GEMM's workspace, x_s (strided or widened), a zeroed dx, the f32 result
+        m = g.n * math.prod(g.out_size)
+        k, n = {"forward": (g.ic, g.oc), "backward_data": (g.oc, g.ic), "backward_weights": (m, g.oc)}[task]
+        rows_ = g.ic if task == "backward_weights" else m
+        return blis.workspace_bytes(rows_, k, n, 4) + 4 * (m * g.ic + math.prod(g.x_shape)
+                                                           + math.prod(f.result_shape)) + (64 << 10)
     s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
     taps, o = math.prod(g.kernel), spatial(g.out_size, 1)
     if task == "backward_data":

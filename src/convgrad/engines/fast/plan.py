@@ -8,7 +8,9 @@ applies), else :func:`default_plan`, the tuning table's rule:
 
 1. depthwise (ICg = OCg = 1): ``direct`` (its depthwise loops);
 2. at most ``TUNING.direct_flops`` of work: ``direct``;
-3. ``jit`` on a family of ``TUNING.jit_families`` for f32-accumulating kernels of several taps
+3. ``jit`` for bf16 pointwise layers on a family of ``TUNING.gemm_16_bit_families`` (our GEMM
+   on the dot instruction, :mod:`.blis`), and on a family of ``TUNING.jit_families`` for
+   f32-accumulating kernels of several taps
    with at most ``TUNING.jit_channels[task]`` channels per group on either side; for the
    gradients from ``TUNING.jit_min_input_channels`` input channels, the weights gradient of f32
    data only, and no junk-heavy frame (``Features.junk_heavy``);
@@ -102,6 +104,8 @@ def _complete(f: Features, plan: Plan) -> Plan | None:
 
 def jit_selected(f: Features) -> bool:
     """Whether the rule picks the jit strategy for ``f`` (rule 3 of the module docstring)."""
+    if jit.applies(f) and f.pointwise and f.family in TUNING.gemm_16_bit_families and f.dtype == "bfloat16":
+        return True
     if not jit.applies(f) or f.family not in TUNING.jit_families or f.taps < 2 \
             or max(f.icg, f.ocg) > TUNING.jit_channels[f.task] or f.junk_heavy():
         return False

@@ -1,0 +1,90 @@
+"""Our GEMM (:mod:`convgrad.engines.fast.blis`) against NumPy/float64, and the pointwise layers
+that run on it against the reference engine: shapes of 1, primes, sizes just past each block,
+strided and transposed views, f32 and bf16 (the dot instruction where the host has it, and its
+stand-in everywhere)."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from convgrad.engines import get_engine
+from convgrad.engines.fast import blis, isa, jit
+from convgrad.problem import ConvGeometry
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _sizes() -> list[tuple[int, int, int]]:
+    b = blis.blocks(4096, 4096, 64, 4)
+    return [(1, 1, 1), (1, 7, 1), (13, 1, 5), (7, 13, 17), (b.rows + 1, b.kc + 1, b.nr + 1),
+            (b.mc + 1, 2 * b.kc + 3, 2 * b.nr - 1), (3 * b.rows - 1, b.kc - 1, 97), (61, 263, 31)]
+
+
+@pytest.mark.parametrize("m, k, n", _sizes())
+def test_f32_gemm_against_float64(m, k, n):
+    rng = np.random.default_rng()
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    want = a.astype(np.float64) @ b
+    tol = 1e-5 * math.sqrt(k) * max(1.0, np.abs(want).max())
+    for view in (a, np.asfortranarray(a), np.ascontiguousarray(a.T).T):
+        got = blis.gemm(view, b)
+        assert got.shape == (m, n) and got.dtype == np.float32
+        np.testing.assert_allclose(got, want, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("standin", [pytest.param(False, marks=pytest.mark.skipif(not isa.bf16_host(), reason="no AVX512_BF16")),
+                                     True], ids=["native", "standin"])
+@pytest.mark.parametrize("m, k, n", _sizes())
+def test_bf16_gemm_on_pairs(m, k, n, standin):
+    """bf16 bits in, pairs along K (odd K padded), f32 sums: close to float64, in place (K even,
+    rows adjacent) and packed (a transposed A)."""
+    rng = np.random.default_rng()
+    a, b = (rng.standard_normal(s).astype(BF16) for s in ((m, k), (k, n)))
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    before = isa.set_family("avx512_bf16", allow_emulated=True, standin=standin)
+    try:
+        for view in (a, np.ascontiguousarray(a.T).T):
+            got = blis.gemm(view.view(np.uint16), b.view(np.uint16))
+            np.testing.assert_allclose(got, want, atol=1e-5 * math.sqrt(k) * max(1.0, np.abs(want).max()), rtol=0)
+    finally:
+        isa.set_family(before)
+
+
+def test_block_sizes_follow_the_caches():
+    """kc: a B micro-panel in half the L1; mc: an A block in half the L2, whole register blocks,
+    cut so that every thread has rows."""
+    l1, l2, _ = isa.cache_sizes()
+    assert l1 >= 4096 and l2 >= l1
+    b = blis.blocks(100_000, 4096, 256, 4)
+    assert b.kc * b.nr * 4 <= l1 // 2 and b.kc % 2 == 0
+    assert b.mc % b.rows == 0 and b.mc * b.kc * 4 <= l2 // 2
+    small = blis.blocks(30, 4096, 256, 4)
+    assert small.mc <= max(small.rows, -(-30 // 1))
+
+
+def _pointwise_geometry(n, in_size, ic, oc, strides) -> ConvGeometry:
+    out = tuple((i - 1) // s + 1 for i, s in zip(in_size, strides))
+    r = len(in_size)
+    return ConvGeometry(n, 1, ic, oc, in_size, out, (1,) * r, strides, (1,) * r, (0,) * r, (0,) * r)
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16, np.dtype(np.float16)], ids=str)
+@pytest.mark.parametrize("g", [_pointwise_geometry(2, (5, 7), 6, 9, (1, 1)), _pointwise_geometry(3, (9, 8), 16, 40, (2, 2)),
+                               _pointwise_geometry(1, (4,), 3, 5, (3,)), _pointwise_geometry(2, (3, 4, 5), 33, 17, (1, 2, 1))],
+                         ids=["2d", "strided", "1d", "3d"])
+def test_pointwise_layers_on_the_gemm(g, dtype):
+    """Every task of a 1x1 layer through the jit strategy's GEMM equals the float64 reference,
+    for data in NXC memory and for an NCX view of it."""
+    rng = np.random.default_rng()
+    ref = get_engine("reference")
+    x, w, dy = (rng.uniform(-1, 1, s).astype(dtype) for s in (g.x_shape, g.w_shape, g.y_shape))
+    for task, args in (("forward", (x, w)), ("backward_data", (dy, w)), ("backward_weights", (x, dy))):
+        want = getattr(ref, task)(g, *args)
+        for first in (args[0], np.moveaxis(np.ascontiguousarray(np.moveaxis(args[0], -1, 1)), 1, -1)):
+            got = jit.pointwise(g, first, args[1], task)
+            assert got.dtype == np.float32 and got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()), err_msg=task)
