@@ -10,6 +10,7 @@ plan's strategy, one module each with ``applies``, ``run`` and ``workspace_bytes
 - ``gemm`` (:mod:`.gemm`): GEMMs on NumPy's BLAS over phase frames, output rows, pointwise
   blocks or per-image matrices (f64 always, and where the rule says).
 
+Every parallel loop runs in numba's one pool, fork-safe and one call at a time (:mod:`.pool`).
 An empty batch needs no plan: zeros. Every threshold is in :mod:`.tuning`; docs/engine.md has the
 measurements behind them.
 """
@@ -24,6 +25,7 @@ from ... import layout
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
 from .. import register
+from . import pool
 from .features import Features
 from .frame import Frame, empty_like_data
 from .plan import (STRATEGIES, Plan, candidates, default_plan, forced_plan, forced_strategy, gemm_variant, jit_selected,
@@ -46,8 +48,9 @@ class FastEngine:
                 return np.zeros(g.w_shape, acc)
             return empty_like_data(g.y_shape if task == "forward" else g.x_shape, acc, a, fill=True)
         f = Features.of(g, task, a.dtype, layout.channels_first(a))
-        plan = select(f, tune=True)
-        return strategy_module(plan.strategy).run(plan, g, a, b, task)
+        with pool.serial():
+            plan = select(f, tune=True)
+            return strategy_module(plan.strategy).run(plan, g, a, b, task)
 
     def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         return self._run(g, "forward", x, w)
