@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import ml_dtypes
+import numba
 import numpy as np
 import pytest
 
@@ -63,7 +64,8 @@ def test_block_sizes_follow_the_caches():
     assert b.kc * b.nr * 4 <= l1 // 2 and b.kc % 2 == 0
     assert b.mc % b.rows == 0 and b.mc * b.kc * 4 <= l2 // 2
     small = blis.blocks(30, 4096, 256, 4)
-    assert small.mc <= max(small.rows, -(-30 // 1))
+    per_thread = -(-30 // numba.get_num_threads())
+    assert small.mc == -(-per_thread // small.rows) * small.rows
 
 
 def _pointwise_geometry(n, in_size, ic, oc, strides) -> ConvGeometry:

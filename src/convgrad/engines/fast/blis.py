@@ -7,16 +7,18 @@ with the kernel's roles: ``A`` broadcast (``mr`` rows), ``B`` loaded as vectors 
     pack all of B into kc x nr micro-panels                       (once; shared by the threads)
     parallel over (mc-row block of A, share of the nr-panels):
         for pc over K in steps of kc:
-            pack A[ic:ic+mc, pc:pc+kc] into mr x kc micro-panels    (this thread's L2)
+            [pack A[ic:ic+mc, pc:pc+kc] into mr x kc micro-panels]  (only where needed, below)
             for jr over the share's panels: for ir over the mr-panels:
-                C[ir, jr] += Ap[ir] . Bp[pc, jr]                    (the kernel, kc deep)
+                C[ir, jr] += A[ir] . Bp[pc, jr]                     (the kernel, kc deep)
 
 ``kc``: a B micro-panel (``kc x nr``) fills half the L1 data cache; ``mc``: an A block
 (``mc x kc``) half the L2; both read from the host's cache sizes (:func:`.isa.cache_sizes`).
-bf16 operands on the ``avx512_bf16`` family stay bf16: both are packed in pairs along K (the dot
-instruction's layout, K padded to even), and the kernel is the dot product (or its stand-in).
+The kernel broadcasts A, so it reads any evenly strided A where it lies (oneDNN's brgemm does
+not pack A either); only a last partial register block of rows is packed, and bf16 A whose
+pairs along K are not adjacent (a transposed A: the weights gradient) is packed block by block.
+bf16 operands on the ``avx512_bf16`` family stay bf16, in pairs along K (the dot instruction's
+layout, K padded to even; B's pairs interleaved per lane), on the dot product or its stand-in.
 C is zeroed, padded to whole blocks (``mr`` rows, ``nr`` columns) and returned as a view.
-A and B may be any 2-D strided views (transposes, strided positions): packing reads them once.
 """
 
 from __future__ import annotations
@@ -160,13 +162,12 @@ def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None) -> 
     c = np.zeros((mpad, bp.shape[0] * bl.nr), np.float32)
     m_blocks = -(-m // bl.mc)
     n_shares = min(bp.shape[0], max(1, -(-numba.get_num_threads() // m_blocks)))
-    lda, astep = (max(0, s) // a.itemsize for s in a.strides)
-    in_place = min(a.strides) >= 0 and all(s % a.itemsize == 0 for s in a.strides) \
-        and (not bf16 or (astep == 1 and k % 2 == 0))
-    if not in_place:
-        a, lda, astep = np.ascontiguousarray(a), k, 1
+    if min(a.strides) < 0 or any(s % a.itemsize for s in a.strides):     # not evenly spaced: copied
+        a = np.ascontiguousarray(a)
+    lda, astep = (s // a.itemsize for s in a.strides)
+    packed = bf16 and not (astep == 1 and k % 2 == 0)                    # pairs not adjacent
     if m and k:
         flat = np.lib.stride_tricks.as_strided(a, ((m - 1) * lda + (k - 1) * astep + 1,), (a.itemsize,))
         _driver(bl.width, bl.rows, bl.vecs, bf16 and isa.bf16_native())(
-            flat, lda, astep, m, k, bf16 and not in_place, bp, c, bl.kc, bl.mc, depth, n_shares)
+            flat, lda, astep, m, k, packed, bp, c, bl.kc, bl.mc, depth, n_shares)
     return c[:m, :n]

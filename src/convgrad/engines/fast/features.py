@@ -12,6 +12,7 @@ from ...dtypes import DATA_DTYPES, compute_dtype
 from ...problem import ConvGeometry
 from . import isa
 from .frame import Frame
+from .geometry import pointwise as is_pointwise
 from .tuning import TUNING
 
 __all__ = ["Features", "TASKS"]
@@ -89,7 +90,7 @@ class Features:
     @property
     def pointwise(self) -> bool:
         """A 1x1 kernel without padding and with one group (any stride): one GEMM."""
-        return self.taps == 1 and self.groups == 1 and self.unpadded
+        return is_pointwise(self.geometry)
 
     @property
     def frame_size(self) -> tuple[int, ...]:

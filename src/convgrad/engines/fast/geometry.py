@@ -24,6 +24,11 @@ def spatial(values: tuple[int, ...], fill: int) -> tuple[int, ...]:
     return (fill,) * (3 - len(values)) + tuple(values)
 
 
+def pointwise(g: ConvGeometry) -> bool:
+    """A 1x1 kernel without padding and with one group (any stride): one GEMM."""
+    return math.prod(g.kernel) == 1 and g.groups == 1 and not any(g.pads_begin) and not any(g.pads_end)
+
+
 def spatial3(a: np.ndarray) -> np.ndarray:
     """(N, *X, C) as (N, X0, X1, X2, C), missing leading spatial axes of size 1 (a view)."""
     return a.reshape(a.shape[0], *(1,) * (5 - a.ndim), *a.shape[1:])

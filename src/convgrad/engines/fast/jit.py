@@ -103,7 +103,7 @@ def _plan(g: ConvGeometry, task: str, plan: Plan | None) -> Plan:
 def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) -> np.ndarray:
     """``task`` on its two canonical inputs, f32 result: a pointwise problem (1x1, unpadded, one
     group) as one GEMM (:func:`pointwise`), the others by their drivers."""
-    if g.groups == 1 and math.prod(g.kernel) == 1 and not any(g.pads_begin) and not any(g.pads_end):
+    if geometry.pointwise(g):
         return pointwise(g, a, b, task, plan)
     return {"forward": forward, "backward_data": backward_data, "backward_weights": backward_weights}[task](
         g, a, b, plan)
