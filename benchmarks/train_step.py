@@ -83,7 +83,7 @@ def _worker(lib: str, layout: str, dtype_name: str, mb: int, steps: int, blocks:
         opt.step()
         elapsed = time.perf_counter() - start
         if first_loss is None:
-            first_loss = float(loss)
+            first_loss = float(loss.detach())
         if step >= 2:
             times.append(elapsed)
     return {"lib": lib, "layout": layout, "dtype": dtype_name, "step_s": statistics.median(times),

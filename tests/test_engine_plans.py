@@ -122,6 +122,30 @@ def test_the_tuning_tables_rule(case, task, dtype, channels_first, want, avx2):
     assert candidates(f)[0] == plan
 
 
+@pytest.mark.parametrize("family", ["avx512", "avx512_bf16"])
+@pytest.mark.parametrize("case,task,dtype,want", [
+    ((16, 1, 256, 256, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_data", np.float32, "jit"),
+    ((16, 1, 64, 128, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_weights", np.float32, "jit"),
+    ((16, 1, 64, 256, (56, 56), (1, 1)), "forward", np.float32, "jit"),
+    ((16, 1, 64, 256, (56, 56), (1, 1)), "backward_weights", cg.dtypes.bfloat16, "jit"),
+    ((16, 1, 64, 64, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_weights", cg.dtypes.bfloat16,
+     "gemm"),                                                  # its f32 copies would break the 2x bound
+    ((16, 1, 4, 64, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_data", np.float32, "gemm"),
+    ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_data", np.float32, "gemm"),
+    ((16, 1, 64, 64, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_data", np.float64, "gemm"),
+])
+def test_one_pool_rule_on_avx512(case, task, dtype, want, family):
+    """On the AVX-512 families every f32-accumulating problem goes to our kernels (one pool),
+    whatever its taps and channels, but for narrow inputs of a gradient, junk-heavy frames, a
+    multi-tap 16-bit weights gradient and f64."""
+    before = isa.set_family(family, allow_emulated=True)
+    try:
+        f = Features.of(_geometry(*case), task, dtype, False)
+        assert default_plan(f).strategy == want
+    finally:
+        isa.set_family(before)
+
+
 def test_forced_then_cached_then_default(monkeypatch):
     g = _geometry(4, 1, 8, 16, (12, 12), (3, 3), pb=(1, 1), pe=(1, 1))
     f = Features.of(g, "backward_data", np.float32, False)

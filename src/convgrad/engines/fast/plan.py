@@ -8,12 +8,11 @@ applies), else :func:`default_plan`, the tuning table's rule:
 
 1. depthwise (ICg = OCg = 1): ``direct`` (its depthwise loops);
 2. at most ``TUNING.direct_flops`` of work: ``direct``;
-3. ``jit`` for bf16 pointwise layers on a family of ``TUNING.gemm_16_bit_families`` (our GEMM
-   on the dot instruction, :mod:`.blis`), and on a family of ``TUNING.jit_families`` for
-   f32-accumulating kernels of several taps
-   with at most ``TUNING.jit_channels[task]`` channels per group on either side; for the
-   gradients from ``TUNING.jit_min_input_channels`` input channels, the weights gradient of f32
-   data only, and no junk-heavy frame (``Features.junk_heavy``);
+3. ``jit`` (f32-accumulating problems on a family of ``TUNING.jit_families``; pointwise ones on
+   our GEMM, :mod:`.blis`), for the gradients from ``TUNING.jit_min_input_channels`` input
+   channels, no junk-heavy frame (``Features.junk_heavy``), and a multi-tap weights gradient only
+   of f32 data: on a family of ``TUNING.one_pool_families`` every such problem, elsewhere those
+   of several taps with at most ``TUNING.jit_channels[task]`` channels per group on either side;
 4. ``gemm``, its variant by the first that applies: ``pointwise`` (1x1 bf16/f16 NXC),
    ``output_rows`` (junk-heavy or wide gradients), ``image_gemms`` (1x1 NCX with at least
    ``TUNING.image_gemm_rows`` positions per image), else ``frame``.
@@ -104,14 +103,13 @@ def _complete(f: Features, plan: Plan) -> Plan | None:
 
 def jit_selected(f: Features) -> bool:
     """Whether the rule picks the jit strategy for ``f`` (rule 3 of the module docstring)."""
-    if jit.applies(f) and f.pointwise and f.family in TUNING.gemm_16_bit_families and f.dtype == "bfloat16":
-        return True
-    if not jit.applies(f) or f.family not in TUNING.jit_families or f.taps < 2 \
-            or max(f.icg, f.ocg) > TUNING.jit_channels[f.task] or f.junk_heavy():
+    if not jit.applies(f) or f.family not in TUNING.jit_families or f.junk_heavy():
         return False
-    if f.task == "backward_weights" and f.data_dtype != f.acc and not TUNING.jit_weights_16_bit:
+    if f.task == "backward_weights" and f.data_dtype != f.acc and not f.pointwise and not TUNING.jit_weights_16_bit:
         return False
-    return f.task == "forward" or f.icg >= TUNING.jit_min_input_channels
+    if f.task != "forward" and f.icg < TUNING.jit_min_input_channels:
+        return False
+    return f.family in TUNING.one_pool_families or f.taps > 1 and max(f.icg, f.ocg) <= TUNING.jit_channels[f.task]
 
 
 def gemm_variant(f: Features) -> str:

@@ -28,18 +28,18 @@ class Tuning:
     #: Kernel families on which the rule selects the ``jit`` strategy: every family with JIT
     #: kernels (``portable`` has none).
     jit_families: tuple[str, ...] = ("avx512_bf16", "avx512", "avx2")
-    #: Families on which bf16 pointwise layers (all three tasks) run on our GEMM (:mod:`.blis`)
-    #: with the bf16 dot instruction: 125-277 GFLOP/s on a Zen 4 against 50-140 for the widened
-    #: BLAS path. f32 pointwise layers stay on BLAS (its sgemm was faster alone there).
-    gemm_16_bit_families: tuple[str, ...] = ("avx512_bf16",)
-    #: The rule selects ``jit`` for kernels of several taps with at most this many channels per
-    #: group on either side, per task ...
+    #: Families on which the rule selects ``jit`` whatever the taps and channels (one pool: no
+    #: BLAS threads beside numba's). Measured in sequence, a ResNet-50 training step on a Zen 4:
+    #: f32 1390 -> 1030 ms, bf16 1050 -> 850 ms against the channel limits below.
+    one_pool_families: tuple[str, ...] = ("avx512_bf16", "avx512")
+    #: Elsewhere the rule selects ``jit`` for kernels of several taps with at most this many
+    #: channels per group on either side, per task ...
     jit_channels: dict[str, float] = field(default_factory=lambda: _per_task(128, 64, 64))
     #: ... for the gradients from this many input channels per group (fewer leave most lanes of
     #: backward data's vectors, or rows of the weights gradient's blocks, idle) ...
     jit_min_input_channels: int = 8
-    #: ... and the weights gradient only of data already in f32 (its f32 copies of 16-bit x and
-    #: dy would exceed the 2x memory bound).
+    #: ... and a multi-tap weights gradient only of data already in f32 (its f32 copies of
+    #: 16-bit x and dy would exceed the 2x memory bound; pointwise ones stay 16-bit on the GEMM).
     jit_weights_16_bit: bool = False
     #: A gradient whose frame has this many times more rows than outputs (a large dilation on a
     #: small output) runs as GEMMs over the output rows (``gemm`` variant ``output_rows``), not
