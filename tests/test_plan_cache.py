@@ -18,6 +18,7 @@ import pytest
 import convgrad as cg
 from convgrad.dtypes import DATA_DTYPES
 from convgrad.engines.fast import Features, Plan, candidates, default_plan, plan_cache, select, tune
+from convgrad.engines.fast.plan import forced
 from convgrad.problem import ConvGeometry
 
 GEOMETRY = ConvGeometry(2, 1, 16, 24, (9, 10), (9, 10), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
@@ -240,6 +241,27 @@ def test_tune_times_every_candidate_and_stores_the_winner() -> None:
     assert kept.chosen == kept.default and plan_cache.lookup(f) == kept.default
 
 
+def test_tune_times_each_call_in_sequence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a context, every timed call of a candidate comes right after a call of each context
+    problem, and those run on their own plans (not the candidate's)."""
+    f, other = features("backward_data"), features("backward_weights")
+    calls: list[tuple[str, object]] = []
+    run = tune._run
+
+    def record(problem, g, arrays):
+        calls.append((problem.task, forced()))
+        run(problem, g, arrays)
+
+    monkeypatch.setattr(tune, "_run", record)
+    tuned = tune.tune(f, min_runs=2, block_seconds=0.0, pause=0, context=[other], store=False)
+    timed = sum(t.runs for t in tuned.timings)
+    assert [task for task, _ in calls].count("backward_weights") == timed
+    for i, (task, plan) in enumerate(calls):
+        if task == "backward_weights":
+            assert plan is None and calls[i + 1][0] == "backward_data" and calls[i + 1][1] is not None
+    assert calls[0][0] == "backward_data"                   # the warm-up call of the first plan
+
+
 def test_autotune_tunes_a_new_problem_at_its_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CONVGRAD_AUTOTUNE", "1")
     f = features("backward_weights")
@@ -293,3 +315,18 @@ def test_convgrad_tune_errors(tmp_path: Path) -> None:
     hostile.write_text('ic4ih4oc4oh4kh1n"\x1b]0;pwned\x07"\n')
     out = _cli(f"--shapes={hostile}", "--dir=BWD_D", "--block-ms=5")
     assert out.returncode == 0 and "\x1b" not in out.stdout + out.stderr and "\\x1b]0;pwned" in out.stdout
+
+
+def test_autotune_context_is_the_previous_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An autotuned problem is timed after the process's previous problem (its neighbour)."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 9, 10, 16), np.float32)
+    dy = rng.standard_normal((2, 9, 10, 24), np.float32)
+    cg.convolution_backward_weights(x, dy, [3, 3, 16, 24], strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1])
+    assert tune._previous == [features("backward_weights")]
+    seen: list[tuple] = []
+    monkeypatch.setattr(tune, "tune", lambda f, **kw: seen.append(tuple(kw["context"])) or tune.Tuned(
+        f, (tune.Timing(default_plan(f), 1.0, 1.0, 1),), default_plan(f), default_plan(f)))
+    monkeypatch.setenv("CONVGRAD_AUTOTUNE", "1")
+    tune.autotuned(features("backward_data"))
+    assert seen == [(features("backward_weights"),)]

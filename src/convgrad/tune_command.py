@@ -129,7 +129,8 @@ def run(problems: list[Problem], errors: list[str], block_ms: float, console: Co
     for index, p in enumerate(problems):
         name = printable(shorten(p.desc.name or p.desc.canonical(), MAX_NAME_CHARS))
         try:
-            tuned = tune.tune(_features(p), block_seconds=block_ms / 1e3)
+            around = [_features(problems[j]) for j in (index - 1, index + 1) if 0 <= j < len(problems)]
+            tuned = tune.tune(_features(p), block_seconds=block_ms / 1e3, context=around)
         except Exception as exc:  # one problem's failure must not stop the others
             failed += 1
             click.echo(f"{index}:FAILED ({printable(p.origin)}: {name} {p.direction} {p.dt} {p.tag}: "

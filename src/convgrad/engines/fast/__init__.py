@@ -25,7 +25,7 @@ from ... import layout
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
 from .. import register
-from . import pool
+from . import pool, tune
 from .features import Features
 from .frame import Frame, empty_like_data
 from .plan import (STRATEGIES, Plan, candidates, default_plan, forced_plan, forced_strategy, gemm_variant, jit_selected,
@@ -50,7 +50,9 @@ class FastEngine:
         f = Features.of(g, task, a.dtype, layout.channels_first(a))
         with pool.serial():
             plan = select(f, tune=True)
-            return strategy_module(plan.strategy).run(plan, g, a, b, task)
+            result = strategy_module(plan.strategy).run(plan, g, a, b, task)
+        tune.ran(f)
+        return result
 
     def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         return self._run(g, "forward", x, w)

@@ -2,9 +2,11 @@
 
 For one problem (:class:`Features`), every plan of :func:`candidates` runs on the same random
 inputs, each in its own block: a warm-up call (JIT compiles happen there), a pause, then timed
-calls (at least ``min_runs``, until ``block_seconds`` have passed), their median kept. Timing each
-plan in its own block, never call by call in turns, keeps one strategy's spinning worker threads
-(OpenBLAS's, numba's) from slowing the next. The fastest plan is stored in the plan cache
+calls (at least ``min_runs``, until ``block_seconds`` have passed), their median kept. **In
+sequence**: each timed call comes right after a call of each ``context`` problem (the layers
+next to it in ``convgrad tune``'s list; for ``CONVGRAD_AUTOTUNE`` the process's previous
+problem) with the plan that runs it, as it will in a training step: a plan whose threads slow
+its neighbours' (or are slowed by them: OpenBLAS's spinning next to numba's) is timed so. The fastest plan is stored in the plan cache
 (:mod:`.plan_cache`) unless it beats the default plan by less than ``margin`` (then the default
 is stored: a plan is never changed on noise). Used by ``convgrad tune`` and by
 ``CONVGRAD_AUTOTUNE=1`` (each new problem tuned at its first call, as ``cudnn.benchmark`` does).
@@ -17,7 +19,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +31,7 @@ from . import plan_cache
 from .features import Features
 from .plan import Plan, candidates, default_plan, forced_plan, strategy_module
 
-__all__ = ["Timing", "Tuned", "inputs", "tune", "autotune_enabled", "autotuned"]
+__all__ = ["Timing", "Tuned", "inputs", "tune", "autotune_enabled", "autotuned", "ran"]
 
 #: Relative speed-up a candidate needs over the default plan to be chosen instead of it.
 MARGIN = 0.03
@@ -92,16 +94,22 @@ def _run(f: Features, g: ConvGeometry, arrays: tuple[np.ndarray, np.ndarray]) ->
         getattr(FastEngine(), f.task)(g, *arrays)
 
 
+Context = tuple[tuple[Features, tuple[np.ndarray, np.ndarray]], ...]
+
+
 def _time(plan: Plan, f: Features, g: ConvGeometry, arrays: tuple[np.ndarray, np.ndarray], min_runs: int,
-          block_seconds: float, pause: float) -> Timing:
+          block_seconds: float, pause: float, context: Context = ()) -> Timing:
     """``plan``'s block: one warm-up call, a pause, then at least ``min_runs`` timed calls until
-    ``block_seconds`` have passed."""
+    ``block_seconds`` have passed (the block's time counts the timed calls only), each right
+    after a call of every ``context`` problem on its own plan."""
     with forced_plan(plan):
         _run(f, g, arrays)
-        time.sleep(pause)
-        times: list[float] = []
-        start = time.perf_counter()
-        while len(times) < min_runs or time.perf_counter() - start < block_seconds:
+    time.sleep(pause)
+    times: list[float] = []
+    while len(times) < min_runs or sum(times) < block_seconds:
+        for other, other_arrays in context:
+            _run(other, other.geometry, other_arrays)
+        with forced_plan(plan):
             t0 = time.perf_counter()
             _run(f, g, arrays)
             times.append(time.perf_counter() - t0)
@@ -109,10 +117,11 @@ def _time(plan: Plan, f: Features, g: ConvGeometry, arrays: tuple[np.ndarray, np
 
 
 def tune(f: Features, *, store: bool = True, min_runs: int = 3, block_seconds: float = 0.2, pause: float = 0.05,
-         margin: float = MARGIN, seed: int = 0) -> Tuned:
-    """Time every candidate plan of ``f`` (each in its own block) and, with ``store`` (and plans
-    not turned off by ``CONVGRAD_PLANS=off``), cache the fastest (the default plan unless another beats it by more than ``margin``). Plans whose
-    memory bound exceeds the memory budget are not tried."""
+         margin: float = MARGIN, seed: int = 0, context: Sequence[Features] = ()) -> Tuned:
+    """Time every candidate plan of ``f`` (each in its own block, each call after a call of every
+    ``context`` problem) and, with ``store`` (and plans not turned off by ``CONVGRAD_PLANS=off``),
+    cache the fastest (the default plan unless another beats it by more than ``margin``). Plans
+    whose memory bound exceeds the memory budget are not tried."""
     g = f.geometry
     default = default_plan(f)
     budget = memory_budget()
@@ -122,8 +131,10 @@ def tune(f: Features, *, store: bool = True, min_runs: int = 3, block_seconds: f
         timings = (Timing(default, math.nan, math.nan, 0),)
         chosen = default
     else:
-        arrays = inputs(f, np.random.default_rng(seed))
-        timings = tuple(_time(p, f, g, arrays, min_runs, block_seconds, pause) for p in plans)
+        rng = np.random.default_rng(seed)
+        arrays = inputs(f, rng)
+        around = tuple((other, inputs(other, rng)) for other in context if other != f)
+        timings = tuple(_time(p, f, g, arrays, min_runs, block_seconds, pause, around) for p in plans)
         best = min(timings, key=lambda t: t.median_ms)
         base = timings[0]
         chosen = best.plan if best.median_ms < (1 - margin) * base.median_ms else default
@@ -142,6 +153,12 @@ def _store(tuned: Tuned) -> None:
 
 # -- CONVGRAD_AUTOTUNE ---------------------------------------------------------------------------
 _tuning: list[bool] = []
+_previous: list[Features] = []
+
+
+def ran(f: Features) -> None:
+    """Note ``f`` as the process's latest problem (the context an autotuned next one is timed in)."""
+    _previous[:] = [f]
 
 
 def autotune_enabled() -> bool:
@@ -164,7 +181,7 @@ def autotuned(f: Features) -> Plan | None:
     if _tuning or not autotune_enabled() or not plan_cache.enabled():
         return None
     with _tuning_now():
-        tuned = tune(f, store=False)
+        tuned = tune(f, store=False, context=tuple(_previous))
     try:
         _store(tuned)
     except OSError as exc:  # a read-only or full cache directory: the plan still serves this call
