@@ -210,22 +210,43 @@ BF16_CASES = {
 }
 
 
+@pytest.mark.parametrize("native", KERNELS)
 @pytest.mark.parametrize("case", sorted(BF16_CASES))
-def test_bf16_family_drivers_against_reference(case, rng):
-    """Forward and backward data of bf16 data on the ``avx512_bf16`` family run the bf16 kernel
-    (channel pairs, odd channel counts padded per group) and match the float64 reference."""
+def test_bf16_family_drivers_against_reference(case, native, rng):
+    """Every task of bf16 data on the ``avx512_bf16`` family runs the bf16 kernel (channel pairs,
+    odd channel counts padded per group; the weights gradient on pairs of output positions, odd
+    rows included) and matches the float64 reference: the instruction, and its stand-in."""
     g, reference = BF16_CASES[case], get_engine("reference")
     x, w, dy = (rng.uniform(-1, 1, s).astype(BF16) for s in (g.x_shape, g.w_shape, g.y_shape))
-    before = isa.set_family("avx512_bf16", allow_emulated=True)
+    before = isa.set_family("avx512_bf16", allow_emulated=True, standin=not native)
     try:
         assert jit._depth(BF16) == 2 and jit._depth(np.dtype(np.float32)) == 1
-        got = {"forward": jit.forward(g, x, w), "backward_data": jit.backward_data(g, dy, w)}
+        got = {"forward": jit.forward(g, x, w), "backward_data": jit.backward_data(g, dy, w),
+               "backward_weights": jit.backward_weights(g, x, dy)}
     finally:
         isa.set_family(before)
-    for task, args in (("forward", (x, w)), ("backward_data", (dy, w))):
+    for task, args in (("forward", (x, w)), ("backward_data", (dy, w)), ("backward_weights", (x, dy))):
         want = getattr(reference, task)(g, *args)
         assert got[task].dtype == np.float32
         np.testing.assert_allclose(got[task], want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=task)
+
+
+@pytest.mark.parametrize("native", KERNELS)
+def test_bf16_weight_pairs_keep_nonfinite_x_out_of_an_odd_rows_missing_partner(native, rng):
+    """An odd last output row pairs its last position with dy's zero and the x one position on:
+    an Inf there must not make dw NaN (the exact sum never reads it)."""
+    g = _geometry(1, 1, 4, 16, (5, 8), (3, 3), (2, 2), (0, 0))          # outputs 2 x 3, x column 7 unread
+    x, dy = rng.uniform(-1, 1, g.x_shape).astype(BF16), rng.uniform(-1, 1, g.y_shape).astype(BF16)
+    x[:, :, 7] = np.inf
+    assert not jit._pairs_exact(g, x)
+    before = isa.set_family("avx512_bf16", allow_emulated=True, standin=not native)
+    try:
+        got = jit.backward_weights(g, x, dy)
+    finally:
+        isa.set_family(before)
+    want = get_engine("reference").backward_weights(g, x, dy)
+    assert np.isfinite(want).all()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
 def test_every_jit_family_is_selectable():

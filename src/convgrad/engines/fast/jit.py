@@ -170,6 +170,11 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
             block = g.groups * taps * -(-g.icg // rows) * rows * -(-g.ocg // vw) * vw
             shares = 1 if plan.param("split") == "blocks" else numba.get_num_threads()
             other = g.n * math.prod(o) * g.groups * -(-g.ocg // vw) * vw + (shares + 1) * block
+            if weights_in_pairs(f):  # bf16 pairs, or the f32 copies where they are not exact (_pairs_exact)
+                phases, q = _pair_phases(g)
+                pairs = len(phases) * g.n * math.prod(spatial(g.padded_size, 1)[:2]) * q * g.groups \
+                    * -(-g.icg // rows) * rows + g.n * o[0] * o[1] * -(-o[2] // 2) * g.groups * -(-g.ocg // vw) * vw
+                source = max(source, pairs + (shares + 1) * block - other)   # 2 bf16 = one f32 slot
     result = 0 if f.data_dtype == F32 else math.prod({"forward": g.y_shape, "backward_data": g.x_shape,
                                                       "backward_weights": g.w_shape}[task])
     return 4 * (source + other + result) + (64 << 10)
@@ -375,21 +380,23 @@ def _channel_blocks(a: np.ndarray, groups: int, rows: int, lo: tuple[int, ...], 
 
 
 @functools.cache
-def _weights(width: int, rows: int, vecs: int) -> Callable:
+def _weights(width: int, rows: int, vecs: int, native: bool) -> Callable:
     """The driver of the weights gradient for one kernel variant (compiled for it alone)."""
     @microkernel.cached_njit(parallel=True)
     def weights(xb, x_steps, block_size, taps_a, dyp, dy_row, rows_grid, chunk, parts, shares, split, groups, icg,
-                channels):  # pragma: no cover - compiled
+                channels, depth, ksteps):  # pragma: no cover - compiled
         """``parts[p, t, g, ic, oc] += sum_(n, o) xb[g, ic // R, n, o*S + tap t, ic % R] * dyp[(n, o), g, oc]``
-        (``xb``: x padded and blocked by R channels, ``block_size`` values per block)
-        over the output rows (n, o0, o1) of ``rows_grid`` = (N, O0, O1, O2), in parallel items
-        (p, u): ``shares`` equal shares p of the rows (each with its own partial sums ``parts[p]``),
-        each share's (tap, group, channel-row block) triples cut into ``split`` parts u. The rows
-        are taken ``chunk`` at a time, every triple and output-channel block of the item run per chunk."""
+        (``xb``: x padded and blocked by R channels, ``block_size`` values per block; ``depth``
+        2: bf16 pairs of positions, :func:`_pair_blocks` and :func:`_dy_pairs`)
+        over the output rows (n, o0, o1) of ``rows_grid`` = (N, O0, O1, O2), ``ksteps`` kernel
+        steps each, in parallel items (p, u): ``shares`` equal shares p of the rows (each with its
+        own partial sums ``parts[p]``), each share's (tap, group, channel-row block) triples cut
+        into ``split`` parts u. The rows are taken ``chunk`` at a time, every triple and
+        output-channel block of the item run per chunk."""
         vw = vecs * width
         nblocks = -(-channels // vw)
         row_blocks = -(-icg // rows)
-        n_, o0_, o1_, o2_ = rows_grid[0], rows_grid[1], rows_grid[2], rows_grid[3]
+        n_, o0_, o1_ = rows_grid[0], rows_grid[1], rows_grid[2]
         total = n_ * o0_ * o1_
         triples = taps_a.shape[0] * groups * row_blocks
         ldc = nblocks * vw
@@ -406,42 +413,122 @@ def _weights(width: int, rows: int, vecs: int) -> Callable:
                     o0 = (row // o1_) % o0_
                     n = row // (o1_ * o0_)
                     ra[j] = n * x_steps[0] + o0 * x_steps[1] + o1 * x_steps[2]
-                    rb[j] = row * o2_ * dy_row
+                    rb[j] = row * ksteps * dy_row
                 for triple in range(triples * u // split, triples * (u + 1) // split):
                     ib = triple % row_blocks
                     g = triple // row_blocks % groups
                     t = triple // (row_blocks * groups)
                     coff = (p * triples + triple) * rows * ldc
                     for nb in range(nblocks):
-                        microkernel.run(width, rows, vecs, False, parts, coff + nb * vw, ldc, xb,
-                                        taps_a[t] + (g * row_blocks + ib) * block_size, 1, x_steps[3], dyp,
-                                        g * ldc + nb * vw, dy_row, ra, rb, count, o2_)
+                        microkernel.run(width, rows, vecs, native, parts, coff + nb * vw, ldc, xb,
+                                        taps_a[t] + (g * row_blocks + ib) * block_size, depth, x_steps[3], dyp,
+                                        (g * ldc + nb * vw) * depth, dy_row, ra, rb, count, ksteps)
     return weights
+
+
+def weights_in_pairs(f: Features) -> bool:
+    """Whether the weights gradient of ``f`` runs on the bf16 dot instruction (bf16 data on the
+    ``avx512_bf16`` family, pairs of output positions): its copies stay bf16."""
+    return f.task == "backward_weights" and _depth(f.data_dtype) == 2
+
+
+def _pair_phases(g: ConvGeometry) -> tuple[list[int], int]:
+    """The phases ``ph`` of the last axis that the taps need (``k*D mod 2S``), and Q, the pairs
+    per padded row of each phase copy (:func:`_pair_blocks`)."""
+    s, d, k, o = (spatial(v, 1)[2] for v in (g.strides, g.dilations, g.kernel, g.out_size))
+    return sorted({t * d % (2 * s) for t in range(k)}), -(-(o * s + (k - 1) * d + 1) // (2 * s)) + 1
+
+
+def _pair_blocks(g: ConvGeometry, x: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """bf16 x as uint16 (PH, G, RB, N, P0, P1, Q, R, 2): per phase ``ph`` of the last axis,
+    ``[.., q, r, j]`` = padded x at position ``2*S*q + j*S + ph`` and channel r of the block (zero
+    past the data and the channels), so that output positions 2i and 2i+1 of a tap with offset
+    ``k*D`` (phase ``k*D mod 2S``, pair ``i + k*D // 2S``) are a pair; and the taps' offsets."""
+    s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
+    lo, size, insize = spatial(g.pads_begin, 0), spatial(g.padded_size, 1), spatial(g.in_size, 1)
+    phases, q = _pair_phases(g)
+    x3 = spatial3(x).view(np.uint16)
+    blocks = -(-g.icg // rows)
+    out = np.zeros((len(phases), g.groups, blocks, g.n, size[0], size[1], q, rows, 2), np.uint16)
+    step = 2 * s[2]
+    for pi, ph in enumerate(phases):
+        for j in (0, 1):
+            first = max(0, -(-(lo[2] - j * s[2] - ph) // step))
+            stop = min(q, -(-(lo[2] + insize[2] - j * s[2] - ph) // step))
+            if stop <= first:
+                continue
+            start = first * step + j * s[2] + ph - lo[2]
+            src = x3[:, :, :, start:start + (stop - first - 1) * step + 1:step]
+            for gi in range(g.groups):
+                for ib in range(blocks):
+                    width = min(rows, g.icg - ib * rows)
+                    c0 = gi * g.icg + ib * rows
+                    out[pi, gi, ib, :, lo[0]:lo[0] + insize[0], lo[1]:lo[1] + insize[1], first:stop, :width, j] = \
+                        src[..., c0:c0 + width]
+    xs = _strides(out.shape[3:])
+    taps = np.array([phases.index(k2 * d[2] % step) * math.prod(out.shape[1:]) + k0 * d[0] * xs[1]
+                     + k1 * d[1] * xs[2] + k2 * d[2] // step * xs[3]
+                     for k0 in range(kernel[0]) for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
+    return out, taps
+
+
+def _dy_pairs(g: ConvGeometry, dy: np.ndarray, lanes: int) -> np.ndarray:
+    """bf16 dy as uint16 (N, O0, O1, ceil(O2/2), G, OCg padded to ``lanes``, 2): output
+    positions 2i and 2i+1 of each lane interleaved (zero past them)."""
+    d3 = spatial3(dy).view(np.uint16)
+    o2 = d3.shape[3]
+    out = np.zeros((*d3.shape[:3], -(-o2 // 2), g.groups, lanes, 2), np.uint16)
+    for j in (0, 1):
+        part = d3[:, :, :, j::2]
+        out[:, :, :, :part.shape[3], :, :g.ocg, j] = part.reshape(*part.shape[:4], g.groups, g.ocg)
+    return out
+
+
+def _pairs_exact(g: ConvGeometry, x: np.ndarray) -> bool:
+    """Whether pairs of output positions give the exact sums: an odd last output row's missing
+    partner pairs dy's zero with the x one position on, which must then be finite."""
+    s, d, k, o = (spatial(v, 1)[2] for v in (g.strides, g.dilations, g.kernel, g.out_size))
+    if o % 2 == 0:
+        return True
+    lo, size = spatial(g.pads_begin, 0)[2], spatial(g.in_size, 1)[2]
+    columns = sorted({o * s + t * d - lo for t in range(k)} & set(range(size)))
+    return bool(np.isfinite(spatial3(x)[:, :, :, columns].astype(F32)).all()) if columns else True
 
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan | None = None) -> np.ndarray:
     """dw (*K, ICg, OC) in f32: the reduction over output positions split among the threads
     (partial sums per thread, then added; ``split`` "rows") or the dw blocks split among them
-    (every thread over all positions; "blocks")."""
+    (every thread over all positions; "blocks"). bf16 data on the ``avx512_bf16`` family runs
+    the dot instruction on pairs of output positions (:func:`_pair_blocks`, :func:`_dy_pairs`)."""
     plan = _plan(g, "backward_weights", plan)
     rows, vecs, vw = _block(plan)
     s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
     size, o = spatial(g.padded_size, 1), spatial(g.out_size, 1)
-    xb = _channel_blocks(x, g.groups, rows, spatial(g.pads_begin, 0), size)
-    xs = _strides(xb.shape[2:])
-    taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3]
-                       for k0 in range(kernel[0]) for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
     nblocks = -(-g.ocg // vw)
-    dyp = np.zeros((*dy.shape[:-1], g.groups, nblocks * vw), F32)
-    dyp[..., :g.ocg] = dy.reshape(*dy.shape[:-1], g.groups, g.ocg)  # a view, whatever dy's memory order
+    depth = 2 if _depth(x.dtype) == 2 and _pairs_exact(g, x) else 1
+    if depth == 2:
+        xb, taps_a = _pair_blocks(g, x, rows)
+        xs = _strides(xb.shape[3:])
+        x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], xs[3]]
+        dyp = _dy_pairs(g, dy, nblocks * vw)
+        block_size = math.prod(xb.shape[3:])
+    else:
+        xb = _channel_blocks(x, g.groups, rows, spatial(g.pads_begin, 0), size)
+        xs = _strides(xb.shape[2:])
+        x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]]
+        taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3] for k0 in range(kernel[0])
+                           for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
+        dyp = np.zeros((*dy.shape[:-1], g.groups, nblocks * vw), F32)
+        dyp[..., :g.ocg] = dy.reshape(*dy.shape[:-1], g.groups, g.ocg)  # a view, whatever dy's memory order
+        block_size = math.prod(xb.shape[2:])
     row_blocks = -(-g.icg // rows)
     threads, rows_total = numba.get_num_threads(), g.n * o[0] * o[1]
     shares, split = (1, threads) if plan.param("split") == "blocks" else (min(threads, rows_total), 1)
     chunk = max(1, plan.param("cache_bytes") // (4 * o[2] * (g.ic + g.oc)))
     parts = np.zeros((shares, len(taps_a), g.groups, row_blocks * rows, nblocks * vw), F32)
-    _weights(_width(), rows, vecs)(xb.reshape(-1), np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64),
-                                   math.prod(xb.shape[2:]), taps_a, dyp.reshape(-1), g.groups * nblocks * vw,
-                                   np.array((g.n, *o), np.int64),
-                                   min(chunk, rows_total), parts.reshape(-1), shares, split, g.groups, g.icg, g.ocg)
+    _weights(_width(), rows, vecs, depth == 2 and isa.bf16_native())(
+        xb.reshape(-1), np.array(x_steps, np.int64), block_size, taps_a, dyp.reshape(-1),
+        g.groups * nblocks * vw * depth, np.array((g.n, *o), np.int64), min(chunk, rows_total), parts.reshape(-1),
+        shares, split, g.groups, g.icg, g.ocg, depth, -(-o[2] // depth))
     total = parts.sum(axis=0) if shares > 1 else parts[0]
     return np.ascontiguousarray(total[:, :, :g.icg, :g.ocg].transpose(0, 2, 1, 3)).reshape(g.w_shape)

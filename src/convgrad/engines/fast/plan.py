@@ -11,7 +11,7 @@ applies), else :func:`default_plan`, the tuning table's rule:
 3. ``jit`` (f32-accumulating problems on a family of ``TUNING.jit_families``; pointwise ones on
    our GEMM, :mod:`.blis`), for the gradients from ``TUNING.jit_min_input_channels`` input
    channels, no junk-heavy frame (``Features.junk_heavy``), and a multi-tap weights gradient only
-   of f32 data: on a family of ``TUNING.one_pool_families`` every such problem, elsewhere those
+   of f32 data or of bf16 pairs on the dot instruction (:func:`.jit.weights_in_pairs`): on a family of ``TUNING.one_pool_families`` every such problem, elsewhere those
    of several taps with at most ``TUNING.jit_channels[task]`` channels per group on either side;
 4. ``gemm``, its variant by the first that applies: ``pointwise`` (1x1 bf16/f16 NXC),
    ``output_rows`` (junk-heavy or wide gradients), ``image_gemms`` (1x1 NCX with at least
@@ -105,7 +105,8 @@ def jit_selected(f: Features) -> bool:
     """Whether the rule picks the jit strategy for ``f`` (rule 3 of the module docstring)."""
     if not jit.applies(f) or f.family not in TUNING.jit_families or f.junk_heavy():
         return False
-    if f.task == "backward_weights" and f.data_dtype != f.acc and not f.pointwise and not TUNING.jit_weights_16_bit:
+    if f.task == "backward_weights" and f.data_dtype != f.acc and not f.pointwise and not TUNING.jit_weights_16_bit \
+            and not jit.weights_in_pairs(f):
         return False
     if f.task != "forward" and f.icg < TUNING.jit_min_input_channels:
         return False
