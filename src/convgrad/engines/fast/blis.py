@@ -133,11 +133,16 @@ def _pack(src, ld, step, k, n, depth, out):  # pragma: no cover - compiled
     nr = width // depth
     for i in numba.prange(kd):
         for p in range(panels):
-            for l in range(nr):
-                col = p * nr + l
-                for j in range(depth):
-                    kk = i * depth + j
-                    out[p, i, l * depth + j] = src[kk * ld + col * step] if kk < k and col < n else 0
+            cols = min(nr, n - p * nr)
+            for j in range(depth):
+                kk = i * depth + j
+                if kk >= k:
+                    cols = 0
+                base = kk * ld + p * nr * step
+                for l in range(cols):
+                    out[p, i, l * depth + j] = src[base + l * step]
+                for l in range(cols, nr):
+                    out[p, i, l * depth + j] = 0
 
 
 def _flat(a: np.ndarray) -> tuple[np.ndarray, int, int]:

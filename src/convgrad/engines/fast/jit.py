@@ -29,6 +29,7 @@ the rows of a block past the end of an output row read in bounds (their results 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING
 import numba
 import numpy as np
 
+from ... import layout
 from ...dtypes import bfloat16
 from ...problem import ConvGeometry
 from . import blis, geometry, isa, microkernel
@@ -115,10 +117,14 @@ def _operand(a: np.ndarray) -> np.ndarray:
 
 
 def pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Plan | None = None) -> np.ndarray:
-    """A 1x1 unpadded one-group convolution as one GEMM of :func:`.blis.gemm` over the positions
+    """A 1x1 unpadded one-group convolution as GEMMs of :func:`.blis.gemm` over the positions
     ``x_s = x[:, ::S...]`` the strides keep (M of them): forward ``y = x_s @ w`` (M x IC x OC),
     backward data ``dx_s = dy @ w^T`` (zero elsewhere), backward weights ``dw = x_s^T @ dy``
-    (IC x M x OC: reduced over the positions, bf16 packed in pairs of positions)."""
+    (IC x M x OC: reduced over the positions, bf16 packed in pairs of positions). NCX data runs
+    one GEMM per image with the roles exchanged (:func:`_pointwise_ncx`), results in NCX memory."""
+    from .frame import empty_like_data
+    if layout.channels_first(a):
+        return _pointwise_ncx(g, a, b, task, plan)
     block = _block(plan)[:2] if plan is not None else None
     keep = (slice(None), *(slice(None, o * s, s) for o, s in zip(g.out_size, g.strides)), slice(None))
     if task == "backward_data":
@@ -126,13 +132,38 @@ def pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Pl
         rows = blis.gemm(dy2, _operand(b).reshape(g.ic, g.oc).T, block)
         if all(s == 1 for s in g.strides) and tuple(g.out_size) == tuple(g.in_size):
             return np.ascontiguousarray(rows).reshape(g.x_shape)
-        dx = np.zeros(g.x_shape, F32)
+        dx = empty_like_data(g.x_shape, F32, a, fill=True)
         dx[keep] = rows.reshape(g.y_shape[:-1] + (g.ic,))
         return dx
     xs = _operand(a)[keep].reshape(-1, g.ic)
     if task == "forward":
         return np.ascontiguousarray(blis.gemm(xs, _operand(b).reshape(g.ic, g.oc), block)).reshape(g.y_shape)
     return np.ascontiguousarray(blis.gemm(xs.T, _operand(b).reshape(-1, g.oc), block)).reshape(g.w_shape)
+
+
+def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Plan | None) -> np.ndarray:
+    """:func:`pointwise` on NCX data, image by image, each image's (channels, positions) matrix
+    read where it lies: forward ``y_n = w^T @ x_n`` (OC x IC x P), backward data ``dx_n = w @
+    dy_n`` (IC x OC x P), backward weights ``dw = sum_n x_n @ dy_n^T`` (IC x P x OC)."""
+    block = _block(plan)[:2] if plan is not None else None
+    keep = (slice(None), slice(None), *(slice(None, o * s, s) for o, s in zip(g.out_size, g.strides)))
+    first = np.moveaxis(_operand(a), -1, 1)                          # (N, C, *X): its NCX memory
+    if task == "backward_weights":                                   # a is x, b is dy
+        x_s, dy = first[keep], np.moveaxis(_operand(b), -1, 1)
+        dw = np.zeros((g.ic, g.oc), F32)
+        for n in range(g.n):
+            dw += blis.gemm(x_s[n].reshape(g.ic, -1), dy[n].reshape(g.oc, -1).T, block)
+        return dw.reshape(g.w_shape)
+    w2 = _operand(b).reshape(g.ic, g.oc)
+    out_c, out_x = (g.oc, g.out_size) if task == "forward" else (g.ic, g.in_size)
+    out = np.zeros((g.n, out_c, *out_x), F32) if task == "backward_data" and out_x != g.out_size else \
+        np.empty((g.n, out_c, *out_x), F32)
+    lhs = w2.T if task == "forward" else w2
+    src = first[keep] if task == "forward" else first
+    target = out if task == "forward" else out[keep]
+    for n in range(g.n):
+        target[n] = blis.gemm(lhs, src[n].reshape(src.shape[1], -1), block).reshape(target.shape[1:])
+    return np.moveaxis(out, 1, -1)
 
 
 def _block(plan: Plan) -> tuple[int, int, int]:
@@ -170,10 +201,11 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
             block = g.groups * taps * -(-g.icg // rows) * rows * -(-g.ocg // vw) * vw
             shares = 1 if plan.param("split") == "blocks" else numba.get_num_threads()
             other = g.n * math.prod(o) * g.groups * -(-g.ocg // vw) * vw + (shares + 1) * block
-            if weights_in_pairs(f):  # bf16 pairs, or the f32 copies where they are not exact (_pairs_exact)
+            if weights_in_pairs(f):  # bf16 pairs of a few images, or the f32 copies where not exact (_pairs_exact)
                 phases, q = _pair_phases(g)
-                pairs = len(phases) * g.n * math.prod(spatial(g.padded_size, 1)[:2]) * q * g.groups \
-                    * -(-g.icg // rows) * rows + g.n * o[0] * o[1] * -(-o[2] // 2) * g.groups * -(-g.ocg // vw) * vw
+                pairs = _pair_images(g, rows, -(-g.ocg // vw) * vw) * (
+                    len(phases) * math.prod(spatial(g.padded_size, 1)[:2]) * q * g.groups * -(-g.icg // rows) * rows
+                    + o[0] * o[1] * -(-o[2] // 2) * g.groups * -(-g.ocg // vw) * vw)
                 source = max(source, pairs + (shares + 1) * block - other)   # 2 bf16 = one f32 slot
     result = 0 if f.data_dtype == F32 else math.prod({"forward": g.y_shape, "backward_data": g.x_shape,
                                                       "backward_weights": g.w_shape}[task])
@@ -484,6 +516,16 @@ def _dy_pairs(g: ConvGeometry, dy: np.ndarray, lanes: int) -> np.ndarray:
     return out
 
 
+def _pair_images(g: ConvGeometry, rows: int, lanes: int) -> int:
+    """Images per call of the bf16 pairs' weights gradient: their copies of x and dy (a few
+    times an image each: two phases, padding) within ``TUNING.pair_bytes``, at least one."""
+    phases, q = _pair_phases(g)
+    o = spatial(g.out_size, 1)
+    image = 2 * (len(phases) * math.prod(spatial(g.padded_size, 1)[:2]) * q * 2 * g.groups * -(-g.icg // rows) * rows
+                 + o[0] * o[1] * -(-o[2] // 2) * 2 * g.groups * lanes)
+    return max(1, min(g.n, TUNING.pair_bytes // image))
+
+
 def _pairs_exact(g: ConvGeometry, x: np.ndarray) -> bool:
     """Whether pairs of output positions give the exact sums: an odd last output row's missing
     partner pairs dy's zero with the x one position on, which must then be finite."""
@@ -506,29 +548,35 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan 
     size, o = spatial(g.padded_size, 1), spatial(g.out_size, 1)
     nblocks = -(-g.ocg // vw)
     depth = 2 if _depth(x.dtype) == 2 and _pairs_exact(g, x) else 1
-    if depth == 2:
-        xb, taps_a = _pair_blocks(g, x, rows)
-        xs = _strides(xb.shape[3:])
-        x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], xs[3]]
-        dyp = _dy_pairs(g, dy, nblocks * vw)
-        block_size = math.prod(xb.shape[3:])
-    else:
-        xb = _channel_blocks(x, g.groups, rows, spatial(g.pads_begin, 0), size)
-        xs = _strides(xb.shape[2:])
-        x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]]
-        taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3] for k0 in range(kernel[0])
-                           for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
-        dyp = np.zeros((*dy.shape[:-1], g.groups, nblocks * vw), F32)
-        dyp[..., :g.ocg] = dy.reshape(*dy.shape[:-1], g.groups, g.ocg)  # a view, whatever dy's memory order
-        block_size = math.prod(xb.shape[2:])
     row_blocks = -(-g.icg // rows)
-    threads, rows_total = numba.get_num_threads(), g.n * o[0] * o[1]
-    shares, split = (1, threads) if plan.param("split") == "blocks" else (min(threads, rows_total), 1)
+    threads = numba.get_num_threads()
+    split_blocks = plan.param("split") == "blocks"
+    shares = 1 if split_blocks else min(threads, g.n * o[0] * o[1])
     chunk = max(1, plan.param("cache_bytes") // (4 * o[2] * (g.ic + g.oc)))
-    parts = np.zeros((shares, len(taps_a), g.groups, row_blocks * rows, nblocks * vw), F32)
-    _weights(_width(), rows, vecs, depth == 2 and isa.bf16_native())(
-        xb.reshape(-1), np.array(x_steps, np.int64), block_size, taps_a, dyp.reshape(-1),
-        g.groups * nblocks * vw * depth, np.array((g.n, *o), np.int64), min(chunk, rows_total), parts.reshape(-1),
-        shares, split, g.groups, g.icg, g.ocg, depth, -(-o[2] // depth))
+    parts = np.zeros((shares, math.prod(kernel), g.groups, row_blocks * rows, nblocks * vw), F32)
+    per = _pair_images(g, rows, vw) if depth == 2 else g.n     # bf16 pairs: a few images at a time
+    for n0 in range(0, g.n, per):
+        gc = dataclasses.replace(g, n=min(per, g.n - n0))
+        if depth == 2:
+            xb, taps_a = _pair_blocks(gc, x[n0:n0 + gc.n], rows)
+            xs = _strides(xb.shape[3:])
+            x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], xs[3]]
+            dyp = _dy_pairs(gc, dy[n0:n0 + gc.n], nblocks * vw)
+            block_size = math.prod(xb.shape[3:])
+        else:
+            xb = _channel_blocks(x, g.groups, rows, spatial(g.pads_begin, 0), size)
+            xs = _strides(xb.shape[2:])
+            x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]]
+            taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3] for k0 in range(kernel[0])
+                               for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
+            dyp = np.zeros((*dy.shape[:-1], g.groups, nblocks * vw), F32)
+            dyp[..., :g.ocg] = dy.reshape(*dy.shape[:-1], g.groups, g.ocg)  # a view, whatever dy's memory order
+            block_size = math.prod(xb.shape[2:])
+        rows_total = gc.n * o[0] * o[1]
+        _weights(_width(), rows, vecs, depth == 2 and isa.bf16_native())(
+            xb.reshape(-1), np.array(x_steps, np.int64), block_size, taps_a, dyp.reshape(-1),
+            g.groups * nblocks * vw * depth, np.array((gc.n, *o), np.int64), min(chunk, rows_total),
+            parts.reshape(-1), shares, threads if split_blocks else 1, g.groups, g.icg, g.ocg, depth,
+            -(-o[2] // depth))
     total = parts.sum(axis=0) if shares > 1 else parts[0]
     return np.ascontiguousarray(total[:, :, :g.icg, :g.ocg].transpose(0, 2, 1, 3)).reshape(g.w_shape)

@@ -59,6 +59,9 @@ class Tuning:
     #: over chunks of output rows of about this much x and dy; forward and backward data loop over
     #: the channel blocks outermost where the packed weights take more.
     cache_bytes: int = 256 << 10
+    #: ``jit``: bytes of the bf16 pair copies of x and dy (the weights gradient on the dot
+    #: instruction) per call, a few images at a time (keeps the extra memory under 2x).
+    pair_bytes: int = 4 << 20
     #: ``jit``: the weights gradient splits dw's blocks among the threads (each over all
     #: positions) where dw has more than this times the values of x and dy together, else the
     #: output positions (a partial dw per thread, then summed).
