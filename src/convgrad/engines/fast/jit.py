@@ -578,5 +578,9 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan 
             g.groups * nblocks * vw * depth, np.array((gc.n, *o), np.int64), min(chunk, rows_total),
             parts.reshape(-1), shares, threads if split_blocks else 1, g.groups, g.icg, g.ocg, depth,
             -(-o[2] // depth))
-    total = parts.sum(axis=0) if shares > 1 else parts[0]
+    total = parts[0]
+    for more in parts[1:]:
+        total += more
+    if g.groups == 1:    # (T, ICg, OC) a view of the padded sums: no copy of a weight-sized array
+        return total[:, 0, :g.icg, :g.ocg].reshape(g.w_shape)
     return np.ascontiguousarray(total[:, :, :g.icg, :g.ocg].transpose(0, 2, 1, 3)).reshape(g.w_shape)
