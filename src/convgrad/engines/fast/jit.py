@@ -43,6 +43,7 @@ from ...dtypes import bfloat16
 from ...problem import ConvGeometry
 from . import blis, geometry, isa, microkernel
 from .features import Features
+from .frame import empty_like_data
 from .geometry import padded, phase_taps, spatial, spatial3, tap_weights
 from .tuning import TUNING
 
@@ -122,7 +123,6 @@ def pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Pl
     backward data ``dx_s = dy @ w^T`` (zero elsewhere), backward weights ``dw = x_s^T @ dy``
     (IC x M x OC: reduced over the positions, bf16 packed in pairs of positions). NCX data runs
     one GEMM per image with the roles exchanged (:func:`_pointwise_ncx`), results in NCX memory."""
-    from .frame import empty_like_data
     if layout.channels_first(a):
         return _pointwise_ncx(g, a, b, task, plan)
     block = _block(plan)[:2] if plan is not None else None
