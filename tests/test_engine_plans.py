@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 import tracemalloc
 
 import numpy as np
@@ -142,10 +143,34 @@ def test_one_pool_rule_on_avx512(case, task, dtype, want, family):
     multi-tap 16-bit weights gradient (but bf16 pairs on the dot instruction) and f64."""
     before = isa.set_family(family, allow_emulated=True)
     try:
-        f = Features.of(_geometry(*case), task, dtype, False)
+        f = Features.of(_geometry(*case), task, dtype, False, shared=True)
         assert default_plan(f).strategy == (want[family] if isinstance(want, dict) else want)
     finally:
         isa.set_family(before)
+
+
+@pytest.mark.parametrize("family", ["avx512", "avx512_bf16"])
+def test_without_pytorch_f32_keeps_the_channel_limits(family):
+    """Without PyTorch's threads beside ours (``shared`` False), f32 wide and 1x1 layers keep
+    engine v3's limits (BLAS was faster there in sequence); bf16 stays on our kernels."""
+    wide = _geometry(16, 1, 256, 256, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    before = isa.set_family(family, allow_emulated=True)
+    try:
+        for dtype, shared, want in ((np.float32, False, "gemm"), (np.float32, True, "jit"),
+                                    (cg.dtypes.bfloat16, False, "jit")):
+            f = Features.of(wide, "backward_data", dtype, False, shared=shared)
+            assert default_plan(f).strategy == want, (dtype, shared)
+            assert f.key() != Features.of(wide, "backward_data", dtype, False, shared=not shared).key()
+    finally:
+        isa.set_family(before)
+
+
+def test_shared_follows_pytorch_being_loaded(monkeypatch):
+    g = _geometry(1, 1, 8, 8, (5, 5), (3, 3))
+    monkeypatch.setitem(sys.modules, "torch", sys.modules.get("torch") or object())
+    assert Features.of(g, "forward", np.float32, False).shared
+    monkeypatch.delitem(sys.modules, "torch")
+    assert not Features.of(g, "forward", np.float32, False).shared
 
 
 def test_forced_then_cached_then_default(monkeypatch):

@@ -67,7 +67,7 @@ def test_round_trip_in_this_and_a_new_process(fresh_cache: Path) -> None:
             "import numpy as np, json, sys;"
             f"g = ConvGeometry(*{(GEOMETRY.n, GEOMETRY.groups, GEOMETRY.ic, GEOMETRY.oc)}, {GEOMETRY.in_size},"
             f"{GEOMETRY.out_size}, {GEOMETRY.kernel}, {GEOMETRY.strides}, {GEOMETRY.dilations}, {GEOMETRY.pads_begin},"
-            f"{GEOMETRY.pads_end}); f = Features.of(g, 'backward_data', np.dtype('float32'), False);"
+            f"{GEOMETRY.pads_end}); f = Features.of(g, 'backward_data', np.dtype('float32'), False, shared={f.shared});"
             "print(json.dumps(plan_cache.lookup(f).to_json()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy(),
                          timeout=120)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -40,16 +41,20 @@ class Features:
     pads_begin: tuple[int, ...]
     pads_end: tuple[int, ...]
     channels_first: bool           #: NCX data memory (False: NXC)
+    shared: bool                   #: PyTorch is loaded: its OpenMP threads share the cores
     family: str                    #: :func:`.isa.family` when built
 
     @classmethod
-    def of(cls, g: ConvGeometry, task: str, dtype: np.dtype | str, channels_first: bool) -> Features:
+    def of(cls, g: ConvGeometry, task: str, dtype: np.dtype | str, channels_first: bool,
+           shared: bool | None = None) -> Features:
         """The features of ``task`` on ``g`` for data of ``dtype`` stored NCX (``channels_first``)
-        or NXC."""
+        or NXC; ``shared`` (default: whether ``torch`` is imported) that another framework's
+        thread pool runs beside ours."""
         if task not in TASKS:
             raise ValueError(f"task {task!r} is not one of {', '.join(TASKS)}")
+        shared = "torch" in sys.modules if shared is None else bool(shared)
         return cls(task, np.dtype(dtype).name, g.n, g.groups, g.icg, g.ocg, g.in_size, g.out_size, g.kernel,
-                   g.strides, g.dilations, g.pads_begin, g.pads_end, bool(channels_first), isa.family())
+                   g.strides, g.dilations, g.pads_begin, g.pads_end, bool(channels_first), shared, isa.family())
 
     def key(self) -> str:
         """A stable text of every field but ``family`` (a plan cache adds the CPU and family)."""
