@@ -20,7 +20,7 @@ import numpy as np
 from .errors import AttributeTypeError, AttributeValueError, MissingAttributeError, UnknownAttributeError
 from .opdefs import MAX_NDIMS, AttrSpec, OpDef
 
-__all__ = ["parse_attributes", "per_axis", "fits_rank", "Attrs"]
+__all__ = ["parse_attributes", "per_axis", "fits_rank", "Attrs", "value_key", "attributes_key"]
 
 Attrs = dict[str, Any]
 
@@ -159,3 +159,24 @@ def fits_rank(spec: AttrSpec, value: int | tuple[int, ...], rank: int) -> bool:
     if value == ():
         return spec.minimum == 0
     return len(value) >= rank and not any(value[rank:])
+
+
+_SCALARS = (int, bool, float, str, type(None))
+
+
+def value_key(value: Any) -> Any:
+    """A hashable key of an attribute value as given, equal only for values the parser reads alike
+    (type-exact: 1, True, 1.0 and [1] all differ), for memos of parsed attributes; ``None`` for
+    arrays and other objects (those calls are parsed afresh)."""
+    t = type(value)
+    if t is list or t is tuple:
+        items = tuple(map(value_key, value))
+        return None if None in items else (t, items)
+    return (t, value) if t in _SCALARS or isinstance(value, np.integer) else None
+
+
+def attributes_key(attrs: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """The (name, :func:`value_key`) pairs of ``attrs`` in the order given; ``None`` where a value
+    has no key."""
+    key = tuple((k, value_key(v)) for k, v in attrs.items())
+    return None if any(k[1] is None for k in key) else key

@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from .attributes import attributes_key
 from .errors import InputError, InputTypeError, MissingAttributeError, UnknownAttributeError
+from .memo import Memo
 from .op import Op
 from .opdefs import OPS, AttrSpec, OpDef
 
@@ -63,6 +65,12 @@ def docstring(d: OpDef) -> str:
     return "\n".join(lines)
 
 
+#: Ops built by the functional API, by (op, positional count, attributes): a repeated call
+#: reuses its Op (parsed attributes, and its last shape inference). Only calls that built an Op
+#: are here, so a warm call is one a cold call accepted.
+_ops: Memo[tuple[Any, ...], Op] = Memo(512)
+
+
 def _make(d: OpDef) -> Callable[..., np.ndarray]:
     signature = _signature(d)
     input_names = [s.name for s in d.inputs]
@@ -70,6 +78,16 @@ def _make(d: OpDef) -> Callable[..., np.ndarray]:
     keywords = [p.name for p in signature.parameters.values() if p.kind is _P.KEYWORD_ONLY]
 
     def function(*args: Any, **kwargs: Any) -> np.ndarray:
+        engine = kwargs.pop("engine", None)
+        key = (d.kind, len(args), attributes_key(kwargs))
+        op = _ops.get(key)
+        if op is None:
+            op, args = _cold(key, args, kwargs)
+        return op(*args, *[None] * (len(input_names) - len(args)), engine=engine)
+
+    def _cold(key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Op, tuple[Any, ...]]:
+        """Check the call as written: its Op and inputs (the Op kept for calls with positional
+        inputs whose every attribute has a key)."""
         # Same error classes as Op(kind, **attrs): a misspelt attribute is an UnknownAttributeError,
         # a missing required attribute (strides) a MissingAttributeError, a missing input an InputError.
         unknown = next((k for k in kwargs if k not in signature.parameters), None)
@@ -84,10 +102,10 @@ def _make(d: OpDef) -> Callable[..., np.ndarray]:
                 if p.kind is _P.KEYWORD_ONLY:
                     raise MissingAttributeError(d.kind, p.name, d.attr(p.name).expected())
                 raise InputError(d.kind, p.name, "is required but was not given")
-        values = bound.arguments
-        attrs = {k: v for k, v in values.items() if k not in input_names and k != "engine"}
-        inputs = [values.get(name) for name in input_names]
-        return Op(d.kind, lenient=True, **attrs)(*inputs, engine=values.get("engine"))
+        op = Op(d.kind, lenient=True, **{k: v for k, v in kwargs.items() if k not in input_names})
+        if key[2] is not None and not any(name in kwargs for name in input_names):
+            _ops.put(key, op)
+        return op, tuple(bound.arguments.get(name) for name in input_names)
 
     function.__name__ = function.__qualname__ = d.function
     function.__signature__ = signature  # type: ignore[attr-defined]

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from .attributes import attributes_key
+from .memo import Memo
 from .op import Op
 from .opdefs import OpDef
 from .problem import Problem
@@ -22,11 +24,22 @@ __all__ = ["plain_attributes", "op_for", "infer", "data_input_names"]
 def plain_attributes(kind: str, attrs: Mapping[str, Any], rank: int) -> dict[str, Any]:
     """The given (non-None) attributes validated as the functional API does (a ConvgradError on a
     bad one) and normalised to plain types: lists of ints (a per-axis scalar repeated for the
-    ``rank`` spatial axes), ints, canonical strings."""
-    op = Op(kind, lenient=True, **{k: v for k, v in attrs.items() if v is not None})
-    per_axis = {a.name for a in op.definition.attributes if a.per_axis}
-    return {k: list(v) if isinstance(v, tuple) else [v] * max(rank, 0) if k in per_axis else v
-            for k, v in op.attrs.items()}
+    ``rank`` spatial axes), ints, canonical strings. Remembered for attributes given alike
+    (:func:`~convgrad.attributes.value_key`): a new dict each call, from one parse."""
+    given = {k: v for k, v in attrs.items() if v is not None}
+    key = (kind, rank, attributes_key(given))
+    plain = _plain.get(key)
+    if plain is None:
+        op = Op(kind, lenient=True, **given)
+        per_axis = {a.name for a in op.definition.attributes if a.per_axis}
+        plain = {k: list(v) if isinstance(v, tuple) else [v] * max(rank, 0) if k in per_axis else v
+                 for k, v in op.attrs.items()}
+        if key[2] is not None:
+            _plain.put(key, plain)
+    return {k: list(v) if type(v) is list else v for k, v in plain.items()}
+
+
+_plain: Memo[tuple[Any, ...], dict[str, Any]] = Memo(512)
 
 
 @functools.lru_cache(maxsize=512)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import environment
 from .errors import ResourceError, ShapeError
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ def memory_budget() -> int:
     """The bytes one call may allocate now (see the module docstring for where it comes from)."""
     if _budget[0] is not None:
         return _budget[0]
-    env = os.environ.get(_ENV)
+    env = environment.env(_ENV)
     if env:
         return parse_size(env)
     return int(available_memory() * DEFAULT_FRACTION)

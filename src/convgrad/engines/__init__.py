@@ -13,11 +13,11 @@ the sizes (no loop over taps, rows or elements), so that an absurd problem fails
 
 from __future__ import annotations
 
-import os
 from typing import Protocol
 
 import numpy as np
 
+from ..environment import env
 from ..errors import EngineError
 from ..problem import ConvGeometry
 
@@ -58,7 +58,7 @@ def available_engines() -> list[str]:
 
 def default_engine_name() -> str:
     """The engine used when none is named: ``CONVGRAD_ENGINE`` if set, else the registry default."""
-    return os.environ.get("CONVGRAD_ENGINE") or _default[0]
+    return env("CONVGRAD_ENGINE") or _default[0]
 
 
 def set_default_engine(name: str) -> None:

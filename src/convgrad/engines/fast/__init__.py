@@ -1,8 +1,8 @@
 """The fast engine (the default): a few strategies, one plan per problem.
 
 Each call builds the problem's :class:`Features` once, asks :func:`select` for a :class:`Plan`
-(a forced plan, else a cached one, else the tuning table's rule: :mod:`.plan`) and runs the
-plan's strategy, one module each with ``applies``, ``run`` and ``workspace_bytes``:
+(a forced plan, else a cached one, else the tuning table's rule: :mod:`.plan`; a repeated call
+finds both in :func:`.plan.planned`'s memo) and runs the plan's strategy, one module each with ``applies``, ``run`` and ``workspace_bytes``:
 
 - ``direct`` (:mod:`.direct`): compiled loops over the data as it lies: small problems, and
   depthwise ones (vectorised over the channels);
@@ -29,7 +29,7 @@ from . import pool, tune
 from .features import Features
 from .frame import Frame, empty_like_data
 from .plan import (STRATEGIES, Plan, candidates, default_plan, forced_plan, forced_strategy, gemm_variant, jit_selected,
-                   select, strategy_module)
+                   context, planned, select, strategy_module)
 from .tuning import TUNING
 
 __all__ = ["FastEngine", "Features", "Plan", "STRATEGIES", "TUNING", "Frame", "candidates", "default_plan", "select",
@@ -47,9 +47,8 @@ class FastEngine:
             if task == "backward_weights":
                 return np.zeros(g.w_shape, acc)
             return empty_like_data(g.y_shape if task == "forward" else g.x_shape, acc, a, fill=True)
-        f = Features.of(g, task, a.dtype, layout.channels_first(a))
         with pool.serial():
-            plan = select(f, tune=True)
+            f, plan, _ = planned(g, task, a.dtype, layout.channels_first(a), tune=True)
             result = strategy_module(plan.strategy).run(plan, g, a, b, task)
         tune.ran(f)
         return result
@@ -76,12 +75,8 @@ class FastEngine:
         dtype = np.dtype(dtype)
         if g.n == 0:
             return math.prod(g.w_shape) * compute_dtype(dtype).itemsize + 4096
-        estimates = []
-        for channels_first in (False, True):
-            f = Features.of(g, task, dtype, channels_first)
-            plan = select(f)
-            estimates.append(strategy_module(plan.strategy).workspace_bytes(f, plan))
-        return max(estimates)
+        now = context()
+        return max(planned(g, task, dtype, channels_first, now=now)[2] for channels_first in (False, True))
 
 
 register(FastEngine(), default=True)

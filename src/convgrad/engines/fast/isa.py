@@ -24,9 +24,9 @@ can be forced for testing with ``allow_emulated=True`` (its speed means nothing 
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
+from ...environment import env
 from ...errors import ConvgradError
 
 __all__ = ["FAMILIES", "WIDTH", "host_features", "supported", "family", "set_family", "bf16_host", "bf16_native", "cache_sizes",
@@ -118,7 +118,7 @@ def bf16_native() -> bool:
 def family() -> str:
     """The family the engine uses now: ``CONVGRAD_ISA`` at first use, else the host's best."""
     if not _current:
-        forced = os.environ.get("CONVGRAD_ISA")
+        forced = env("CONVGRAD_ISA")
         _current.append(_check(forced, allow_emulated=False) if forced else supported()[0])
     return _current[0]
 

@@ -26,17 +26,23 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 
+import numba
+import numpy as np
+
+from ...environment import env
 from ...errors import EngineError
-from . import direct, gemm, jit, kernels, plan_cache
+from ...memo import Memo
+from ...problem import ConvGeometry
+from . import direct, gemm, isa, jit, kernels, plan_cache
 from .features import Features
 from .tuning import TUNING
 
-__all__ = ["Plan", "STRATEGIES", "candidates", "default_plan", "select", "forced_plan", "forced_strategy",
+__all__ = ["Plan", "STRATEGIES", "candidates", "default_plan", "select", "planned", "forced_plan", "forced_strategy",
            "strategy_module", "jit_selected", "gemm_variant"]
 
 #: The strategies, in the order :func:`candidates` lists them.
@@ -197,7 +203,7 @@ def forced() -> Plan | None:
     """The plan forced by :func:`forced_plan` (innermost) or ``CONVGRAD_STRATEGY``."""
     if _forced:
         return _forced[-1]
-    name = os.environ.get("CONVGRAD_STRATEGY")
+    name = env("CONVGRAD_STRATEGY")
     return _named(name) if name else None
 
 
@@ -211,3 +217,27 @@ def select(f: Features, *, tune: bool = False) -> Plan:
         if complete is not None:
             return complete
     return default_plan(f)
+
+
+_planned: Memo[tuple[object, ...], tuple[Features, Plan, int]] = Memo(TUNING.planned_entries)
+
+
+def context() -> tuple[object, ...]:
+    """Everything :func:`select` reads now besides the problem: whether PyTorch is loaded, the
+    kernel family, the thread count, the forced plan, the plan cache's state and
+    ``CONVGRAD_AUTOTUNE`` (:func:`.plan_cache.state`)."""
+    return "torch" in sys.modules, isa.family(), numba.get_num_threads(), forced(), plan_cache.state()
+
+
+def planned(g: ConvGeometry, task: str, dtype: np.dtype, channels_first: bool, *, tune: bool = False,
+            now: tuple[object, ...] | None = None) -> tuple[Features, Plan, int]:
+    """``(f, select(f, tune=tune), workspace bytes)`` for the features ``f`` of ``task`` on ``g``,
+    memoised for repeated calls under the same :func:`context` (``now``, when the caller has
+    it); at most ``TUNING.planned_entries`` entries."""
+    key = (g, task, dtype, channels_first, tune, now or context())
+    hit = _planned.get(key)
+    if hit is None:
+        f = Features.of(g, task, dtype, channels_first)
+        plan = select(f, tune=tune)
+        hit = _planned.put(key, (f, plan, strategy_module(plan.strategy).workspace_bytes(f, plan)))
+    return hit

@@ -31,14 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...environment import env
 from . import isa
 
 if TYPE_CHECKING:  # plan.py asks this module (lookup), so it imports Plan only where it reads one
     from .features import Features
     from .plan import Plan
 
-__all__ = ["PlanCacheWarning", "Entry", "warn", "cache_file", "enabled", "lookup", "store", "entries", "clear",
-           "machine_key"]
+__all__ = ["PlanCacheWarning", "Entry", "warn", "cache_file", "enabled", "autotune_enabled", "state", "lookup",
+           "store", "entries", "clear", "machine_key"]
 
 FORMAT, VERSION = "convgrad-plans", 1
 
@@ -62,14 +63,27 @@ class Entry:
 
 def enabled() -> bool:
     """Whether plans are looked up at all (``CONVGRAD_PLANS`` is not ``off``)."""
-    return os.environ.get("CONVGRAD_PLANS", "").strip().lower() not in ("off", "0", "false", "no")
+    return (env("CONVGRAD_PLANS") or "").strip().lower() not in ("off", "0", "false", "no")
+
+
+def autotune_enabled() -> bool:
+    """``CONVGRAD_AUTOTUNE=1``: tune each problem without a cached plan at its first call."""
+    return (env("CONVGRAD_AUTOTUNE") or "").strip().lower() in ("1", "on", "true", "yes")
+
+
+def state() -> tuple[Any, ...] | None:
+    """What :func:`lookup` answers from besides the problem, now: ``None`` with plans off, else
+    the file's (path, mtime, size), this process's write count and ``CONVGRAD_AUTOTUNE`` (a memo
+    of lookups is valid while this is unchanged)."""
+    if not enabled():
+        return None
+    return _current()["stamp"], _writes[0], autotune_enabled()
 
 
 def cache_file() -> Path:
     """The cache file: ``CONVGRAD_PLANS`` when it names a file, else ``plans.json`` in the
     user's cache directory for convgrad (``XDG_CACHE_HOME``, else under ``HOME``)."""
-    env = tuple(os.environ.get(k) for k in ("CONVGRAD_PLANS", "XDG_CACHE_HOME", "HOME"))
-    return _cache_file(*env)
+    return _cache_file(*(env(k) for k in ("CONVGRAD_PLANS", "XDG_CACHE_HOME", "HOME")))
 
 
 @functools.lru_cache(maxsize=8)
@@ -132,6 +146,7 @@ def _machine_key(family: str, threads: int) -> str:
 # -- reading ------------------------------------------------------------------------------------
 _warned: set[str] = set()
 _loaded: dict[str, Any] = {}   # "stamp": (path, mtime_ns, size), "data": the file's dict, "plans": {}
+_writes = [0]                  # store / clear calls in this process (a file rewritten within its mtime's tick)
 
 
 def warn(message: str) -> None:
@@ -172,11 +187,11 @@ def _empty() -> dict[str, Any]:
 def _current() -> dict[str, Any]:
     """The cache as on disk now (re-read only when the file changed)."""
     path = cache_file()
-    try:
-        st = path.stat()
-        stamp = (str(path), st.st_mtime_ns, st.st_size)
-    except OSError:
-        stamp = (str(path), None, None)
+    stamp = (str(path), None, None)
+    if os.access(path, os.F_OK):  # no exception to pay for where there is no file (most calls)
+        with contextlib.suppress(OSError):
+            st = path.stat()
+            stamp = (str(path), st.st_mtime_ns, st.st_size)
     if _loaded.get("stamp") != stamp:
         _loaded.update(stamp=stamp, data=_read(path), plans={})
     return _loaded
@@ -258,6 +273,7 @@ def store(f: Features, plan: Plan, ms: float | None = None, default_ms: float | 
             "tuned": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         _write(path, data)
     _loaded.clear()
+    _writes[0] += 1
     return path
 
 
@@ -283,4 +299,5 @@ def clear(all_machines: bool = False) -> int:
         removed = sum(len(data["machines"].pop(k, {}).get("plans", {})) for k in keys)
         _write(path, data)
     _loaded.clear()
+    _writes[0] += 1
     return removed

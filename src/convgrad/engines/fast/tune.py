@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import statistics
 import time
 from collections.abc import Iterator, Sequence
@@ -31,7 +30,7 @@ from . import plan_cache
 from .features import Features
 from .plan import Plan, candidates, default_plan, forced_plan, strategy_module
 
-__all__ = ["Timing", "Tuned", "inputs", "tune", "autotune_enabled", "autotuned", "ran"]
+__all__ = ["Timing", "Tuned", "inputs", "tune", "autotuned", "ran"]
 
 #: Relative speed-up a candidate needs over the default plan to be chosen instead of it.
 MARGIN = 0.03
@@ -161,11 +160,6 @@ def ran(f: Features) -> None:
     _previous[:] = [f]
 
 
-def autotune_enabled() -> bool:
-    """``CONVGRAD_AUTOTUNE=1``: tune each problem without a cached plan at its first call."""
-    return os.environ.get("CONVGRAD_AUTOTUNE", "").strip().lower() in ("1", "on", "true", "yes")
-
-
 @contextlib.contextmanager
 def _tuning_now() -> Iterator[None]:
     _tuning.append(True)
@@ -178,7 +172,7 @@ def _tuning_now() -> Iterator[None]:
 def autotuned(f: Features) -> Plan | None:
     """With ``CONVGRAD_AUTOTUNE=1`` and plans on: the plan :func:`tune` stores for ``f`` (not
     re-entered while tuning); otherwise ``None``."""
-    if _tuning or not autotune_enabled() or not plan_cache.enabled():
+    if _tuning or not plan_cache.autotune_enabled() or not plan_cache.enabled():
         return None
     with _tuning_now():
         tuned = tune(f, store=False, context=tuple(_previous))

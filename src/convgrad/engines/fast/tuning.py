@@ -56,6 +56,10 @@ class Tuning:
     #: runs as one GEMM per image (``gemm`` variant ``image_gemms``).
     image_gemm_rows: int = 128
 
+    #: Problems whose chosen plan :func:`.plan.planned` remembers for repeated calls (then it
+    #: starts afresh).
+    planned_entries: int = 1024
+
     # -- default plan parameters ----------------------------------------------------------------
     #: ``jit``: bytes of operands meant to stay in a core's L2 cache: the weights gradient reduces
     #: over chunks of output rows of about this much x and dy; forward and backward data loop over

@@ -1,0 +1,38 @@
+"""A bounded memo shared by threads: what the warm path of repeated calls remembers."""
+
+from __future__ import annotations
+
+import threading
+from typing import Generic, TypeVar
+
+__all__ = ["Memo"]
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Memo(Generic[K, V]):
+    """A dict of at most ``size`` entries (full: it starts afresh); reads take no lock (a dict
+    read is atomic), writes one."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._entries: dict[K, V] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        return self._entries.get(key)
+
+    def put(self, key: K, value: V) -> V:
+        with self._lock:
+            if len(self._entries) >= self.size:
+                self._entries.clear()
+            self._entries[key] = value
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
