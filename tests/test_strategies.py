@@ -84,21 +84,21 @@ def _inputs(kind: str, problem: tuple, wfmt: str, dtype: np.dtype, rng: np.rando
 def _recorded(ran: Counter) -> Iterator[None]:
     """Count the plans the engine selects for calls about to run (not for memory estimates): each
     strategy's name, and a ``gemm`` plan's variant too."""
-    select = fast.select
+    planned = fast.planned
 
-    @functools.wraps(select)
-    def spy(f, *, tune=False):
-        plan = select(f, tune=tune)
+    @functools.wraps(planned)
+    def spy(*args, tune=False, **kwargs):
+        hit = planned(*args, tune=tune, **kwargs)
         if tune:
-            ran[plan.strategy] += 1
-            if plan.param("variant"):
-                ran[plan.param("variant")] += 1
-        return plan
-    fast.select = spy
+            ran[hit[1].strategy] += 1
+            if hit[1].param("variant"):
+                ran[hit[1].param("variant")] += 1
+        return hit
+    fast.planned = spy
     try:
         yield
     finally:
-        fast.select = select
+        fast.planned = planned
 
 
 def _check(got: np.ndarray, want: np.ndarray, dtype_name: str, msg: str) -> None:

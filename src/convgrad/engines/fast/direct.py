@@ -21,6 +21,7 @@ Python-level GEMM calls) would dominate, or where there is no GEMM at all (plan 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -32,7 +33,7 @@ from ...problem import ConvGeometry
 from . import depthwise
 from .depthwise import FASTMATH
 from .features import Features
-from .geometry import params, spatial, spatial3, tap, tap_weights
+from .geometry import params, spatial, tap, tap_weights
 from .tuning import TUNING
 
 if TYPE_CHECKING:
@@ -139,43 +140,40 @@ def _loops(src, grid, other, out, stride, dilation, pad, problem):  # pragma: no
                                                 out[k0, k1, k2, g, i, j] += v * other[n, o0, o1, o2, g, j]
 
 
-def _grouped(a: np.ndarray, groups: int, dtype: np.dtype) -> np.ndarray:
-    """Canonical (N, *X, C) data as a contiguous (N, X0, X1, X2, G, C/G) array in ``dtype``."""
-    a = spatial3(np.ascontiguousarray(a, dtype=dtype))
-    return a.reshape(*a.shape[:-1], groups, a.shape[-1] // groups)
-
-
-def _tap_weights(g: ConvGeometry, w: np.ndarray, dtype: np.dtype, transpose: bool) -> np.ndarray:
-    """Canonical weights as a contiguous ``dtype`` (K0, K1, K2, G, ICg, OCg) array, or
-    (..., G, OCg, ICg) with ``transpose`` (:func:`.geometry.tap_weights` with 3-D taps)."""
-    taps = np.ascontiguousarray(tap_weights(g, w, transpose), dtype=dtype)
-    return taps.reshape(*spatial(g.kernel, 1), *taps.shape[1:])
-
-
-def _result(shape: tuple[int, ...], groups: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """A canonical (N, *X, C) result and its (N, X0, X1, X2, G, C/G) view for the loops."""
-    out = np.empty(shape, dtype)
-    return out, spatial3(out).reshape(*spatial3(out).shape[:-1], groups, shape[-1] // groups)
+@functools.lru_cache(maxsize=256)
+def _shapes(g: ConvGeometry) -> tuple[tuple[int, ...], ...]:
+    """The loops' views: x and y as (N, X0, X1, X2, G, C/G), weights as (K0, K1, K2, G, ICg,
+    OCg) and, transposed, (..., G, OCg, ICg) (remembered per geometry)."""
+    def grouped(shape: tuple[int, ...], channels: int) -> tuple[int, ...]:
+        return (shape[0], *spatial(shape[1:-1], 1), g.groups, channels)
+    kernel = spatial(g.kernel, 1)
+    return (grouped(g.x_shape, g.icg), grouped(g.y_shape, g.ocg), (*kernel, g.groups, g.icg, g.ocg),
+            (*kernel, g.groups, g.ocg, g.icg))
 
 
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """y = conv(x, w) in ``dtype``, canonical (N, *O, OC)."""
-    y, loops = _result(g.y_shape, g.groups, dtype)
-    _loops(_grouped(x, g.groups, dtype), loops, _tap_weights(g, w, dtype, False), loops, *params(g), FORWARD)
+    xs, ys, ws, _ = _shapes(g)
+    y = np.empty(g.y_shape, dtype)
+    taps = np.ascontiguousarray(tap_weights(g, w), dtype).reshape(ws)
+    _loops(np.ascontiguousarray(x, dtype).reshape(xs), y.reshape(ys), taps, y.reshape(ys), *params(g), FORWARD)
     return y
 
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """dx in ``dtype``, canonical (N, *I, IC)."""
-    dx, loops = _result(g.x_shape, g.groups, dtype)
-    grid = _grouped(dy, g.groups, dtype)
-    _loops(grid, grid, _tap_weights(g, w, dtype, True), loops, *params(g), BACKWARD_DATA)
+    xs, ys, _, wt = _shapes(g)
+    dx = np.empty(g.x_shape, dtype)
+    grid = np.ascontiguousarray(dy, dtype).reshape(ys)
+    _loops(grid, grid, np.ascontiguousarray(tap_weights(g, w, True), dtype).reshape(wt), dx.reshape(xs), *params(g),
+           BACKWARD_DATA)
     return dx
 
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """dw in ``dtype``, canonical (*K, ICg, OC)."""
-    dw = np.empty((*spatial(g.kernel, 1), g.groups, g.icg, g.ocg), dtype)
-    grid = _grouped(dy, g.groups, dtype)
-    _loops(_grouped(x, g.groups, dtype), grid, grid, dw, *params(g), BACKWARD_WEIGHTS)
+    xs, ys, ws, _ = _shapes(g)
+    dw = np.empty((*ws[:3], g.groups, g.icg, g.ocg), dtype)
+    grid = np.ascontiguousarray(dy, dtype).reshape(ys)
+    _loops(np.ascontiguousarray(x, dtype).reshape(xs), grid, grid, dw, *params(g), BACKWARD_WEIGHTS)
     return np.ascontiguousarray(dw.transpose(0, 1, 2, 4, 3, 5)).reshape(g.w_shape)

@@ -9,6 +9,7 @@ kernel K, stride S, dilation D, begin pad PB) tap ``k`` of output ``o`` reads th
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numba
@@ -34,8 +35,10 @@ def spatial3(a: np.ndarray) -> np.ndarray:
     return a.reshape(a.shape[0], *(1,) * (5 - a.ndim), *a.shape[1:])
 
 
+@functools.lru_cache(maxsize=256)
 def params(g: ConvGeometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Strides, dilations and begin pads of the 3-D spatial view, as int64 arrays (for numba)."""
+    """Strides, dilations and begin pads of the 3-D spatial view, as int64 arrays for numba
+    (remembered per geometry: shared, never written)."""
     return (np.array(spatial(g.strides, 1), np.int64), np.array(spatial(g.dilations, 1), np.int64),
             np.array(spatial(g.pads_begin, 0), np.int64))
 
