@@ -89,26 +89,28 @@ class Op:
         """Problem and data arrays from the inputs; with ``shapes_as``, a tuple or list stands for a
         data input of that shape and dtype."""
         convolution = self.definition.family == "convolution"
-        infos: list[TensorInfo | None] = []
+        given: list[tuple[Any, ...] | None] = []  # per input: None, (shape values,) or (shape, dtype)
         arrays: dict[str, np.ndarray] = {}
         for spec, value in zip(self.definition.inputs, inputs):
             if value is None:
-                infos.append(None)
+                given.append(None)
             elif spec.role == "shape":
-                infos.append(TensorInfo(values=as_shape_values(value, self.kind, spec.name)))
+                given.append((as_shape_values(value, self.kind, spec.name),))
             elif shapes_as is not None and isinstance(value, (tuple, list)):
-                infos.append(TensorInfo(shape=_shape_of(value, self.kind, spec.name), dtype=shapes_as))
+                given.append((_shape_of(value, self.kind, spec.name), shapes_as))
             else:
                 array = (check_lazy_array(value, self.kind, spec.name) if is_dask_array(value)
                          else as_array(value, self.kind, spec.name))
-                infos.append(TensorInfo(shape=array.shape, dtype=check_data_dtype(array, self.kind, spec.name)))
+                given.append((array.shape, check_data_dtype(array, self.kind, spec.name)))
                 arrays[spec.role if convolution else spec.name] = array
-        infos.extend([TensorInfo()] * max(0, len(inputs) - len(infos)))
         # Shape inference is a pure function of these: an op called again on inputs of the same
         # shapes, dtypes and shape values (a training loop) reuses its last resolution.
-        key = (tuple(infos), tuple(self.attrs.items()), self.lenient)
+        key = (tuple(given), len(inputs), tuple(self.attrs.items()), self.lenient)
         last = self._last  # one read: another thread may replace it meanwhile
         if last is None or last[0] != key:
+            infos = [None if g is None else TensorInfo(values=g[0]) if len(g) == 1 else TensorInfo(shape=g[0], dtype=g[1])
+                     for g in given]
+            infos.extend([TensorInfo()] * max(0, len(inputs) - len(infos)))
             last = (key, build_problem(self.definition, self.attrs, infos, self.lenient) if convolution
                     else build_tensor_problem(self.definition, self.attrs, infos))
             self._last = last

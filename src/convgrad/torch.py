@@ -31,7 +31,9 @@ except ModuleNotFoundError as exc:
 
 from . import adjoints, interop
 from .dtypes import DATA_DTYPES, as_array, bfloat16
+from .engines import get_engine
 from .errors import AttributeValueError, DTypeError, InputTypeError
+from .execution import execute
 from .opdefs import OPS, AttrSpec, OpDef
 from .problem import Problem
 
@@ -49,7 +51,15 @@ _NUMPY_DTYPES = {v: k for k, v in _TORCH_DTYPES.items()}
 # ---------------------------------------------------------------------------------------------
 def to_numpy(tensor: torch.Tensor, op: str = "convgrad.torch", name: str = "tensor") -> np.ndarray:
     """A NumPy view of a CPU tensor's memory, any strides (bf16 as ``ml_dtypes.bfloat16``)."""
-    return as_array(tensor.detach(), op, name)
+    tensor = tensor.detach()
+    try:
+        if tensor.dtype == torch.bfloat16:
+            return tensor.view(torch.int16).numpy().view(bfloat16)
+        if tensor.dtype in _NUMPY_DTYPES:
+            return tensor.numpy()
+    except (RuntimeError, TypeError):  # a conjugate / negative view, a device: convgrad's own error below
+        pass
+    return as_array(tensor, op, name)
 
 
 def from_numpy(array: np.ndarray) -> torch.Tensor:
@@ -113,8 +123,7 @@ def _register(d: OpDef) -> Any:
         ctx.save_for_backward(*inputs)
 
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return tuple(adjoints.vjp(ctx.problem, ctx.saved_tensors, grad, ctx.needs_input_grad, _apply,
-                                  lambda g, axes: g.sum(axes), lambda t: t.shape))
+        return _vjp(ctx.problem, ctx.saved_tensors, grad, ctx.needs_input_grad)
 
     run.__name__ = fake.__name__ = d.function
     op = torch.library.custom_op(f"convgrad::{d.function}", run, mutates_args=(), device_types="cpu",
@@ -125,10 +134,58 @@ def _register(d: OpDef) -> Any:
 
 
 _REGISTERED = {kind: _register(OPS[kind]) for kind in adjoints.DIFFERENTIABLE}
+_NAMES = {kind: interop.data_input_names(OPS[kind]) for kind in adjoints.DIFFERENTIABLE}
+
+
+def _vjp(problem: Problem, saved: Sequence[torch.Tensor | None], grad: torch.Tensor,
+         needs: Sequence[bool]) -> tuple[torch.Tensor | None, ...]:
+    return tuple(adjoints.vjp(problem, saved, grad, needs, _apply, lambda g, axes: g.sum(axes), lambda t: t.shape))
+
+
+class _Eager(torch.autograd.Function):
+    """A registered op's computation and autograd formula, called without the dispatcher's layers
+    (tens of microseconds a call): ``apply(problem, arrays, *tensors)`` with the problem and the
+    NumPy views :meth:`convgrad.Op.prepare` made of the tensors. (The ``ctx`` form of forward:
+    ``setup_context`` would cost an ``inspect.signature`` per call; ``torch.func`` calls, which
+    need it, take the registered op.)"""
+
+    @staticmethod
+    def forward(ctx: Any, problem: Problem, arrays: dict[str, np.ndarray], *tensors: torch.Tensor | None) -> torch.Tensor:
+        ctx.problem = problem
+        ctx.save_for_backward(*tensors)
+        return _compute(problem, arrays)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return None, None, *_vjp(ctx.problem, ctx.saved_tensors, grad, ctx.needs_input_grad[2:])
+
+
+def _eager(tensors: Sequence[torch.Tensor | None]) -> bool:
+    """Whether a call may skip the dispatcher: plain tensors, nothing tracing or transforming them
+    (``torch.compile``, ``torch.export``, fake or proxy tensors, ``torch.func``, modes)."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
+            or torch._C._is_torch_function_mode_enabled():
+        return False
+    return all(t is None or type(t) is torch.Tensor and not _functorch_wrapped(t) for t in tensors)
+
+
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def _apply(kind: str, *tensors: torch.Tensor | None, **attrs: Any) -> torch.Tensor:
-    return _REGISTERED[kind](*tensors, **attrs)
+    """Op ``kind`` of plain attributes on tensors: eagerly (:class:`_Eager`, or no autograd node
+    where no gradient is wanted) where :func:`_eager` allows, else the registered op."""
+    if not _eager(tensors):
+        return _REGISTERED[kind](*tensors, **attrs)
+    problem, arrays = interop.op_for(kind, attrs).prepare(
+        *[None if t is None else to_numpy(t, kind, name) for t, name in zip(tensors, _NAMES[kind])])
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return _Eager.apply(problem, arrays, *tensors)
+    return _compute(problem, arrays)
+
+
+def _compute(problem: Problem, arrays: dict[str, np.ndarray]) -> torch.Tensor:
+    return from_numpy(execute(problem, arrays, get_engine(None)))
 
 
 def _call(kind: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> torch.Tensor:
@@ -256,3 +313,4 @@ class ConvTranspose(Conv):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int | Sequence[int], *,
                  output_padding: int | Sequence[int] | None = None, **kwargs: Any) -> None:
         super().__init__(in_channels, out_channels, kernel_size, output_padding=output_padding, **kwargs)
+

@@ -87,6 +87,11 @@ def cache_file() -> Path:
 
 
 @functools.lru_cache(maxsize=8)
+def _text(path: Path) -> str:
+    return str(path)
+
+
+@functools.lru_cache(maxsize=8)
 def _cache_file(plans: str | None, xdg: str | None, home: str | None) -> Path:
     """:func:`cache_file` for these environment values (platformdirs costs tens of microseconds:
     select asks at every call)."""
@@ -187,11 +192,12 @@ def _empty() -> dict[str, Any]:
 def _current() -> dict[str, Any]:
     """The cache as on disk now (re-read only when the file changed)."""
     path = cache_file()
-    stamp = (str(path), None, None)
-    if os.access(path, os.F_OK):  # no exception to pay for where there is no file (most calls)
+    name = _text(path)
+    stamp = (name, None, None)
+    if os.access(name, os.F_OK):  # no exception to pay for where there is no file (most calls)
         with contextlib.suppress(OSError):
-            st = path.stat()
-            stamp = (str(path), st.st_mtime_ns, st.st_size)
+            st = os.stat(name)
+            stamp = (name, st.st_mtime_ns, st.st_size)
     if _loaded.get("stamp") != stamp:
         _loaded.update(stamp=stamp, data=_read(path), plans={})
     return _loaded

@@ -1,0 +1,220 @@
+"""The warm path of repeated calls (issue 32): what a first call established (parsed attributes,
+shape inference, the plan, the memory estimate) is reused only where everything it depends on is
+unchanged, so nothing gets through warm that a cold call refuses, and results are the same.
+
+- every invalid call of tests/test_errors.py, replayed after warming with its valid neighbour
+  (same shapes; for the Op API the same Op object), gives the cold call's error, word for word;
+- results are bit-identical cold and warm, for each strategy;
+- the memo follows what the plan depends on: a forced strategy, ``CONVGRAD_STRATEGY``, a plan
+  stored in the plan cache, the thread count, an attribute changed on a built Op;
+- memos stay bounded, and threads calling at once get the serial results.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numba
+import numpy as np
+import pytest
+
+import convgrad as cg
+from convgrad import functional, interop
+from convgrad.attributes import attributes_key, value_key
+from convgrad.dtypes import bfloat16
+from convgrad.engines import fast
+from convgrad.engines.fast import plan as plan_module
+from convgrad.engines.fast import plan_cache
+from convgrad.memo import Memo
+
+from oracle import fresh_rng
+from test_errors import ERRORS, _base, _call
+
+
+def _cold() -> None:
+    """Forget everything the warm path remembers."""
+    functional._ops.clear()
+    interop._plain.clear()
+    plan_module._planned.clear()
+
+
+def _error(api: str, kind: str, attrs: dict, inputs: list) -> tuple[type, str]:
+    with pytest.raises(cg.ConvgradError) as info:
+        _call(api, kind, dict(attrs), list(inputs))
+    return type(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("name,kind,mutate,api", [(e[0], e[1], e[2], api) for e in ERRORS for api in e[5]],
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_invalid_calls_fail_warm_as_cold(name: str, kind: str, mutate, api: str) -> None:
+    valid_attrs, valid_inputs = _base(kind)
+    attrs, inputs = dict(valid_attrs), list(valid_inputs)
+    mutate(attrs, inputs)
+    _cold()
+    cold = _error(api, kind, attrs, inputs)
+    for _ in range(2):                                    # the valid neighbour, twice: warm
+        _call(api, kind, dict(valid_attrs), list(valid_inputs))
+    assert _error(api, kind, attrs, inputs) == cold
+    if api == "op" and repr(attrs) == repr(valid_attrs):
+        op = cg.Op(kind, **valid_attrs)                   # an input mutation: the same Op, warm then invalid
+        op(*valid_inputs)
+        with pytest.raises(cold[0]) as info:
+            op(*inputs)
+        assert str(info.value) == cold[1]
+    _call(api, kind, dict(valid_attrs), list(valid_inputs))   # and the valid call still works after it
+
+
+ATTRS = dict(strides=2, pads_begin=1, pads_end=[1, 0])
+
+
+def _problem(rng: np.random.Generator, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    x = rng.standard_normal((2, 9, 7, 16)).astype(dtype)
+    dy = rng.standard_normal((2, 5, 3, 8)).astype(dtype)     # strides 2, pads 1 / [1, 0]
+    w = rng.standard_normal((3, 3, 16, 8)).astype(dtype)
+    return x, dy, w
+
+
+@pytest.mark.parametrize("strategy", [None, *fast.STRATEGIES])
+@pytest.mark.parametrize("dtype", [np.float32, bfloat16, np.float64])
+def test_results_are_identical_cold_and_warm(strategy: str | None, dtype) -> None:
+    rng, seed = fresh_rng()
+    x, dy, w = _problem(rng, dtype)
+    calls = [lambda: cg.convolution_backward_data(dy, w, np.array(x.shape), **ATTRS),
+             lambda: cg.convolution_backward_weights(x, dy, list(w.shape), **ATTRS),
+             lambda: cg.convolution(x, w, **ATTRS)]
+    with fast.forced_strategy(strategy):
+        for call in calls:
+            _cold()
+            cold = call()
+            warm = [call() for _ in range(3)]
+            for got in warm:
+                np.testing.assert_array_equal(got.view(np.uint8), cold.view(np.uint8), err_msg=f"seed {seed}")
+
+
+def _strategy_of_last_call(monkeypatch) -> list[str]:
+    ran: list[str] = []
+    planned = fast.planned
+
+    def spy(*args, tune=False, **kwargs):
+        hit = planned(*args, tune=tune, **kwargs)
+        if tune:
+            ran.append(hit[1].strategy)
+        return hit
+    monkeypatch.setattr(fast, "planned", spy)
+    return ran
+
+
+def test_the_plan_follows_forced_strategies_and_the_environment(monkeypatch) -> None:
+    rng, _ = fresh_rng()
+    x, dy, w = _problem(rng, np.float32)
+    ran = _strategy_of_last_call(monkeypatch)
+    call = lambda: cg.convolution_backward_data(dy, w, np.array(x.shape), **ATTRS)  # noqa: E731
+    call()
+    default = ran[-1]
+    for strategy in fast.STRATEGIES:
+        with fast.forced_strategy(strategy):
+            call()
+            assert ran[-1] == strategy
+        monkeypatch.setenv("CONVGRAD_STRATEGY", strategy)
+        call()
+        assert ran[-1] == strategy
+        monkeypatch.delenv("CONVGRAD_STRATEGY")
+        call()
+        assert ran[-1] == default
+
+
+def test_the_plan_follows_the_plan_cache_and_the_thread_count(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("CONVGRAD_PLANS", str(tmp_path / "plans.json"))
+    rng, _ = fresh_rng()
+    x, dy, w = _problem(rng, np.float32)
+    ran = _strategy_of_last_call(monkeypatch)
+    call = lambda: cg.convolution_backward_data(dy, w, np.array(x.shape), **ATTRS)  # noqa: E731
+    call()
+    default = ran[-1]
+    other = next(s for s in ("gemm", "direct") if s != default)
+    g = cg.Op("ConvolutionBackwardData", lenient=True, **ATTRS).infer(
+        dy, w, np.array(x.shape)).geometry
+    plan_cache.store(fast.Features.of(g, "backward_data", np.float32, False), fast.Plan(other))
+    call()
+    assert ran[-1] == other                      # stored by this process: taken at the next call
+    plan_cache.clear()
+    call()
+    assert ran[-1] == default
+    threads = numba.get_num_threads()
+    if threads > 1:                              # plans are cached per thread count
+        plan_cache.store(fast.Features.of(g, "backward_data", np.float32, False), fast.Plan(other))
+        try:
+            numba.set_num_threads(1)
+            call()
+            assert ran[-1] == default            # the stored plan is for the other thread count
+        finally:
+            numba.set_num_threads(threads)
+        call()
+        assert ran[-1] == other
+
+
+def test_an_attribute_changed_on_a_built_op_is_seen() -> None:
+    rng, _ = fresh_rng()
+    x, dy, w = _problem(rng, np.float32)
+    op = cg.Op("ConvolutionBackwardWeights", strides=[2, 2], pads_begin=[1, 1], pads_end=[1, 0], dilations=[1, 1])
+    first = op(x, dy, np.array(w.shape))
+    op.attrs["pads_end"] = (0, 0)                # now dy is the wrong size: refused, not served warm
+    with pytest.raises(cg.errors.ShapeError):
+        op(x, dy, np.array(w.shape))
+    op.attrs["pads_end"] = (1, 0)
+    np.testing.assert_array_equal(op(x, dy, np.array(w.shape)), first)
+
+
+def test_attribute_keys_are_type_exact() -> None:
+    assert len({value_key(v) for v in (1, True, 1.0, np.int64(1), [1], (1,), "1")}) == 7
+    assert value_key(np.array([1, 2])) is None and value_key([1, np.array(2)]) is None
+    assert attributes_key({"strides": [1, 1], "groups": 1}) == attributes_key({"strides": [1, 1], "groups": 1})
+    assert attributes_key({"strides": np.array([1, 1])}) is None
+    # an array-valued attribute is parsed afresh, and a bool where an int is expected refused both times
+    rng, _ = fresh_rng()
+    x, dy, w = _problem(rng, np.float32)
+    for _ in range(2):
+        cg.convolution_backward_data(dy, w, np.array(x.shape), strides=np.array([2, 2]), pads_begin=1, pads_end=[1, 0])
+        with pytest.raises(cg.errors.AttributeTypeError):
+            cg.convolution_backward_data(dy, w, np.array(x.shape), strides=[2, True], pads_begin=1, pads_end=[1, 0])
+
+
+def test_memos_stay_bounded() -> None:
+    memo: Memo[int, int] = Memo(8)
+    for i in range(100):
+        memo.put(i, i)
+        assert len(memo) <= 8
+    assert memo.get(99) == 99
+    rng, _ = fresh_rng()
+    x = rng.standard_normal((1, 6, 6, 2)).astype(np.float32)
+    for pad in range(functional._ops.size + 10):     # each a new attribute set
+        cg.convolution(x, np.ones((1, 1, 2, 2), np.float32), pads_begin=[pad, 0], pads_end=0)
+        assert len(functional._ops) <= functional._ops.size
+
+
+def test_threads_calling_at_once_get_the_serial_results() -> None:
+    rng, seed = fresh_rng()
+    problems = [_problem(rng, np.float32) for _ in range(4)]
+    attrs = [ATTRS, dict(strides=2, pads_begin=[1, 0], pads_end=[1, 0]),   # the last two: shape errors
+             dict(strides=2, pads_begin=1, pads_end=1), dict(strides=2, pads_begin=0, pads_end=1)]
+
+    def run(i: int) -> np.ndarray:
+        x, dy, w = problems[i]
+        try:
+            return cg.convolution_backward_weights(x, dy, list(w.shape), **attrs[i])
+        except cg.errors.ShapeError as exc:
+            return np.array(str(exc))
+    serial = [run(i) for i in range(4)]
+    results: dict[tuple[int, int], np.ndarray] = {}
+
+    def worker(t: int) -> None:
+        for r in range(20):
+            i = (t + r) % 4
+            results[t, r] = run(i)
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for (t, r), got in results.items():
+        np.testing.assert_array_equal(got, serial[(t + r) % 4], err_msg=f"seed {seed}")
