@@ -11,7 +11,8 @@ from :mod:`convgrad.adjoints` made of the same ops: double backward works.
 
 Tensors cross into NumPy and back without copies (DLPack; bf16 as its 16-bit pattern);
 ConvgradError passes through with its message. :class:`Conv` and :class:`ConvTranspose` are
-``nn.Module``s holding weights (and bias) in the op's layout.
+``nn.Module``s holding weights (and bias) in the op's layout. ``convert(model)`` / ``restore(model)``
+swap a model's ``torch.nn.ConvNd`` / ``ConvTransposeNd`` for convgrad's twins and back (:mod:`convgrad.torch_modules`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from .execution import execute
 from .opdefs import OPS, AttrSpec, OpDef
 from .problem import Problem
 
-__all__ = ["convolution", "conv_transpose", "Conv", "ConvTranspose"]
+__all__ = ["convolution", "conv_transpose", "Conv", "ConvTranspose", "convert", "restore", "Conv1d", "Conv2d", "Conv3d",
+           "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
 
 _TORCH_DTYPES: dict[np.dtype, torch.dtype] = {
     DATA_DTYPES["f32"]: torch.float32, DATA_DTYPES["bf16"]: torch.bfloat16,
@@ -314,3 +316,4 @@ class ConvTranspose(Conv):
                  output_padding: int | Sequence[int] | None = None, **kwargs: Any) -> None:
         super().__init__(in_channels, out_channels, kernel_size, output_padding=output_padding, **kwargs)
 
+from .torch_modules import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, convert, restore  # noqa: E402,E501
