@@ -3,10 +3,12 @@
 projection shortcut) of ResNet-50's stages 2 and 3, ``--blocks`` per stage, mb ``--mb``, forward
 + backward + SGD update. Each library and layout runs in its own process after a warm-up, same
 weights and inputs (from one seed); the first step's loss must agree to the dtype's rounding.
+``--convert`` adds the torch.nn model after ``convgrad.torch.convert(model)`` (issue 33), in
+channels_last and NCHW memory.
 
-    python benchmarks/train_step.py [--mb 16] [--steps 6] [--dtype f32 bf16] [--blocks 2]
+    python benchmarks/train_step.py [--mb 16] [--steps 6] [--dtype f32 bf16] [--blocks 2] [--convert]
 
-Prints each run's median step time, PyTorch's best layout, and the ratio (PyTorch's best time
+Prints each run's median step time, PyTorch's best layout, and the ratios (PyTorch's best time
 over convgrad's: above 1 is faster than PyTorch).
 """
 
@@ -47,7 +49,7 @@ def _worker(lib: str, layout: str, dtype_name: str, mb: int, steps: int, blocks:
     weights = {name: torch.randn(o, i, k, k) * (2.0 / (i * k * k)) ** 0.5 for name, i, o, k, _ in layers}
     x0 = torch.randn(mb, STAGES[0][0], STAGES[0][3], STAGES[0][3])
 
-    if lib == "torch":
+    if lib in ("torch", "converted"):
         fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
         convs = torch.nn.ModuleDict({name.replace(".", "_"): torch.nn.Conv2d(i, o, k, stride=s, padding=k // 2, bias=False)
                                      for name, i, o, k, s in layers})
@@ -55,6 +57,9 @@ def _worker(lib: str, layout: str, dtype_name: str, mb: int, steps: int, blocks:
             convs[name.replace(".", "_")].weight.data.copy_(weights[name])
         convs = convs.to(dtype=dtype, memory_format=fmt)
         x = x0.to(dtype=dtype).contiguous(memory_format=fmt)
+        if lib == "converted":
+            import convgrad.torch as ct
+            convs = ct.convert(convs, inplace=True)
     else:
         import convgrad.torch as ct
         convs = torch.nn.ModuleDict({name.replace(".", "_"): ct.Conv(i, o, k, strides=s, pads_begin=k // 2,
@@ -96,6 +101,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--blocks", type=int, default=2)
     ap.add_argument("--dtype", nargs="+", default=["f32", "bf16"], choices=["f32", "bf16"])
+    ap.add_argument("--convert", action="store_true", help="also the torch.nn model after convgrad.torch.convert")
     ap.add_argument("--worker", nargs=3, metavar=("LIB", "LAYOUT", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -105,21 +111,24 @@ def main() -> None:
                 for n, i, o, k, s in _layers(args.blocks)) * 3 / 1e9
     print(f"ResNet-50 stages 2-3, {args.blocks} bottleneck blocks each ({len(_layers(args.blocks))} convolutions), "
           f"mb {args.mb}, ~{flops:.0f} GFLOP of convolutions per step")
+    configurations = [("torch", "channels_last"), ("torch", "nchw"), ("convgrad", "nxc")]
+    if args.convert:
+        configurations += [("converted", "channels_last"), ("converted", "nchw")]
     for dtype in args.dtype:
         runs = []
-        for lib, layout in (("torch", "channels_last"), ("torch", "nchw"), ("convgrad", "nxc")):
+        for lib, layout in configurations:
             out = subprocess.run([sys.executable, __file__, "--worker", lib, layout, dtype, "--mb", str(args.mb),
                                   "--steps", str(args.steps), "--blocks", str(args.blocks)],
                                  capture_output=True, text=True, check=True)
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
             r = runs[-1]
-            print(f"  {dtype:4} {lib:8} {layout:13} step {r['step_s'] * 1e3:8.1f} ms  loss {r['loss']:.6g}", flush=True)
+            print(f"  {dtype:4} {lib:9} {layout:13} step {r['step_s'] * 1e3:8.1f} ms  loss {r['loss']:.6g}", flush=True)
         best = min((r for r in runs if r["lib"] == "torch"), key=lambda r: r["step_s"])
-        ours = runs[-1]
         tol = 1e-4 if dtype == "f32" else 5e-2
-        agree = abs(ours["loss"] - best["loss"]) <= tol * abs(best["loss"])
-        print(f"  {dtype}: convgrad / PyTorch best ({best['layout']}) = {best['step_s'] / ours['step_s']:.2f}x; "
-              f"losses agree to {tol:g}: {agree}")
+        for ours in (r for r in runs if r["lib"] != "torch"):
+            agree = abs(ours["loss"] - best["loss"]) <= tol * abs(best["loss"])
+            print(f"  {dtype}: {ours['lib']} {ours['layout']} / PyTorch best ({best['layout']}) = "
+                  f"{best['step_s'] / ours['step_s']:.2f}x; losses agree to {tol:g}: {agree}")
 
 
 if __name__ == "__main__":
