@@ -399,17 +399,21 @@ def test_ten_sgd_steps_give_pytorch_losses_and_weights(net, memory_format) -> No
 # ---------------------------------------------------------------------------------------------
 def test_torch_compile_fullgraph_gives_the_eager_loss_and_gradients() -> None:
     """Dynamo traces the converted modules' forward (memory format, pads) into one graph with
-    convgrad's custom ops; backend aot_eager as in test_torch_interop."""
+    convgrad's custom ops, compiled first thing after convert (attributes never called eagerly);
+    backend aot_eager as in test_torch_interop."""
     x = channels_last(torch.randn(2, 3, 16, 16))
     results = []
-    for compiled in (False, True):
+    for compiled in (True, False):
         model = ct.convert(unet())
         run = torch.compile(model, fullgraph=True, backend="aot_eager") if compiled else model
         y = run(x)
         assert is_channels_last(y)
         y.square().mean().backward()
         results.append([y.detach()] + [p.grad for p in model.parameters()])
-    torch.testing.assert_close(results[1], results[0], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(results[0], results[1], rtol=1e-6, atol=1e-7)
+    layer = ct.convert(nn.ConvTranspose2d(3, 2, 3, stride=2, output_padding=1))  # un-batched input
+    y = torch.compile(layer, fullgraph=True, backend="aot_eager")(x[0])
+    torch.testing.assert_close(y, layer(x[0]), rtol=1e-6, atol=1e-7)
 
 
 def test_gradcheck_and_gradgradcheck_f64() -> None:

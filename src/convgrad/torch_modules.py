@@ -56,7 +56,8 @@ class _Convgrad:
                                  "has a forward-mode tangent (torch.func.jvp, jacfwd, torch.autograd.forward_ad): "
                                  "expected none, convgrad's ops have reverse-mode derivatives only")
         rank = len(self.kernel_size)
-        x = input.unsqueeze(0) if input.dim() == rank + 1 else input
+        unbatched = input.dim() == rank + 1
+        x = input.unsqueeze(0) if unbatched else input
         channels_last = not x.is_contiguous() and x.movedim(1, -1).is_contiguous()
         if self.padding == "same":
             total = [d * (k - 1) for d, k in zip(self.dilation, self.kernel_size)]
@@ -72,7 +73,7 @@ class _Convgrad:
         else:
             y = convolution(src, weight, bias, weights_format="OIX", **geometry)
         y = y.movedim(-1, 1) if channels_last else y
-        return y if x is input else y.squeeze(0)
+        return y.squeeze(0) if unbatched else y
 
 
 class _ConvgradTranspose(_Convgrad):
