@@ -126,11 +126,11 @@ def test_available_memory_is_read_at_most_every_half_second(machine: dict[str, A
 
 def test_environment_and_call_win_over_the_derivation(machine: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     machine["files"]["/proc/meminfo"] = MEMINFO
-    limits.os.environ["CONVGRAD_MEMORY_BUDGET"] = "3GiB"
+    monkeypatch.setenv("CONVGRAD_MEMORY_BUDGET", "3GiB")
     assert cg.memory_budget() == 3 * GiB
-    limits.os.environ["CONVGRAD_MEMORY_BUDGET"] = ""  # empty: not set
+    monkeypatch.setenv("CONVGRAD_MEMORY_BUDGET", "")  # empty: not set
     assert cg.memory_budget() == 4_096_000_000
-    limits.os.environ["CONVGRAD_MEMORY_BUDGET"] = "1.5GB"
+    monkeypatch.setenv("CONVGRAD_MEMORY_BUDGET", "1.5GB")
     cg.set_memory_budget("512MiB")
     assert cg.memory_budget() == 512 * MiB
     cg.set_memory_budget(0)  # zero is a budget, not "unset"

@@ -331,3 +331,19 @@ def test_train_digits_example_curves_agree(tmp_path, capsys) -> None:
     np.testing.assert_allclose(ours, torch_loss, rtol=0, atol=1e-5)
     out = capsys.readouterr().out
     assert "max |loss difference| over 6 steps" in out and (tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_forward_mode_tangents_are_refused_not_dropped() -> None:
+    """convgrad's ops have reverse-mode derivatives only: a forward-mode tangent on an input, from
+    ``torch.autograd.forward_ad`` or ``torch.func.jvp``, is an InputError naming the op and input
+    (PyTorch would otherwise give zero tangents silently)."""
+    from torch.autograd import forward_ad
+
+    x, w = torch.randn(1, 6, 6, 2), torch.randn(3, 3, 2, 4)
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(w, torch.ones_like(w))
+        with pytest.raises(convgrad.InputError, match="Convolution: input 'weights' has a forward-mode tangent"):
+            ct.convolution(x, dual, pads_begin=1, pads_end=1)
+        ct.convolution(x, w, pads_begin=1, pads_end=1)      # no tangent: fine inside the level too
+    with pytest.raises(convgrad.InputError, match="input 'src' has a forward-mode tangent"):
+        torch.func.jvp(lambda a: ct.convolution(a, w, pads_begin=1, pads_end=1), (x,), (torch.ones_like(x),))

@@ -167,11 +167,18 @@ _SCALARS = (int, bool, float, str, type(None))
 def value_key(value: Any) -> Any:
     """A hashable key of an attribute value as given, equal only for values the parser reads alike
     (type-exact: 1, True, 1.0 and [1] all differ), for memos of parsed attributes; ``None`` for
-    arrays and other objects (those calls are parsed afresh)."""
+    arrays, nested or long lists and other objects (those calls are parsed afresh)."""
     t = type(value)
     if t is list or t is tuple:
-        items = tuple(map(value_key, value))
+        if len(value) > MAX_NDIMS:
+            return None
+        items = tuple(_scalar_key(v) for v in value)
         return None if None in items else (t, items)
+    return _scalar_key(value)
+
+
+def _scalar_key(value: Any) -> Any:
+    t = type(value)
     return (t, value) if t in _SCALARS or isinstance(value, np.integer) else None
 
 

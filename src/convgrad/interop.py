@@ -21,14 +21,14 @@ from .problem import Problem
 __all__ = ["plain_attributes", "op_for", "infer", "data_input_names"]
 
 
-def plain_attributes(kind: str, attrs: Mapping[str, Any], rank: int) -> dict[str, Any]:
+def plain_attributes(kind: str, attrs: Mapping[str, Any], rank: int, remember: bool = True) -> dict[str, Any]:
     """The given (non-None) attributes validated as the functional API does (a ConvgradError on a
     bad one) and normalised to plain types: lists of ints (a per-axis scalar repeated for the
-    ``rank`` spatial axes), ints, canonical strings. Remembered for attributes given alike
-    (:func:`~convgrad.attributes.value_key`): a new dict each call, from one parse."""
+    ``rank`` spatial axes), ints, canonical strings. Remembered (with ``remember``) for attributes
+    given alike (:func:`~convgrad.attributes.value_key`): a new dict each call, from one parse."""
     given = {k: v for k, v in attrs.items() if v is not None}
-    key = (kind, rank, attributes_key(given))
-    plain = _plain.get(key)
+    key = (kind, rank, attributes_key(given) if remember else None)
+    plain = _plain.get(key) if key[2] is not None else None
     if plain is None:
         op = Op(kind, lenient=True, **given)
         per_axis = {a.name for a in op.definition.attributes if a.per_axis}

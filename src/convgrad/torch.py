@@ -27,13 +27,14 @@ from .extras import missing_extra
 
 try:
     import torch
+    from torch.autograd import forward_ad
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, "torch", "PyTorch") from exc
 
 from . import adjoints, interop
 from .dtypes import DATA_DTYPES, as_array, bfloat16
 from .engines import get_engine
-from .errors import AttributeValueError, DTypeError, InputTypeError
+from .errors import AttributeValueError, DTypeError, InputError, InputTypeError
 from .execution import execute
 from .opdefs import OPS, AttrSpec, OpDef
 from .problem import Problem
@@ -190,10 +191,29 @@ def _compute(problem: Problem, arrays: dict[str, np.ndarray]) -> torch.Tensor:
     return from_numpy(execute(problem, arrays, get_engine(None)))
 
 
+def refuse_tangents(where: str, tensors: Sequence[tuple[str, torch.Tensor | None]]) -> None:
+    """An InputError for the first of the (name, tensor) pairs that carries a forward-mode tangent
+    (``torch.func.jvp``, ``jacfwd``, ``torch.autograd.forward_ad``): convgrad's ops have
+    reverse-mode derivatives only, and PyTorch would drop the tangent silently. (Not checked while
+    ``torch.compile`` traces: the registered ops run there.)"""
+    if torch.compiler.is_compiling():
+        return
+    if forward_ad._current_level < 0 and not any(isinstance(t, torch.Tensor) and _functorch_wrapped(t) for _, t in tensors):
+        return  # no dual level entered, nothing transformed: no tangent anywhere (the common case, cheaply)
+    for name, tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and forward_ad.unpack_dual(tensor).tangent is not None:
+            raise InputError(where, name, "has a forward-mode tangent (torch.func.jvp, jacfwd, "
+                             "torch.autograd.forward_ad): expected none, convgrad's ops have reverse-mode "
+                             "derivatives only")
+
+
 def _call(kind: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> torch.Tensor:
-    """Validate the attributes as convgrad does, check the tensors, run the registered op."""
-    plain = interop.plain_attributes(kind, attrs, getattr(tensors[0], "ndim", 2) - 2)  # ConvgradError if bad
-    for tensor, name in zip(tensors, interop.data_input_names(OPS[kind])):
+    """Validate the attributes as convgrad does, check the tensors, run the op (under
+    ``torch.compile`` nothing is remembered: Dynamo traces this code)."""
+    plain = interop.plain_attributes(kind, attrs, getattr(tensors[0], "ndim", 2) - 2,  # ConvgradError if bad
+                                     remember=not torch.compiler.is_compiling())
+    refuse_tangents(kind, list(zip(_NAMES[kind], tensors)))
+    for tensor, name in zip(tensors, _NAMES[kind]):
         if tensor is None:
             continue
         if not isinstance(tensor, torch.Tensor):

@@ -21,7 +21,6 @@ import warnings
 from typing import Any, TypeVar
 
 import torch
-from torch.autograd import forward_ad
 
 from .errors import AttributeValueError, ConvgradError, DTypeError, InputError, InputTypeError
 
@@ -50,11 +49,7 @@ class _Convgrad:
     def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                       output_padding: list[int] | None = None) -> torch.Tensor:
         """The convolution of ``input`` (N, C, *X) or (C, *X), in its own memory format."""
-        for name, tensor in (("input", input), ("weight", weight), ("bias", bias)):
-            if tensor is not None and forward_ad.unpack_dual(tensor).tangent is not None:
-                raise InputError(f"convgrad.torch.{type(self).__name__}", name,
-                                 "has a forward-mode tangent (torch.func.jvp, jacfwd, torch.autograd.forward_ad): "
-                                 "expected none, convgrad's ops have reverse-mode derivatives only")
+        refuse_tangents(f"convgrad.torch.{type(self).__name__}", [("input", input), ("weight", weight), ("bias", bias)])
         rank = len(self.kernel_size)
         unbatched = input.dim() == rank + 1
         x = input.unsqueeze(0) if unbatched else input
@@ -175,4 +170,4 @@ def restore(module: M, *, inplace: bool = False) -> M:
 
 
 # convgrad.torch imports this module at its end, so either module can be imported first.
-from .torch import _TORCH_DTYPES, conv_transpose, convolution  # noqa: E402
+from .torch import _TORCH_DTYPES, conv_transpose, convolution, refuse_tangents  # noqa: E402
