@@ -169,7 +169,10 @@ def _eager(tensors: Sequence[torch.Tensor | None]) -> bool:
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
             or torch._C._is_torch_function_mode_enabled():
         return False
-    return all(t is None or type(t) is torch.Tensor and not _functorch_wrapped(t) for t in tensors)
+    return all(t is None or type(t) in _PLAIN and not _functorch_wrapped(t) for t in tensors)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
