@@ -132,6 +132,30 @@ def test_bf16_kernel_is_the_instructions_order_bit_exact(width, rows, vecs, nati
     np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-4 * np.abs(exact).max())
 
 
+@pytest.mark.parametrize("native", KERNELS)
+@pytest.mark.parametrize("width, rows, vecs", ALL_BLOCKS)
+def test_without_accumulate_c_is_written_not_read(width, rows, vecs, native, rng):
+    """``accumulate=0`` (a GEMM's first reduction step): the block is the sums alone, whatever
+    ``c`` held (NaN here), and nothing outside the block is touched; ``accumulate=1`` adds."""
+    if width != 16 and native:
+        pytest.skip("the instruction is 16 lanes wide (the stand-in runs at 8 too)")
+    p = _bf16_case(rng, width, rows, vecs)
+    call = microkernel.kernel_call(width, rows, vecs, native)
+    added = p["c"].copy()
+    call(added, *list(p.values())[1:])
+    zeros = np.zeros_like(p["c"])
+    call(zeros, *list(p.values())[1:])
+    poisoned = np.full_like(p["c"], np.nan)
+    call(poisoned, *list(p.values())[1:], 0)
+    block = np.zeros(p["c"].shape, bool)
+    for r in range(rows):
+        at = p["coff"] + r * p["ldc"]
+        block[at:at + vecs * width] = True
+    np.testing.assert_array_equal(poisoned[block], zeros[block])
+    assert np.isnan(poisoned[~block]).all()
+    assert not np.array_equal(added[block], zeros[block])   # the case's c is not zero: accumulate=1 added it
+
+
 def _special_bits(rng, n: int) -> np.ndarray:
     """Random bf16 bits, most near the bottom of the range (denormals, zeros, products that
     underflow f32) or of any exponent; no Inf/NaN."""

@@ -81,8 +81,8 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
         """``c[:m, :] = A @ B``, A's value (row, kk) at ``a[row*lda + kk*astep]`` (flat; for
         ``depth`` 2 the kernel reads pairs ``kk``, ``kk+1`` adjacent and steps ``astep*depth``),
         ``bp`` B packed as (panels, K/depth, nr*depth): items of (mc-block of A's rows, share of
-        the nr-panels), each zeroing its tiles of ``c``, then kc deep steps, the kernel reading A
-        where it lies; a last partial panel of rows is packed per step as (kc/depth, rows, depth)."""
+        the nr-panels) of kc deep steps, the first writing its tiles of ``c`` (the kernel's beta
+        = 0), the next adding to them, the kernel reading A where it lies; a last partial panel of rows is packed per step as (kc/depth, rows, depth)."""
         nr = vecs * width
         panels = bp.shape[0]
         kd = bp.shape[1]                       # K steps (pairs for depth 2)
@@ -96,8 +96,6 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
             m0 = mb * mc
             row_panels = -(-min(mc, m - m0) // rows)
             first, last = panels * share // n_shares, panels * (share + 1) // n_shares
-            for r in range(m0, m0 + row_panels * rows):
-                c[r, first * nr:last * nr] = 0
             tail = row_panels - 1 if m0 + row_panels * rows > m else -1   # a partial last panel
             ap = np.empty(steps * rows * depth, a.dtype)
             for s0 in range(0, kd, steps):
@@ -117,11 +115,11 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
                         coff = (m0 + rp * rows) * ldc + jp * nr
                         if rp == tail:
                             microkernel.run(width, rows, vecs, native, c, coff, ldc, ap, 0, depth, rows * depth, bp,
-                                            boff, nr * depth, zero, zero, 1, ks)
+                                            boff, nr * depth, zero, zero, 1, ks, s0)
                         else:
                             microkernel.run(width, rows, vecs, native, c, coff, ldc, a,
                                             (m0 + rp * rows) * lda + s0 * depth * astep, lda, astep * depth, bp, boff,
-                                            nr * depth, zero, zero, 1, ks)
+                                            nr * depth, zero, zero, 1, ks, s0)
     return run
 
 

@@ -283,9 +283,8 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
             src_row = n * steps[0] + q0 * steps[1] + q1 * steps[2] + g * kred * depth
             base = out_base + n * out_steps[0] + q0 * out_steps[1] + q1 * out_steps[2] + g * channels + nb * vw
             for m in range(0, m_, rows):
-                c[:] = 0
                 microkernel.run(width, rows, vecs, native, c, 0, vw, src, src_row + m * steps[3], steps[3], depth, wp, boff,
-                                vw * depth, taps_a, taps_b, ntaps, kred)
+                                vw * depth, taps_a, taps_b, ntaps, kred, 0)
                 for r in range(min(rows, m_ - m)):
                     a1 = (m + r) // pitch
                     a2 = m + r - a1 * pitch
@@ -454,7 +453,7 @@ def _weights(width: int, rows: int, vecs: int, native: bool) -> Callable:
                     for nb in range(nblocks):
                         microkernel.run(width, rows, vecs, native, parts, coff + nb * vw, ldc, xb,
                                         taps_a[t] + (g * row_blocks + ib) * block_size, depth, x_steps[3], dyp,
-                                        (g * ldc + nb * vw) * depth, dy_row, ra, rb, count, ksteps)
+                                        (g * ldc + nb * vw) * depth, dy_row, ra, rb, count, ksteps, 1)
     return weights
 
 

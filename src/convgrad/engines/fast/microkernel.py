@@ -4,12 +4,13 @@ One kernel of block ``R x V`` and vector width ``W`` holds ``R*V`` accumulators 
 lanes in vector registers and computes, for rows ``r < R``, vectors ``v < V``, lanes ``l < W``
 (a batch-reduce GEMM: ``ta``/``tb`` are offset tables, e.g. the taps of a convolution)::
 
-    c[coff + r*ldc + v*W + l] += sum_{t < ntaps} sum_{i < k}
+    c[coff + r*ldc + v*W + l] = beta * c[...] + sum_{t < ntaps} sum_{i < k}
                                  a[aoff + ta[t] + r*lda + i*astep] * b[boff + tb[t] + i*bstep + v*W + l]
 
 in the order ``t`` then ``i`` (ascending), one fused multiply-add (``llvm.fma.v<W>f32``) per
 product; ``a`` is broadcast, ``b`` read as ``V`` vectors; the accumulators are loaded from ``c``
-once and stored once per call.
+once (``accumulate`` != 0: beta = 1) or start at zero without reading ``c`` (beta = 0: a GEMM's
+first reduction step needs no zeroing pass), and are stored once per call.
 
 **bf16** (``a`` and ``b`` uint16 arrays holding bf16 bits): each step ``i`` consumes a *pair* of
 reduction values, ``a[p]`` and ``a[p+1]`` (``p = aoff + ta[t] + r*lda + i*astep``) against ``b``'s
@@ -180,11 +181,21 @@ def _emit(builder: ir.IRBuilder, rows: int, vecs: int, width: int, ptrs: dict, i
     caddr = [[builder.bitcast(builder.gep(ptrs["c"], [builder.add(ints["coff"], builder.add(
         builder.mul(ints["ldc"], const(r)), const(v * width)))]), vec.as_pointer())
         for v in range(vecs)] for r in range(rows)]
-    init = [builder.load(p, align=4) for row in caddr for p in row]
+    zero = const(0)
+    load, start = builder.append_basic_block("load_c"), builder.append_basic_block("start")
+    before = builder.block
+    builder.cbranch(builder.icmp_signed("!=", ints["accumulate"], zero), load, start)
+    builder.position_at_end(load)
+    loaded = [builder.load(p, align=4) for row in caddr for p in row]
+    builder.branch(start)
+    builder.position_at_end(start)
+    init = [builder.phi(vec) for _ in loaded]
+    for value, phi in zip(loaded, init):
+        phi.add_incoming(value, load)
+        phi.add_incoming(ir.Constant(vec, None), before)
     entry = builder.block
     tloop, iloop = builder.append_basic_block("taps"), builder.append_basic_block("reduce")
     tnext, done = builder.append_basic_block("next_tap"), builder.append_basic_block("done")
-    zero = const(0)
     builder.cbranch(builder.and_(builder.icmp_signed(">", ints["ntaps"], zero),
                                  builder.icmp_signed(">", ints["k"], zero)), tloop, done)
 
@@ -234,7 +245,7 @@ def _emit(builder: ir.IRBuilder, rows: int, vecs: int, width: int, ptrs: dict, i
 
 _ARRAYS = (("c", 4), ("a", 7), ("b", 11), ("ta", 14), ("tb", 15))
 _INTS = (("coff", 5), ("ldc", 6), ("aoff", 8), ("lda", 9), ("astep", 10), ("boff", 12), ("bstep", 13),
-         ("ntaps", 16), ("k", 17))
+         ("ntaps", 16), ("k", 17), ("accumulate", 18))
 
 
 def _constant(value: ir.Value, name: str) -> int:
@@ -245,7 +256,8 @@ def _constant(value: ir.Value, name: str) -> int:
 
 
 @intrinsic
-def run(typingctx, width, rows, vecs, native, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k):
+def run(typingctx, width, rows, vecs, native, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k,
+        accumulate):
     """The kernel of ``width`` (8 or 16) and block ``rows`` x ``vecs`` (compile-time constants,
     one of :data:`BLOCKS`) on f32 ``a``/``b``, or bf16 bits (uint16) ``a``/``b`` (see the module
     docstring): with ``native`` (a constant bool) the AVX512_BF16 instruction where the host has
@@ -255,7 +267,8 @@ def run(typingctx, width, rows, vecs, native, c, coff, ldc, a, aoff, lda, astep,
         raise errors.TypingError("microkernel.run: c must be float32 arrays and a, b both float32 or both "
                                  f"uint16 (bf16 bits), got {c}, {a}, {b}")
     i64t = types.int64
-    sig = types.void(i64t, i64t, i64t, types.boolean, c, i64t, i64t, a, i64t, i64t, i64t, b, i64t, i64t, ta, tb, i64t, i64t)
+    sig = types.void(i64t, i64t, i64t, types.boolean, c, i64t, i64t, a, i64t, i64t, i64t, b, i64t, i64t, ta, tb, i64t, i64t,
+                     i64t)
     bf16 = kinds == {types.uint16}
 
     def codegen(context, builder, signature, argv):
@@ -291,17 +304,17 @@ def cached_njit(**options) -> Callable:
 @functools.cache
 def kernel_call(width: int, rows: int, vecs: int, native: bool = True) -> Callable:
     """:func:`run` of one variant, callable from Python: ``f(c, coff, ldc, a, aoff, lda, astep, b,
-    boff, bstep, ta, tb, ntaps, k)`` (tests; compiled for this variant only; ``native`` False: the
-    bf16 stand-in even where the host has the instruction)."""
+    boff, bstep, ta, tb, ntaps, k, accumulate=1)`` (tests; compiled for this variant only;
+    ``native`` False: the bf16 stand-in even where the host has the instruction)."""
     @numba.njit(cache=True)
-    def call(c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k):  # pragma: no cover
-        run(width, rows, vecs, native, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k)
+    def call(c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k, accumulate=1):  # pragma: no cover
+        run(width, rows, vecs, native, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k, accumulate)
     return call
 
 
 def kernel_ir(width: int, rows: int, vecs: int, bf16: bool = False, native: bool = False) -> str:
     """LLVM IR text of one kernel as a function ``kernel(c, a, b, ta, tb, coff, ldc, aoff, lda,
-    astep, boff, bstep, ntaps, k)``: for reading its assembly for another CPU (``native``: the
+    astep, boff, bstep, ntaps, k, accumulate)``: for reading its assembly for another CPU (``native``: the
     AVX512_BF16 instruction, whatever this host has)."""
     module = ir.Module(name=f"kernel_{width}_{rows}x{vecs}")
     f32p, i16p, i64 = ir.FloatType().as_pointer(), ir.IntType(16).as_pointer(), ir.IntType(64)
@@ -326,7 +339,7 @@ def _spin(width: int, rows: int, vecs: int) -> Callable:
         for p in numba.prange(threads):
             for _ in range(reps):
                 run(width, rows, vecs, False, c, p * rows * vw, vw, a, p * depth * rows, 1, rows, b, p * depth * vw, vw,
-                    one, one, 1, depth)
+                    one, one, 1, depth, 1)
     return spin
 
 
