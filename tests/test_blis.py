@@ -90,3 +90,16 @@ def test_pointwise_layers_on_the_gemm(g, dtype):
             got = jit.pointwise(g, first, args[1], task)
             assert got.dtype == np.float32 and got.shape == want.shape
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()), err_msg=task)
+
+
+@pytest.mark.parametrize("m, k, n", [(5, 200, 17), (16, 1000, 64), (3, 197, 40)])
+def test_deep_reductions_run_transposed_and_agree(m, k, n, rng):
+    """A deep f32 reduction with N > M (a weights gradient) runs as (b^T a^T)^T: the same sums,
+    also on a transposed (strided) A, as the weights gradient passes it."""
+    assert n > m and k > 4 * (m + n)
+    a = rng.standard_normal((k, m)).astype(np.float32).T        # A read through its transpose
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    got = blis.gemm(a, b)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    assert got.shape == (m, n)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
