@@ -178,10 +178,13 @@ def _fallback_workspace(problem: Problem) -> int:
 def estimate_bytes(problem: Problem, engine: Engine) -> int:
     """Peak extra bytes of one call: the engine's working set (``engine.workspace_bytes`` where it
     has one, else a conservative estimate) plus the result's copies (:func:`_result_bytes`)."""
+    return _engine_bytes(problem, engine) + _result_bytes(problem, engine)
+
+
+def _engine_bytes(problem: Problem, engine: Engine) -> int:
     workspace = getattr(engine, "workspace_bytes", None)
-    engine_bytes = (workspace(problem.geometry, problem.task, problem.dtype) if callable(workspace)
-                    else _fallback_workspace(problem))
-    return int(engine_bytes) + _result_bytes(problem, engine)
+    return int(workspace(problem.geometry, problem.task, problem.dtype) if callable(workspace)
+               else _fallback_workspace(problem))
 
 
 def _result_bytes(problem: Problem, engine: Engine | None = None) -> int:
@@ -201,12 +204,13 @@ def check_memory(problem: Problem, engine: Engine) -> None:
 
     The result's own copies are checked first, then the engine's estimate; both are closed forms
     of the sizes (O(rank) work whatever the sizes), and the error names the tensors and sizes."""
-    name = problem.definition.output.name
+    budget = memory_budget()
     result = _result_bytes(problem, engine)
-    if result > memory_budget():
+    if result > budget:
+        name = problem.definition.output.name
         raise _over_budget(problem.op, f"the result {_describe(name, problem.output_shape)} alone", result)
-    needed = estimate_bytes(problem, engine)
-    if needed > memory_budget():
+    needed = _engine_bytes(problem, engine) + result
+    if needed > budget:
         tensors = ", ".join(_describe(*item) for item in problem.tensor_shapes().items())
         raise _over_budget(problem.op, f"running this problem on the {getattr(engine, 'name', '?')} engine "
                            f"(tensors {tensors})", needed)
