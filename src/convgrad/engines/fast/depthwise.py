@@ -22,6 +22,8 @@ import numpy as np
 
 from ... import casts
 from ...problem import ConvGeometry
+from . import depthwise_kernels as kernels
+from . import isa
 from .frame import empty_like_data
 from .geometry import params, spatial, spatial3, tap
 from .tuning import TUNING
@@ -110,10 +112,27 @@ def parts(g: ConvGeometry) -> int:
                       * (g.out_size[-2] if g.rank >= 2 else 1)))
 
 
+def _width(*arrays: np.ndarray) -> int | None:
+    """The vector width of the register-blocked kernels (:mod:`.depthwise_kernels`) for these
+    arrays: f32, C-contiguous (NXC: the channels contiguous), on a JIT kernel family; else None."""
+    if isa.family() not in isa.WIDTH or not all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays):
+        return None
+    return isa.WIDTH[isa.family()]
+
+
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
     """Add the weights gradient to ``dw`` (*K, 1, C)."""
-    _backward_weights(spatial3(x), spatial3(dy), dw.reshape(*spatial(g.kernel, 1), g.ic),
-                      *params(g), parts(g))
+    x3, dy3, kernel, count = spatial3(x), spatial3(dy), spatial(g.kernel, 1), parts(g)
+    width = _width(x, dy)
+    if width is None:
+        _backward_weights(x3, dy3, dw.reshape(*kernel, g.ic), *params(g), count)
+        return
+    taps = math.prod(kernel)
+    acc = np.zeros((count, taps + 1, g.ic), np.float32)  # row ``taps``: the scratch row of taps in the padding
+    kernels.weights_driver(width, *kernels.reduce_block(kernel, g.ic, width))(
+        x3.reshape(-1), dy3.reshape(-1), acc.reshape(-1), np.array(x3.shape, np.int64), np.array(dy3.shape, np.int64),
+        np.array(kernel, np.int64), *params(g), count)
+    dw += acc[:, :taps].sum(axis=0).reshape(dw.shape)
 
 
 def run(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, acc: np.dtype) -> np.ndarray:

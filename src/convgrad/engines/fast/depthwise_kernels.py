@@ -1,0 +1,281 @@
+"""Register-blocked depthwise kernels (f32), emitted as LLVM IR from numba ``@intrinsic`` s.
+
+A depthwise convolution (one input and one output channel per group) has no reduction over
+channels: with channels-last (NXC) data every product is an elementwise one of ``W``-lane vectors
+of channels. Along the innermost spatial axis, tap ``t`` of position ``p`` reads the source at
+``i_t(p) = p*mul + tk[t]``, which is inside the source where ``0 <= i_t(p) < size``; ``ts[t]``
+is the tap's row offset (its outer axes), ``step`` the innermost axis' stride (elements). Lanes
+``l < lanes`` of one vector of channels (the rest masked: a channel tail) at element offsets:
+
+- :func:`reduce` (weights gradient): ``taps`` x ``vecs`` accumulators in registers while the
+  positions ``p0 <= p < p1`` stream by, one ``dy`` load per vector and one ``x`` load per FMA::
+
+      acc[aoff + tw[t] + v*W + l] += sum_p x[xoff + ts[t] + i_t(p)*xstep + v*W + l]
+                                          * dy[yoff + p*ystep + v*W + l]
+
+- :func:`gather` (forward, and backward data per stride phase): ``rows`` positions' accumulators
+  in registers, a runtime tap loop, one weight load per tap::
+
+      out[ooff + (p0 + r)*ostep + l] = sum_{t < ntaps} src[soff + ts[t] + i_t(p0 + r)*sstep + l]
+                                                       * w[woff + tw[t] + l]
+
+``masked`` (a constant) kernels test every tap of every position (a tap outside the source adds
+nothing: padding is no part of the sums, so an Inf or NaN elsewhere never meets a padded zero);
+the others assume every tap inside (the interior of a row). ``width``, ``taps``/``rows``,
+``vecs`` and ``masked`` are compile-time constants (closure variables of the calling driver);
+callers are compiled with :func:`.microkernel.cached_njit`. A 16-wide kernel on an AVX2 host is
+legalised by LLVM (correct, not fast).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils, errors
+from numba.extending import intrinsic
+
+from .geometry import tap
+from .microkernel import _constant, cached_njit
+
+__all__ = ["reduce", "gather"]
+
+_I64, _I32, _F32 = ir.IntType(64), ir.IntType(32), ir.FloatType()
+
+
+class _Vectors:
+    """Loads, stores and FMAs of ``width`` f32 lanes, the lanes at and above ``lanes`` masked."""
+
+    def __init__(self, builder: ir.IRBuilder, width: int, lanes: ir.Value):
+        self.b, self.width = builder, width
+        self.vec = ir.VectorType(_F32, width)
+        module = builder.module
+        mask_t, ptr_t = ir.VectorType(ir.IntType(1), width), self.vec.as_pointer()
+        self.fma = cgutils.get_or_insert_function(module, ir.FunctionType(self.vec, [self.vec] * 3),
+                                                  f"llvm.fma.v{width}f32")
+        self._load = cgutils.get_or_insert_function(
+            module, ir.FunctionType(self.vec, [ptr_t, _I32, mask_t, self.vec]), f"llvm.masked.load.v{width}f32.p0")
+        self._store = cgutils.get_or_insert_function(
+            module, ir.FunctionType(ir.VoidType(), [self.vec, ptr_t, _I32, mask_t]), f"llvm.masked.store.v{width}f32.p0")
+        iota = ir.Constant(ir.VectorType(_I64, width), list(range(width)))
+        self.full = ir.Constant(mask_t, [1] * width)
+        self.tail = builder.icmp_signed("<", iota, self.splat(lanes, ir.VectorType(_I64, width)))
+        self.zero = ir.Constant(self.vec, None)
+
+    def splat(self, value: ir.Value, vec: ir.VectorType) -> ir.Value:
+        b = self.b
+        one = b.insert_element(ir.Constant(vec, None), value, ir.Constant(_I32, 0))
+        return b.shuffle_vector(one, one, ir.Constant(ir.VectorType(_I32, vec.count), [0] * vec.count))
+
+    def _ptr(self, base: ir.Value, offset: ir.Value) -> ir.Value:
+        return self.b.bitcast(self.b.gep(base, [offset]), self.vec.as_pointer())
+
+    def load(self, base: ir.Value, offset: ir.Value, tail: bool = True) -> ir.Value:
+        """The vector at ``base[offset:]`` (the masked lanes zero with ``tail``)."""
+        return self.b.call(self._load, [self._ptr(base, offset), ir.Constant(_I32, 4), self.tail if tail else self.full,
+                                        self.zero])
+
+    def store(self, value: ir.Value, base: ir.Value, offset: ir.Value, tail: bool = True) -> None:
+        self.b.call(self._store, [value, self._ptr(base, offset), ir.Constant(_I32, 4),
+                                  self.tail if tail else self.full])
+
+
+def _loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, init: list[ir.Value],
+          body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]]) -> list[ir.Value]:
+    """``for i in range(start, stop): state = body(i, state)``, the state (vectors) carried in
+    phis; returns the final state."""
+    before = b.block
+    head, end = b.append_basic_block("loop"), b.append_basic_block("loop_end")
+    b.cbranch(b.icmp_signed("<", start, stop), head, end)
+    b.position_at_end(head)
+    i = b.phi(_I64)
+    state = [b.phi(v.type) for v in init]
+    new = body(i, state)
+    nxt = b.add(i, ir.Constant(_I64, 1))
+    latch = b.block
+    b.cbranch(b.icmp_signed("<", nxt, stop), head, end)
+    b.position_at_end(end)
+    out = [b.phi(v.type) for v in init]
+    i.add_incoming(start, before)
+    i.add_incoming(nxt, latch)
+    for phi, final, first, last in zip(state, out, init, new):
+        phi.add_incoming(first, before)
+        phi.add_incoming(last, latch)
+        final.add_incoming(first, before)
+        final.add_incoming(last, latch)
+    return out
+
+
+def _tap_read(b: ir.IRBuilder, p: ir.Value, mul: ir.Value, tk: ir.Value, size: ir.Value,
+              masked: bool) -> tuple[ir.Value, ir.Value | None]:
+    """(innermost source index of a tap at position p, whether it is inside): a tap outside reads
+    index 0 instead (any address inside will do; its product is dropped)."""
+    index = b.add(b.mul(p, mul), tk)
+    if not masked:
+        return index, None
+    inside = b.icmp_unsigned("<", index, size)
+    return b.select(inside, index, ir.Constant(_I64, 0)), inside
+
+
+def _data(context, builder, signature, argv, j: int) -> ir.Value:
+    return cgutils.create_struct_proxy(signature.args[j])(context, builder, value=argv[j]).data
+
+
+def _check(name: str, arrays: dict[str, types.Type]) -> None:
+    for label, t in arrays.items():
+        want = types.int64 if label in ("tw", "ts", "tk") else types.float32
+        if not isinstance(t, types.Array) or t.dtype != want:
+            raise errors.TypingError(f"depthwise_kernels.{name}: {label} must be a {want} array, got {t}")
+
+
+@intrinsic
+def reduce(typingctx, width, taps, vecs, acc, aoff, tw, x, xoff, ts, tk, xstep, dy, yoff, ystep, span, mul, size,
+           lanes):
+    """The weights-gradient kernel (module docstring): ``taps`` x ``vecs`` accumulators of
+    ``width`` lanes (the last vector's lanes from ``lanes`` on masked) over the positions
+    ``span = (p0, lo, hi, p1)``: masked in [p0, lo) and [hi, p1), every tap inside in [lo, hi)."""
+    _check("reduce", {"acc": acc, "tw": tw, "x": x, "ts": ts, "tk": tk, "dy": dy})
+    i64 = types.int64
+    sig = types.void(i64, i64, i64, acc, i64, tw, x, i64, ts, tk, i64, dy, i64, i64, types.UniTuple(i64, 4), i64, i64,
+                     i64)
+
+    def codegen(context, b, signature, argv):
+        w, n_taps, n_vecs = (_constant(argv[j], name) for j, name in enumerate(("width", "taps", "vecs")))
+        accp, twp, xp, tsp, tkp, dyp = (_data(context, b, signature, argv, j) for j in (3, 5, 6, 8, 9, 11))
+        aoff_, xoff_, xstep_, yoff_, ystep_, mul_, size_, lanes_ = (argv[j] for j in (4, 7, 10, 12, 13, 15, 16, 17))
+        bounds = [b.extract_value(argv[14], j) for j in range(4)]
+        ops = _Vectors(b, w, lanes_)
+        last = n_vecs - 1
+        table = [[b.load(b.gep(p, [ir.Constant(_I64, t)])) for t in range(n_taps)] for p in (twp, tsp, tkp)]
+        slots = [b.add(aoff_, off) for off in table[0]]
+        rows = [b.add(xoff_, off) for off in table[1]]
+        vec_off = [ir.Constant(_I64, v * w) for v in range(n_vecs)]
+        accs = [ops.load(accp, b.add(slots[t], vec_off[v]), v == last) for t in range(n_taps) for v in range(n_vecs)]
+
+        def body(masked: bool) -> Callable[[ir.Value, list[ir.Value]], list[ir.Value]]:
+            def step(p: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+                ybase = b.add(yoff_, b.mul(p, ystep_))
+                dys = [ops.load(dyp, b.add(ybase, vec_off[v]), v == last) for v in range(n_vecs)]
+                new = []
+                for t in range(n_taps):
+                    index, inside = _tap_read(b, p, mul_, table[2][t], size_, masked)
+                    xbase = b.add(rows[t], b.mul(index, xstep_))
+                    for v in range(n_vecs):
+                        a = accs[t * n_vecs + v]
+                        r = b.call(ops.fma, [ops.load(xp, b.add(xbase, vec_off[v]), v == last), dys[v], a])
+                        new.append(r if inside is None else b.select(inside, r, a))
+                return new
+            return step
+
+        for j in range(3):
+            accs = _loop(b, bounds[j], bounds[j + 1], accs, body(j != 1))
+        for t in range(n_taps):
+            for v in range(n_vecs):
+                ops.store(accs[t * n_vecs + v], accp, b.add(slots[t], vec_off[v]), v == last)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def gather(typingctx, width, rows, masked, out, ooff, ostep, src, soff, ts, tk, sstep, w, woff, tw, ntaps, p0, mul,
+           size, lanes):
+    """The forward / backward-data kernel (module docstring): ``rows`` positions from ``p0`` of
+    one vector of ``width`` lanes, lanes from ``lanes`` on masked; ``ntaps`` = 0 writes zeros."""
+    _check("gather", {"out": out, "src": src, "ts": ts, "tk": tk, "w": w, "tw": tw})
+    i64 = types.int64
+    sig = types.void(i64, i64, types.boolean, out, i64, i64, src, i64, ts, tk, i64, w, i64, tw, i64, i64, i64, i64,
+                     i64)
+
+    def codegen(context, b, signature, argv):
+        width_, n_rows, is_masked = (_constant(argv[j], name) for j, name in enumerate(("width", "rows", "masked")))
+        outp, srcp, tsp, tkp, wp, twp = (_data(context, b, signature, argv, j) for j in (3, 6, 8, 9, 11, 13))
+        ooff_, ostep_, soff_, sstep_, woff_, ntaps_, p0_, mul_, size_, lanes_ = (argv[j] for j in
+                                                                                 (4, 5, 7, 10, 12, 14, 15, 16, 17, 18))
+        ops = _Vectors(b, width_, lanes_)
+        positions = [b.add(p0_, ir.Constant(_I64, r)) for r in range(n_rows)]
+
+        def body(t: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+            weight = ops.load(wp, b.add(woff_, b.load(b.gep(twp, [t]))))
+            row, tk_ = b.add(soff_, b.load(b.gep(tsp, [t]))), b.load(b.gep(tkp, [t]))
+            new = []
+            for p, a in zip(positions, accs):
+                index, inside = _tap_read(b, p, mul_, tk_, size_, bool(is_masked))
+                r = b.call(ops.fma, [ops.load(srcp, b.add(row, b.mul(index, sstep_))), weight, a])
+                new.append(r if inside is None else b.select(inside, r, a))
+            return new
+
+        sums = _loop(b, ir.Constant(_I64, 0), ntaps_, [ops.zero] * n_rows, body)
+        for p, value in zip(positions, sums):
+            ops.store(value, outp, b.add(ooff_, b.mul(p, ostep_)))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# -- drivers: numba loops (parallel in numba's pool) around the kernels ---------------------------------
+#: Positions per unmasked :func:`gather` call (accumulators in registers; loads per FMA 1 + 1/ROWS).
+ROWS = 8
+
+
+def reduce_block(kernel: tuple[int, int, int], channels: int, width: int) -> tuple[int, int]:
+    """(taps, vecs) of the weights-gradient kernel: all the taps of the kernel if their
+    accumulators fit the vector registers (32 zmm or 16 ymm, ``vecs`` dy vectors and one x vector
+    beside them), else one kernel row of taps, else one tap; then as many vectors (up to 4, and
+    up to the channels' full vectors) as fit."""
+    regs = 32 if width == 16 else 16
+    k0, k1, k2 = kernel
+    taps = next(t for t in (k0 * k1 * k2, k2, 1) if 2 * t + 2 <= regs or t == 1)
+    return taps, max(1, min(4, (regs - 1) // (taps + 1), channels // width))
+
+
+@functools.cache
+def weights_driver(width: int, taps: int, vecs: int) -> Callable:
+    """``drive(x, dy, acc, xshape, yshape, kshape, stride, dilation, pad, parts)``: adds to
+    ``acc[part, k, c]`` (flat, (parts, K + 1, C); row K a scratch row) the weights gradient of the
+    rows ``part`` owns, for C-contiguous flat NXC ``x`` (xshape, 5-D) and ``dy`` (yshape)."""
+    block = width * vecs
+
+    @cached_njit(parallel=True)
+    def drive(x, dy, acc, xshape, yshape, kshape, stride, dilation, pad, parts):  # pragma: no cover - compiled
+        n_, i0_, i1_, i2_, c_ = xshape
+        o0_, o1_, o2_ = yshape[1], yshape[2], yshape[3]
+        k0_, k1_, k2_ = kshape
+        ntaps = k0_ * k1_ * k2_
+        rows = n_ * o0_ * o1_
+        full = c_ // block * block
+        for part in numba.prange(parts):
+            ts, tk, tw = np.empty(taps, np.int64), np.empty(taps, np.int64), np.empty(taps, np.int64)
+            aoff = part * (ntaps + 1) * c_
+            for row in range(part * rows // parts, (part + 1) * rows // parts):
+                n, o0, o1 = row // (o0_ * o1_), row // o1_ % o0_, row % o1_
+                yoff = row * o2_ * c_
+                for first in range(0, ntaps, taps):
+                    used, lo_k, hi_k = 0, 0, 0
+                    for j in range(taps):
+                        t = first + j
+                        k0, k1, k2 = t // (k1_ * k2_), t // k2_ % k1_, t % k2_
+                        i0 = tap(o0, k0, stride[0], dilation[0], pad[0], i0_, False)
+                        i1 = tap(o1, k1, stride[1], dilation[1], pad[1], i1_, False)
+                        inside = i0 >= 0 and i1 >= 0
+                        ts[j] = ((n * i0_ + i0) * i1_ + i1) * i2_ * c_ if inside else n * i0_ * i1_ * i2_ * c_
+                        tw[j] = t * c_ if inside else ntaps * c_  # a tap in the padding sums into the scratch row
+                        tk[j] = k2 * dilation[2] - pad[2]
+                        used += inside
+                        lo_k, hi_k = min(lo_k, tk[j]) if j else tk[j], max(hi_k, tk[j]) if j else tk[j]
+                    if used == 0:
+                        continue
+                    lo = min(o2_, max(0, -(lo_k // stride[2])))
+                    hi = max(lo, min(o2_, (i2_ - 1 - hi_k) // stride[2] + 1))
+                    for c in range(0, c_, width):
+                        if c < full and c % block == 0:
+                            reduce(width, taps, vecs, acc, aoff + c, tw, x, c, ts, tk, c_, dy, yoff + c, c_,
+                                   (0, lo, hi, o2_), stride[2], i2_, width)
+                        elif c >= full:
+                            reduce(width, taps, 1, acc, aoff + c, tw, x, c, ts, tk, c_, dy, yoff + c, c_,
+                                   (0, lo, hi, o2_), stride[2], i2_, min(width, c_ - c))
+    return drive
