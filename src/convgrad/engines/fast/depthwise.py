@@ -95,21 +95,38 @@ def _weights(g: ConvGeometry, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(*spatial(g.kernel, 1), g.ic), dtype=dtype)
 
 
+def _gather_into(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarray, transposed: bool) -> None:
+    """``out`` = the forward convolution of ``src`` (or with ``transposed`` the data gradient of
+    ``dy`` = ``src``): the register-blocked kernels where they apply, else :func:`_gather`."""
+    src3, out3, taps = spatial3(src), spatial3(out), _weights(g, w, out.dtype)
+    width = _width(src, out)
+    if width is None:
+        _gather(src3, taps, out3, *params(g), transposed)
+        return
+    kernels.gather_driver(width)(src3.reshape(-1), taps.reshape(-1), out3.reshape(-1), np.array(src3.shape, np.int64),
+                                 np.array(out3.shape, np.int64), np.array(taps.shape[:3], np.int64), *params(g),
+                                 transposed, _chunks(out3.shape[0] * out3.shape[1] * out3.shape[2]))
+
+
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
     """Fill ``y`` (N, *O, C) with the depthwise convolution of ``x`` (in ``y``'s dtype)."""
-    _gather(spatial3(x), _weights(g, w, y.dtype), spatial3(y), *params(g), False)
+    _gather_into(g, x, w, y, False)
 
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dx: np.ndarray) -> None:
     """Fill ``dx`` (N, *I, C) with the data gradient."""
-    _gather(spatial3(dy), _weights(g, w, dx.dtype), spatial3(dx), *params(g), True)
+    _gather_into(g, dy, w, dx, True)
+
+
+def _chunks(rows: int) -> int:
+    """Parallel chunks of ``rows`` rows: ``TUNING.depthwise_parts_per_thread`` per thread, at
+    most one per row."""
+    return max(1, min(TUNING.depthwise_parts_per_thread * numba.get_num_threads(), rows))
 
 
 def parts(g: ConvGeometry) -> int:
-    """Parallel partial sums of the weights gradient: ``TUNING.depthwise_parts_per_thread`` per
-    thread, at most one per row."""
-    return max(1, min(TUNING.depthwise_parts_per_thread * numba.get_num_threads(), g.n * (g.out_size[0] if g.rank == 3 else 1)
-                      * (g.out_size[-2] if g.rank >= 2 else 1)))
+    """Parallel partial sums of the weights gradient: one per chunk of output rows (:func:`_chunks`)."""
+    return _chunks(g.n * math.prod(g.out_size[:-1]))
 
 
 def _width(*arrays: np.ndarray) -> int | None:

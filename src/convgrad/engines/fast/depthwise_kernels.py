@@ -279,3 +279,60 @@ def weights_driver(width: int, taps: int, vecs: int) -> Callable:
                             reduce(width, taps, 1, acc, aoff + c, tw, x, c, ts, tk, c_, dy, yoff + c, c_,
                                    (0, lo, hi, o2_), stride[2], i2_, min(width, c_ - c))
     return drive
+
+
+@functools.cache
+def gather_driver(width: int) -> Callable:
+    """``drive(src, w, out, sshape, oshape, kshape, stride, dilation, pad, transposed, chunks)``:
+    fills ``out`` (flat, oshape 5-D) with the forward convolution of ``src`` (flat, sshape) or,
+    with ``transposed``, the data gradient of ``dy`` = ``src`` (per stride phase r of the
+    innermost axis: positions ``a = r + S*m`` read ``dy[m + (r + PB - k*D)/S]`` through the taps
+    whose ``r + PB - k*D`` is a multiple of S); ``w`` flat (K0, K1, K2, C); rows in ``chunks``
+    parallel chunks."""
+    @cached_njit(parallel=True)
+    def drive(src, w, out, sshape, oshape, kshape, stride, dilation, pad, transposed, chunks):  # pragma: no cover
+        n_, s0_, s1_, s2_, c_ = sshape
+        a0_, a1_, a2_ = oshape[1], oshape[2], oshape[3]
+        k0_, k1_, k2_ = kshape
+        ntaps = k0_ * k1_ * k2_
+        rows = n_ * a0_ * a1_
+        phases = stride[2] if transposed else 1
+        mul = 1 if transposed else stride[2]
+        for chunk in numba.prange(chunks):
+            ts, tk, tw = np.empty(ntaps, np.int64), np.empty(ntaps, np.int64), np.empty(ntaps, np.int64)
+            for row in range(chunk * rows // chunks, (chunk + 1) * rows // chunks):
+                n, a0, a1 = row // (a0_ * a1_), row // a1_ % a0_, row % a1_
+                for r in range(phases):
+                    used, lo_k, hi_k = 0, 0, 0
+                    for t in range(ntaps):
+                        k0, k1, k2 = t // (k1_ * k2_), t // k2_ % k1_, t % k2_
+                        b0 = tap(a0, k0, stride[0], dilation[0], pad[0], s0_, transposed)
+                        b1 = tap(a1, k1, stride[1], dilation[1], pad[1], s1_, transposed)
+                        q = r + pad[2] - k2 * dilation[2]
+                        if b0 < 0 or b1 < 0 or transposed and q % stride[2] != 0:
+                            continue
+                        k = q // stride[2] if transposed else k2 * dilation[2] - pad[2]
+                        ts[used], tk[used], tw[used] = ((n * s0_ + b0) * s1_ + b1) * s2_ * c_, k, t * c_
+                        lo_k, hi_k = min(lo_k, k) if used else k, max(hi_k, k) if used else k
+                        used += 1
+                    count = (a2_ - r + phases - 1) // phases
+                    lo = min(count, max(0, -(lo_k // mul)))
+                    hi = max(lo, min(count, (s2_ - 1 - hi_k) // mul + 1))
+                    ooff, ostep = row * a2_ * c_ + r * c_, phases * c_
+                    for c in range(0, c_, width):
+                        lanes = min(width, c_ - c)
+                        m = 0
+                        while m < count:
+                            if m < lo or m >= hi:
+                                gather(width, 1, True, out, ooff + c, ostep, src, c, ts, tk, c_, w, c, tw, used, m,
+                                       mul, s2_, lanes)
+                                m += 1
+                            elif m + ROWS <= hi:
+                                gather(width, ROWS, False, out, ooff + c, ostep, src, c, ts, tk, c_, w, c, tw, used,
+                                       m, mul, s2_, lanes)
+                                m += ROWS
+                            else:
+                                gather(width, 1, False, out, ooff + c, ostep, src, c, ts, tk, c_, w, c, tw, used, m,
+                                       mul, s2_, lanes)
+                                m += 1
+    return drive
