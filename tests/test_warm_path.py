@@ -91,7 +91,10 @@ def test_results_are_identical_cold_and_warm(strategy: str | None, dtype) -> Non
                 np.testing.assert_array_equal(got.view(np.uint8), cold.view(np.uint8), err_msg=f"seed {seed}")
 
 
-def _strategy_of_last_call(monkeypatch) -> list[str]:
+def _recorded_call(monkeypatch):
+    """A data-gradient call, and the strategies each run of it took (its first run done)."""
+    rng, _ = fresh_rng()
+    x, dy, w = _problem(rng, np.float32)
     ran: list[str] = []
     planned = fast.planned
 
@@ -101,15 +104,15 @@ def _strategy_of_last_call(monkeypatch) -> list[str]:
             ran.append(hit[1].strategy)
         return hit
     monkeypatch.setattr(fast, "planned", spy)
-    return ran
+
+    def call() -> None:
+        cg.convolution_backward_data(dy, w, np.array(x.shape), **ATTRS)
+    call()
+    return call, ran, (x, dy, w)
 
 
 def test_the_plan_follows_forced_strategies_and_the_environment(monkeypatch) -> None:
-    rng, _ = fresh_rng()
-    x, dy, w = _problem(rng, np.float32)
-    ran = _strategy_of_last_call(monkeypatch)
-    call = lambda: cg.convolution_backward_data(dy, w, np.array(x.shape), **ATTRS)  # noqa: E731
-    call()
+    call, ran, _ = _recorded_call(monkeypatch)
     default = ran[-1]
     for strategy in fast.STRATEGIES:
         with fast.forced_strategy(strategy):
@@ -125,11 +128,7 @@ def test_the_plan_follows_forced_strategies_and_the_environment(monkeypatch) -> 
 
 def test_the_plan_follows_the_plan_cache_and_the_thread_count(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("CONVGRAD_PLANS", str(tmp_path / "plans.json"))
-    rng, _ = fresh_rng()
-    x, dy, w = _problem(rng, np.float32)
-    ran = _strategy_of_last_call(monkeypatch)
-    call = lambda: cg.convolution_backward_data(dy, w, np.array(x.shape), **ATTRS)  # noqa: E731
-    call()
+    call, ran, (x, dy, w) = _recorded_call(monkeypatch)
     default = ran[-1]
     other = next(s for s in ("gemm", "direct") if s != default)
     g = cg.Op("ConvolutionBackwardData", lenient=True, **ATTRS).infer(
