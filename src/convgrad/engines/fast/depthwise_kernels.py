@@ -229,7 +229,7 @@ def reduce_block(kernel: tuple[int, int, int], channels: int, width: int) -> tup
     up to the channels' full vectors) as fit."""
     regs = 32 if width == 16 else 16
     k0, k1, k2 = kernel
-    taps = next(t for t in (k0 * k1 * k2, k2, 1) if 2 * t + 2 <= regs or t == 1)
+    taps = next(t for t in (k0 * k1 * k2, k2, 1) if t + 2 <= regs or t == 1)
     return taps, max(1, min(4, (regs - 1) // (taps + 1), channels // width))
 
 

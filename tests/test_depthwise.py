@@ -1,0 +1,188 @@
+"""The depthwise loops (``direct`` loops=depthwise): the register-blocked kernels of
+:mod:`convgrad.engines.fast.depthwise_kernels` (NXC f32 data, and bf16/f16 widened to f32) and the
+numba loops they leave to (NCX data, f64, the portable family), all three directions against the
+float64 reference engine: strides, dilations, asymmetric pads, 1-D/2-D/3-D, channel tails, NaN and
+Inf, and NaN-poisoned allocations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from convgrad.dtypes import DATA_DTYPES, compute_dtype
+from convgrad.engines import get_engine
+from convgrad.engines.fast import Plan, depthwise, depthwise_kernels, forced_plan, isa
+from convgrad.problem import ConvGeometry
+from engine_support import geometry
+from poison import poisoned_allocations
+
+FAST, REF = get_engine("fast"), get_engine("reference")
+TASKS = ("forward", "backward_data", "backward_weights")
+DEPTHWISE = Plan.of("direct", loops="depthwise")
+
+#: (in_size, kernel, strides, dilations, pads_begin, pads_end)
+SHAPES = {
+    "3x3": ((7, 9), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+    "3x3 stride 2, asymmetric pads": ((9, 8), (3, 3), (2, 2), (1, 1), (1, 0), (0, 2)),
+    "5x5 dilation 2": ((11, 10), (5, 5), (1, 1), (2, 2), (4, 3), (4, 5)),
+    "5x5 stride 2 dilation 2": ((12, 13), (5, 5), (2, 2), (2, 2), (3, 4), (2, 3)),
+    "1x1": ((5, 6), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
+    "1x1 stride 2 (inputs no tap reads)": ((5, 7), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)),
+    "3x1 stride (2, 1) pads": ((8, 5), (3, 1), (2, 1), (1, 1), (2, 0), (1, 1)),
+    "kernel beyond the input": ((3, 2), (5, 5), (1, 1), (1, 1), (2, 2), (2, 3)),
+    "1-D stride 2": ((13,), (3,), (2,), (1,), (1,), (2,)),
+    "1-D dilation 2": ((11,), (5,), (1,), (2,), (3,), (4,)),
+    "3-D": ((4, 5, 6), (3, 3, 3), (1, 2, 1), (1, 1, 2), (1, 0, 2), (1, 1, 2)),
+}
+CHANNELS = (1, 15, 16, 17, 33, 64)
+
+
+def _geometry(shape: str, channels: int, n: int = 2) -> ConvGeometry:
+    in_size, kernel, strides, dilations, pb, pe = SHAPES[shape]
+    return geometry(n, channels, 1, 1, in_size, kernel, strides, dilations, pb, pe)
+
+
+def _inputs(g: ConvGeometry, rng: np.random.Generator, dtype, channels_first: bool) -> dict[str, tuple]:
+    """Fresh random non-zero inputs per task (data in NCX memory order with ``channels_first``)."""
+    x, w, dy = (rng.uniform(0.5, 1.5, s) * rng.choice([-1, 1], s) for s in (g.x_shape, g.w_shape, g.y_shape))
+    x, w, dy = (a.astype(dtype) for a in (x, w, dy))
+    if channels_first:
+        x, dy = (np.moveaxis(np.ascontiguousarray(np.moveaxis(a, -1, 1)), 1, -1) for a in (x, dy))
+    return {"forward": (x, w), "backward_data": (dy, w), "backward_weights": (x, dy)}
+
+
+def _check(got: np.ndarray, want: np.ndarray, rtol: float, msg: str) -> None:
+    """Within ``rtol`` of the result's largest value (the sums' own rounding), NaN and Inf alike."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, msg
+    scale = max(1.0, float(np.abs(want[np.isfinite(want)]).max(initial=0.0)))
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale, err_msg=msg)
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch) -> dict[str, int]:
+    """Counts the register-blocked drivers the depthwise loops ask for (so a test can tell that
+    the kernels, not the numba loops, computed its results)."""
+    calls = {"gather": 0, "weights": 0}
+    for name, driver in (("gather", depthwise_kernels.gather_driver), ("weights", depthwise_kernels.weights_driver)):
+        def counted(*args, _name=name, _driver=driver):
+            calls[_name] += 1
+            return _driver(*args)
+        monkeypatch.setattr(depthwise_kernels, f"{name}_driver", counted)
+    return calls
+
+
+@pytest.mark.parametrize("channels", CHANNELS)
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_kernels_against_reference(shape, channels, rng, kernel_calls):
+    """NXC f32: the register-blocked kernels, all three directions."""
+    g = _geometry(shape, channels)
+    inputs = _inputs(g, rng, np.float32, False)
+    with forced_plan(DEPTHWISE):
+        for task in TASKS:
+            _check(getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task]), 2e-6,
+                   f"{shape} C={channels} {task}")
+    assert kernel_calls == {"gather": 2, "weights": 1} or isa.family() == "portable"
+
+
+@pytest.mark.parametrize("dtype_name", ["f32", "bf16", "f16", "f64"])
+@pytest.mark.parametrize("channels_first", [False, True])
+@pytest.mark.parametrize("shape", ["3x3 stride 2, asymmetric pads", "5x5 dilation 2", "1-D stride 2", "3-D"])
+def test_layouts_and_dtypes_against_reference(shape, channels_first, dtype_name, rng):
+    """Through the engine (results in the accumulation dtype: f32 for bf16/f16 data, which the API
+    rounds later): NXC and NCX, every dtype."""
+    g, dtype = _geometry(shape, 17), DATA_DTYPES[dtype_name]
+    inputs = _inputs(g, rng, dtype, channels_first)
+    rtol = 1e-12 if dtype_name == "f64" else 2e-6
+    with forced_plan(DEPTHWISE):
+        for task in TASKS:
+            got = getattr(FAST, task)(g, *inputs[task])
+            assert got.dtype == compute_dtype(dtype)
+            _check(got, getattr(REF, task)(g, *inputs[task]), rtol, f"{shape} {dtype_name} {task}")
+
+
+@pytest.mark.parametrize("dtype_name", ["bf16", "f16"])
+@pytest.mark.parametrize("shape", ["3x3", "5x5 stride 2 dilation 2", "3-D"])
+def test_narrow_data_sums_in_f32(shape, dtype_name, rng, kernel_calls):
+    """bf16/f16 data widened to f32 once: the f32 results (before the API rounds them) equal the
+    sums of the widened values within f32 rounding."""
+    g, dtype = _geometry(shape, 33), DATA_DTYPES[dtype_name]
+    inputs = _inputs(g, rng, dtype, False)
+    for task in TASKS:
+        a, b = inputs[task]
+        got = depthwise.run(g, a, b, task, np.dtype(np.float32))
+        assert got.dtype == np.float32
+        want = getattr(REF, task)(g, *(v.astype(np.float64) for v in inputs[task]))
+        _check(got, want, 2e-6, f"{shape} {dtype_name} {task}")
+    assert kernel_calls == {"gather": 2, "weights": 1} or isa.family() == "portable"
+
+
+@pytest.mark.parametrize("family", ["avx512", "avx2", "portable"])
+@pytest.mark.parametrize("shape", ["3x3 stride 2, asymmetric pads", "1-D dilation 2", "3-D"])
+def test_every_kernel_family(shape, family, rng):
+    """The 16- and 8-lane kernels (and the portable family's numba loops) agree with the reference."""
+    if family not in isa.supported():
+        pytest.skip(f"the host cannot run {family}")
+    before = isa.set_family(family)
+    try:
+        g = _geometry(shape, 33)
+        inputs = _inputs(g, rng, np.float32, False)
+        with forced_plan(DEPTHWISE):
+            for task in TASKS:
+                _check(getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task]), 2e-6,
+                       f"{shape} {family} {task}")
+    finally:
+        isa.set_family(before)
+
+
+@pytest.mark.parametrize("channels_first", [False, True])
+@pytest.mark.parametrize("shape", ["3x3", "3x3 stride 2, asymmetric pads", "3-D"])
+def test_nan_and_inf_propagate_as_in_the_reference(shape, channels_first, rng):
+    """A NaN or Inf reaches exactly the results whose sums read it; a tap in the padding adds
+    nothing, so an Inf weight never meets a padded zero (no NaN at the edges)."""
+    g = _geometry(shape, 17)
+    inputs = _inputs(g, rng, np.float32, channels_first)
+    x, w = inputs["forward"]
+    dy = inputs["backward_data"][0]
+    x[(0,) * (x.ndim - 1) + (3,)] = np.nan                     # a corner of the first image
+    x[(1, *(s // 2 for s in x.shape[1:-1]), 16)] = np.inf      # the middle of the second, the channel tail
+    dy[(1, *(s - 1 for s in dy.shape[1:-1]), 5)] = -np.inf     # the far corner
+    w[(0,) * (w.ndim - 2) + (0, 16)] = np.inf                  # the first tap: in the padding at the edges
+    with forced_plan(DEPTHWISE):
+        for task in TASKS:
+            got = np.asarray(getattr(FAST, task)(g, *inputs[task]), np.float64)
+            want = getattr(REF, task)(g, *inputs[task])
+            assert np.isnan(want).any() or np.isinf(want).any()
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{shape} {task} NaN")
+            np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want), err_msg=f"{shape} {task} +Inf")
+            np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want), err_msg=f"{shape} {task} -Inf")
+            finite = np.isfinite(want)
+            _check(got[finite], want[finite], 2e-6, f"{shape} {task}")
+
+
+@pytest.mark.parametrize("dtype_name", ["f32", "bf16"])
+@pytest.mark.parametrize("channels_first", [False, True])
+@pytest.mark.parametrize("shape", ["1x1 stride 2 (inputs no tap reads)", "kernel beyond the input", "3-D"])
+def test_every_result_is_written(shape, channels_first, dtype_name, rng):
+    """With convgrad's allocations NaN-filled, no result keeps a NaN: every output is written
+    (the data gradient's inputs that no tap reads are zeros)."""
+    g, dtype = _geometry(shape, 17), DATA_DTYPES[dtype_name]
+    inputs = _inputs(g, rng, dtype, channels_first)
+    with forced_plan(DEPTHWISE), poisoned_allocations():
+        for task in TASKS:
+            got = getattr(FAST, task)(g, *inputs[task])
+            assert not np.isnan(np.asarray(got, np.float64)).any(), f"{shape} {task}"
+            _check(got, getattr(REF, task)(g, *inputs[task]), 2e-6, f"{shape} {task}")
+
+
+@pytest.mark.parametrize("kernel,channels,width,want", [
+    ((1, 3, 3), 32, 16, (9, 2)), ((1, 3, 3), 1024, 16, (9, 3)), ((1, 3, 3), 64, 8, (9, 1)),
+    ((1, 5, 5), 64, 16, (25, 1)), ((3, 3, 3), 64, 16, (27, 1)), ((1, 1, 1), 17, 16, (1, 1)),
+    ((1, 1, 1), 256, 16, (1, 4)), ((1, 7, 7), 256, 8, (7, 1)), ((1, 1, 31), 64, 16, (1, 4)),
+])
+def test_weights_block_fits_the_registers(kernel, channels, width, want):
+    """All taps' accumulators where they fit (with a dy vector per vector and an x vector), else a
+    kernel row's, else one tap's; vectors up to 4 and up to the channels' full vectors."""
+    taps, vecs = depthwise_kernels.reduce_block(kernel, channels, width)
+    assert (taps, vecs) == want
+    assert taps * vecs + vecs + 1 <= (32 if width == 16 else 16)
