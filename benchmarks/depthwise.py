@@ -1,7 +1,7 @@
 """MobileNet's depthwise layers (benchmarks/shapes/shapes_mobilenet_dw), NXC f32: convgrad's data
 and weights gradients against PyTorch's ``aten.convolution_backward`` on channels_last tensors
-(only that gradient asked for), both in one process, and NCHW, calls taking turns (one untimed
-call before each timed one), the median of ``--repeats`` timed calls; GFLOP/s and the ratio to
+(only that gradient asked for), both in one process, and NCHW, calls taking turns (a pause
+and one untimed call before each timed one), the median of ``--repeats`` timed calls; GFLOP/s and the ratio to
 PyTorch's better layout.
 
     python benchmarks/depthwise.py [--mb 16] [--threads 2] [--repeats 7] [--tasks bwd_d,bwd_w] [--layers 0,3]
@@ -21,15 +21,18 @@ import convgrad as cg
 from convgrad.descriptor import ConvDescriptor, parse_descriptor_file
 
 HERE = Path(__file__).parent
+#: Seconds of pause before each library's turn.
+PAUSE = 0.05
 TASKS = {"bwd_d": "ConvolutionBackwardData", "bwd_w": "ConvolutionBackwardWeights"}
 
 
 def _median_seconds(fns: list[Callable[[], object]], repeats: int) -> list[float]:
-    """Median seconds per call of each of ``fns``, taking turns: each turn one untimed call (it
-    absorbs the other library's still-spinning threads) and one timed call."""
+    """Median seconds per call of each of ``fns``, taking turns: each turn a pause (the other
+    library's threads stop spinning), one untimed call and one timed call."""
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats + 1):
         for fn, spent in zip(fns, times):
+            time.sleep(PAUSE)
             fn()
             start = time.perf_counter()
             fn()

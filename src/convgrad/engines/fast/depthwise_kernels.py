@@ -79,9 +79,13 @@ class _Vectors:
         return self.b.call(self._load, [self._ptr(base, offset), ir.Constant(_I32, 4), self.tail if tail else self.full,
                                         self.zero])
 
-    def store(self, value: ir.Value, base: ir.Value, offset: ir.Value, tail: bool = True) -> None:
-        self.b.call(self._store, [value, self._ptr(base, offset), ir.Constant(_I32, 4),
-                                  self.tail if tail else self.full])
+    def store(self, value: ir.Value, base: ir.Value, offset: ir.Value, tail: bool = True,
+              where: ir.Value | None = None) -> None:
+        """Store ``value`` at ``base[offset:]`` (the masked lanes with ``tail``; nothing unless ``where``)."""
+        mask = self.tail if tail else self.full
+        if where is not None:
+            mask = self.b.select(where, mask, ir.Constant(mask.type, [0] * self.width))
+        self.b.call(self._store, [value, self._ptr(base, offset), ir.Constant(_I32, 4), mask])
 
 
 def _loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, init: list[ir.Value],
@@ -182,20 +186,23 @@ def reduce(typingctx, width, taps, vecs, acc, aoff, tw, x, xoff, ts, tk, xstep, 
 
 
 @intrinsic
-def gather(typingctx, width, rows, masked, out, ooff, ostep, src, soff, ts, tk, sstep, w, woff, tw, ntaps, p0, mul,
+def gather(typingctx, width, rows, masked, out, ooff, ostep, src, soff, ts, tk, sstep, w, woff, tw, ntaps, span, mul,
            size, lanes):
     """The forward / backward-data kernel (module docstring): ``rows`` positions from ``p0`` of
-    one vector of ``width`` lanes, lanes from ``lanes`` on masked; ``ntaps`` = 0 writes zeros."""
+    one vector of ``width`` lanes, lanes from ``lanes`` on masked, positions from ``count`` on
+    neither read (``masked`` kernels) nor written (``span = (p0, count)``); ``ntaps`` = 0 writes
+    zeros."""
     _check("gather", {"out": out, "src": src, "ts": ts, "tk": tk, "w": w, "tw": tw})
     i64 = types.int64
-    sig = types.void(i64, i64, types.boolean, out, i64, i64, src, i64, ts, tk, i64, w, i64, tw, i64, i64, i64, i64,
-                     i64)
+    sig = types.void(i64, i64, types.boolean, out, i64, i64, src, i64, ts, tk, i64, w, i64, tw, i64,
+                     types.UniTuple(i64, 2), i64, i64, i64)
 
     def codegen(context, b, signature, argv):
         width_, n_rows, is_masked = (_constant(argv[j], name) for j, name in enumerate(("width", "rows", "masked")))
         outp, srcp, tsp, tkp, wp, twp = (_data(context, b, signature, argv, j) for j in (3, 6, 8, 9, 11, 13))
-        ooff_, ostep_, soff_, sstep_, woff_, ntaps_, p0_, mul_, size_, lanes_ = (argv[j] for j in
-                                                                                 (4, 5, 7, 10, 12, 14, 15, 16, 17, 18))
+        ooff_, ostep_, soff_, sstep_, woff_, ntaps_, mul_, size_, lanes_ = (argv[j] for j in
+                                                                            (4, 5, 7, 10, 12, 14, 16, 17, 18))
+        p0_, count = (b.extract_value(argv[15], j) for j in range(2))
         ops = _Vectors(b, width_, lanes_)
         positions = [b.add(p0_, ir.Constant(_I64, r)) for r in range(n_rows)]
 
@@ -211,7 +218,7 @@ def gather(typingctx, width, rows, masked, out, ooff, ostep, src, soff, ts, tk, 
 
         sums = _loop(b, ir.Constant(_I64, 0), ntaps_, [ops.zero] * n_rows, body)
         for p, value in zip(positions, sums):
-            ops.store(value, outp, b.add(ooff_, b.mul(p, ostep_)))
+            ops.store(value, outp, b.add(ooff_, b.mul(p, ostep_)), where=b.icmp_signed("<", p, count))
         return context.get_dummy_value()
 
     return sig, codegen
@@ -321,18 +328,11 @@ def gather_driver(width: int) -> Callable:
                     ooff, ostep = row * a2_ * c_ + r * c_, phases * c_
                     for c in range(0, c_, width):
                         lanes = min(width, c_ - c)
-                        m = 0
-                        while m < count:
-                            if m < lo or m >= hi:
-                                gather(width, 1, True, out, ooff + c, ostep, src, c, ts, tk, c_, w, c, tw, used, m,
-                                       mul, s2_, lanes)
-                                m += 1
-                            elif m + ROWS <= hi:
+                        for m in range(0, count, ROWS):
+                            if lo <= m and m + ROWS <= hi:
                                 gather(width, ROWS, False, out, ooff + c, ostep, src, c, ts, tk, c_, w, c, tw, used,
-                                       m, mul, s2_, lanes)
-                                m += ROWS
+                                       (m, count), mul, s2_, lanes)
                             else:
-                                gather(width, 1, False, out, ooff + c, ostep, src, c, ts, tk, c_, w, c, tw, used, m,
-                                       mul, s2_, lanes)
-                                m += 1
+                                gather(width, ROWS, True, out, ooff + c, ostep, src, c, ts, tk, c_, w, c, tw, used,
+                                       (m, count), mul, s2_, lanes)
     return drive
