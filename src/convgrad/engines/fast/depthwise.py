@@ -10,7 +10,9 @@ channels-last row and in parallel over rows, and are compiled by numba::
     dx[n, i, c] = sum_{k, o: o*S + k*D - PB = i} dy[n, o, c] * w[k, c]      (backward data)
     dw[k, c]    = sum_{n, o} x[n, o*S + k*D - PB, c] * dy[n, o, c]          (backward weights)
 
-Every array is seen as 3-D spatial (missing axes of size 1; :mod:`.geometry`).
+Every array is seen as 3-D spatial (missing axes of size 1; :mod:`.geometry`). NXC f32 data
+(C-contiguous; bf16/f16 widened to f32 once) on a JIT kernel family run the register-blocked
+kernels of :mod:`.depthwise_kernels`; NCX data, f64 and the portable family the numba loops here.
 """
 
 from __future__ import annotations
