@@ -76,7 +76,7 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) ->
 def workspace_bytes(f: Features, plan: Plan) -> int:
     """Extra bytes beyond the result: contiguous accumulation-dtype copies of the inputs (the
     weights regrouped; the depthwise loops copy only the weights and inputs not in that dtype),
-    for backward weights the (K, G, ICg, OCg) sums (depthwise: the parallel partial sums), and for
+    for backward weights the (K, G, ICg, OCg) sums (depthwise: the parallel partial sums, a scratch row each, and their total), and for
     bf16/f16 the accumulation-dtype result the API rounds; plus 4 KiB for parameters and views."""
     g, acc = f.geometry, f.acc
     x, y, w = (math.prod(s) for s in (g.x_shape, g.y_shape, g.w_shape))
@@ -84,8 +84,8 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
     if plan.param("loops") == "depthwise":
         inputs = {"forward": x, "backward_data": y, "backward_weights": x + y}[f.task]
         copies = (inputs if f.data_dtype != acc else 0) + w
-        if f.task == "backward_weights":
-            copies += depthwise.parts(g) * w
+        if f.task == "backward_weights":  # the partial sums (a scratch row each) and their sum
+            copies += depthwise.parts(g) * (w + g.ic) + w
     return (copies + (result if f.data_dtype != acc else 0)) * acc.itemsize + 4096
 
 
