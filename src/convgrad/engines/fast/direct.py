@@ -76,8 +76,9 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) ->
 def workspace_bytes(f: Features, plan: Plan) -> int:
     """Extra bytes beyond the result: contiguous accumulation-dtype copies of the inputs (the
     weights regrouped; the depthwise loops copy only the weights and inputs not in that dtype),
-    for backward weights the (K, G, ICg, OCg) sums (depthwise: the parallel partial sums, a scratch row each, and their total), and for
-    bf16/f16 the accumulation-dtype result the API rounds; plus 4 KiB for parameters and views."""
+    for backward weights the (K, G, ICg, OCg) sums (depthwise: the parallel partial sums, a
+    scratch row each, and their total), and for bf16/f16 the accumulation-dtype result the API
+    rounds; plus 4 KiB for parameters and views."""
     g, acc = f.geometry, f.acc
     x, y, w = (math.prod(s) for s in (g.x_shape, g.y_shape, g.w_shape))
     copies, result = {"forward": (x + w, y), "backward_data": (y + w, x), "backward_weights": (x + y + w, w)}[f.task]
