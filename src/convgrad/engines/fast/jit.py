@@ -482,25 +482,45 @@ def _pair_blocks(g: ConvGeometry, x: np.ndarray, rows: int) -> tuple[np.ndarray,
     blocks = -(-g.icg // rows)
     out = np.zeros((len(phases), g.groups, blocks, g.n, size[0], size[1], q, rows, 2), np.uint16)
     step = 2 * s[2]
+    spans = np.zeros((len(phases), 2, 3), np.int64)   # per (phase, j): first pair, stop, first x position
     for pi, ph in enumerate(phases):
         for j in (0, 1):
             first = max(0, -(-(lo[2] - j * s[2] - ph) // step))
-            stop = min(q, -(-(lo[2] + insize[2] - j * s[2] - ph) // step))
-            if stop <= first:
-                continue
-            start = first * step + j * s[2] + ph - lo[2]
-            src = x3[:, :, :, start:start + (stop - first - 1) * step + 1:step]
-            for gi in range(g.groups):
-                for ib in range(blocks):
-                    width = min(rows, g.icg - ib * rows)
-                    c0 = gi * g.icg + ib * rows
-                    out[pi, gi, ib, :, lo[0]:lo[0] + insize[0], lo[1]:lo[1] + insize[1], first:stop, :width, j] = \
-                        src[..., c0:c0 + width]
+            stop = max(first, min(q, -(-(lo[2] + insize[2] - j * s[2] - ph) // step)))
+            spans[pi, j] = first, stop, first * step + j * s[2] + ph - lo[2]
+    _fill_pairs(x3, out.view(np.uint32).reshape(out.shape[:-1]), spans, step, lo[0], lo[1], g.icg)
     xs = _strides(out.shape[3:])
     taps = np.array([phases.index(k2 * d[2] % step) * math.prod(out.shape[1:]) + k0 * d[0] * xs[1]
                      + k1 * d[1] * xs[2] + k2 * d[2] // step * xs[3]
                      for k0 in range(kernel[0]) for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
     return out, taps
+
+
+@numba.njit(parallel=True, cache=True)
+def _fill_pairs(x3, out, spans, step, lo0, lo1, icg):  # pragma: no cover - compiled
+    """With ``out`` the pairs as uint32 (PH, G, RB, N, P0, P1, Q, R), low half j = 0:
+    ``out[ph, g, b, n, lo0 + i0, lo1 + i1, q, r]`` half j = ``x3[n, i0, i1, spans[ph, j, 2] + (q
+    - spans[ph, j, 0])*step, g*icg + b*R + r]`` for q in [spans[ph, j, 0], spans[ph, j, 1]), else
+    zero, for the channels r < R of block b within the group (the rest of ``out`` as it was)."""
+    phases, groups, blocks, _, _, _, q_, rows = out.shape
+    n_, i0_, i1_ = x3.shape[:3]
+    for row in numba.prange(n_ * i0_):
+        n, i0 = row // i0_, row % i0_
+        for i1 in range(i1_):
+            for ph in range(phases):
+                f0, s0, p0 = spans[ph, 0, 0], spans[ph, 0, 1], spans[ph, 0, 2]
+                f1, s1, p1 = spans[ph, 1, 0], spans[ph, 1, 1], spans[ph, 1, 2]
+                for q in range(min(f0, f1), max(s0, s1)):
+                    lo_ok, hi_ok = f0 <= q < s0, f1 <= q < s1
+                    lo = x3[n, i0, i1, p0 + (q - f0) * step if lo_ok else 0]
+                    hi = x3[n, i0, i1, p1 + (q - f1) * step if hi_ok else 0]
+                    for gi in range(groups):
+                        for b in range(blocks):
+                            c0 = gi * icg + b * rows
+                            dst = out[ph, gi, b, n, lo0 + i0, lo1 + i1, q]
+                            for r in range(min(rows, icg - b * rows)):
+                                dst[r] = (np.uint32(lo[c0 + r]) if lo_ok else np.uint32(0)) | \
+                                    ((np.uint32(hi[c0 + r]) if hi_ok else np.uint32(0)) << np.uint32(16))
 
 
 def _dy_pairs(g: ConvGeometry, dy: np.ndarray, lanes: int) -> np.ndarray:
