@@ -171,12 +171,13 @@ def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None) -> 
     read where it lies when its elements are evenly spaced in memory (any 2-D strided view of
     f32; bf16 with adjacent values along an even K), else copied once (bf16: into pairs); B is
     packed. An f32 product reducing over K > 4 (M + N) with N > M (a weights gradient) runs as
-    ``(b^T a^T)^T``, packing the smaller operand: measured on a Zen 4, dW of 64 x 256 over 50176
+    ``(b^T a^T)^T``, packing the smaller operand, on the block :func:`blocks` picks for it (not
+    ``block``, which is for the untransposed product): measured on a Zen 4, dW of 64 x 256 over 50176
     positions 66 -> 113 GFLOP/s, 128 x 512 over 12544 78 -> 140 (docs/engine.md)."""
     bf16 = a.dtype == np.uint16
     m, k = a.shape
     n = b.shape[1]
-    if not bf16 and block is None and n > m and k > 4 * (m + n):
+    if not bf16 and n > m and k > 4 * (m + n):
         return gemm(b.T, a.T).T    # a deep reduction (a weights gradient): pack the smaller operand
     depth = 2 if bf16 else 1
     bl = blocks(m, k, n, a.dtype.itemsize, block)
