@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from convgrad.problem import ConvGeometry
 
 #: Bytes the allocation-bound tests allow beyond an estimate under mutation testing only: mutmut's
@@ -22,3 +24,13 @@ def geometry(n, groups, icg, ocg, in_size, kernel, strides=None, dilations=None,
                 for i, b, e, k, d, s in zip(in_size, pb, pe, kernel, dilations, strides))
     return ConvGeometry(n, groups, groups * icg, groups * ocg, tuple(in_size), out, tuple(kernel), tuple(strides),
                         tuple(dilations), tuple(pb), tuple(pe))
+
+
+def task_inputs(g: ConvGeometry, rng: np.random.Generator, dtype, channels_first: bool) -> dict[str, tuple]:
+    """Fresh random non-zero canonical inputs of each task of ``g`` (magnitudes 0.5-1.5, random
+    signs), data in NCX memory order with ``channels_first``."""
+    x, w, dy = (rng.uniform(0.5, 1.5, s) * rng.choice([-1, 1], s) for s in (g.x_shape, g.w_shape, g.y_shape))
+    x, w, dy = (a.astype(dtype) for a in (x, w, dy))
+    if channels_first:
+        x, dy = (np.moveaxis(np.ascontiguousarray(np.moveaxis(a, -1, 1)), 1, -1) for a in (x, dy))
+    return {"forward": (x, w), "backward_data": (dy, w), "backward_weights": (x, dy)}

@@ -13,7 +13,7 @@ from convgrad.dtypes import DATA_DTYPES, compute_dtype
 from convgrad.engines import get_engine
 from convgrad.engines.fast import Plan, depthwise, depthwise_kernels, forced_plan, isa
 from convgrad.problem import ConvGeometry
-from engine_support import geometry
+from engine_support import geometry, task_inputs
 from poison import poisoned_allocations
 
 FAST, REF = get_engine("fast"), get_engine("reference")
@@ -42,15 +42,6 @@ def _geometry(shape: str, channels: int, n: int = 2) -> ConvGeometry:
     return geometry(n, channels, 1, 1, in_size, kernel, strides, dilations, pb, pe)
 
 
-def _inputs(g: ConvGeometry, rng: np.random.Generator, dtype, channels_first: bool) -> dict[str, tuple]:
-    """Fresh random non-zero inputs per task (data in NCX memory order with ``channels_first``)."""
-    x, w, dy = (rng.uniform(0.5, 1.5, s) * rng.choice([-1, 1], s) for s in (g.x_shape, g.w_shape, g.y_shape))
-    x, w, dy = (a.astype(dtype) for a in (x, w, dy))
-    if channels_first:
-        x, dy = (np.moveaxis(np.ascontiguousarray(np.moveaxis(a, -1, 1)), 1, -1) for a in (x, dy))
-    return {"forward": (x, w), "backward_data": (dy, w), "backward_weights": (x, dy)}
-
-
 def _check(got: np.ndarray, want: np.ndarray, rtol: float, msg: str) -> None:
     """Within ``rtol`` of the result's largest value (the sums' own rounding), NaN and Inf alike."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
@@ -77,7 +68,7 @@ def kernel_calls(monkeypatch) -> dict[str, int]:
 def test_kernels_against_reference(shape, channels, rng, kernel_calls):
     """NXC f32: the register-blocked kernels, all three directions."""
     g = _geometry(shape, channels)
-    inputs = _inputs(g, rng, np.float32, False)
+    inputs = task_inputs(g, rng, np.float32, False)
     with forced_plan(DEPTHWISE):
         for task in TASKS:
             _check(getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task]), 2e-6,
@@ -92,7 +83,7 @@ def test_layouts_and_dtypes_against_reference(shape, channels_first, dtype_name,
     """Through the engine (results in the accumulation dtype: f32 for bf16/f16 data, which the API
     rounds later): NXC and NCX, every dtype."""
     g, dtype = _geometry(shape, 17), DATA_DTYPES[dtype_name]
-    inputs = _inputs(g, rng, dtype, channels_first)
+    inputs = task_inputs(g, rng, dtype, channels_first)
     rtol = 1e-12 if dtype_name == "f64" else 2e-6
     with forced_plan(DEPTHWISE):
         for task in TASKS:
@@ -107,7 +98,7 @@ def test_narrow_data_sums_in_f32(shape, dtype_name, rng, kernel_calls):
     """bf16/f16 data widened to f32 once: the f32 results (before the API rounds them) equal the
     sums of the widened values within f32 rounding."""
     g, dtype = _geometry(shape, 33), DATA_DTYPES[dtype_name]
-    inputs = _inputs(g, rng, dtype, False)
+    inputs = task_inputs(g, rng, dtype, False)
     for task in TASKS:
         a, b = inputs[task]
         got = depthwise.run(g, a, b, task, np.dtype(np.float32))
@@ -126,7 +117,7 @@ def test_every_kernel_family(shape, family, rng):
     before = isa.set_family(family)
     try:
         g = _geometry(shape, 33)
-        inputs = _inputs(g, rng, np.float32, False)
+        inputs = task_inputs(g, rng, np.float32, False)
         with forced_plan(DEPTHWISE):
             for task in TASKS:
                 _check(getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task]), 2e-6,
@@ -141,7 +132,7 @@ def test_nan_and_inf_propagate_as_in_the_reference(shape, channels_first, rng):
     """A NaN or Inf reaches exactly the results whose sums read it; a tap in the padding adds
     nothing, so an Inf weight never meets a padded zero (no NaN at the edges)."""
     g = _geometry(shape, 17)
-    inputs = _inputs(g, rng, np.float32, channels_first)
+    inputs = task_inputs(g, rng, np.float32, channels_first)
     x, w = inputs["forward"]
     dy = inputs["backward_data"][0]
     x[(0,) * (x.ndim - 1) + (3,)] = np.nan                     # a corner of the first image
@@ -167,7 +158,7 @@ def test_every_result_is_written(shape, channels_first, dtype_name, rng):
     """With convgrad's allocations NaN-filled, no result keeps a NaN: every output is written
     (the data gradient's inputs that no tap reads are zeros)."""
     g, dtype = _geometry(shape, 17), DATA_DTYPES[dtype_name]
-    inputs = _inputs(g, rng, dtype, channels_first)
+    inputs = task_inputs(g, rng, dtype, channels_first)
     with forced_plan(DEPTHWISE), poisoned_allocations():
         for task in TASKS:
             got = getattr(FAST, task)(g, *inputs[task])

@@ -18,7 +18,7 @@ from convgrad.engines import get_engine
 from convgrad.engines.fast import (STRATEGIES, TUNING, Features, Plan, candidates, default_plan, forced_plan,
                                    forced_strategy, isa, plan_cache, select, strategy_module)
 from convgrad.problem import ConvGeometry
-from engine_support import MUTATION_SLACK
+from engine_support import MUTATION_SLACK, task_inputs
 from engine_support import geometry as _geometry
 
 FAST, REF = get_engine("fast"), get_engine("reference")
@@ -26,14 +26,6 @@ TASKS = ("forward", "backward_data", "backward_weights")
 TOLERANCE = {"f64": 1e-10, "f32": 2e-5, "bf16": 2e-2, "f16": 2e-3}
 
 
-
-
-def _inputs(g: ConvGeometry, rng: np.random.Generator, dtype, channels_first: bool) -> dict[str, tuple]:
-    x, w, dy = (rng.uniform(0.5, 1.5, s) * rng.choice([-1, 1], s) for s in (g.x_shape, g.w_shape, g.y_shape))
-    x, w, dy = (a.astype(dtype) for a in (x, w, dy))
-    if channels_first:
-        x, dy = (np.moveaxis(np.ascontiguousarray(np.moveaxis(a, -1, 1)), 1, -1) for a in (x, dy))
-    return {"forward": (x, w), "backward_data": (dy, w), "backward_weights": (x, dy)}
 
 
 def _close(got, want, tol: float, msg: str) -> None:
@@ -234,7 +226,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_candidate_against_reference(case, channels_first, dtype_name, rng):
     g, dtype = CASES[case], DATA_DTYPES[dtype_name]
-    inputs = _inputs(g, rng, dtype, channels_first)
+    inputs = task_inputs(g, rng, dtype, channels_first)
     for task in TASKS:
         want = getattr(REF, task)(g, *inputs[task])
         plans = candidates(Features.of(g, task, dtype, channels_first))
@@ -251,7 +243,7 @@ def test_every_candidates_memory_bound(case, dtype_name, channels_first, rng):
     """Each strategy's ``workspace_bytes`` bounds the peak of its allocations (the result excluded
     where it is in the accumulation dtype, included for bf16) for every candidate plan."""
     g, dtype = CASES[case], DATA_DTYPES[dtype_name]
-    inputs = _inputs(g, rng, dtype, channels_first)
+    inputs = task_inputs(g, rng, dtype, channels_first)
     for task in TASKS:
         f = Features.of(g, task, dtype, channels_first)
         for plan in candidates(f):
@@ -275,7 +267,7 @@ def test_dilated_gradients_stay_within_twice_the_arrays(case, task, rng):
     """The dilated gradients' default plans (GEMMs over output rows) take at most 2x the op's
     inputs + output of extra memory, small problems included."""
     g = _geometry(*case)
-    inputs = _inputs(g, rng, np.float32, False)[task]
+    inputs = task_inputs(g, rng, np.float32, False)[task]
     FAST_task = getattr(FAST, task)
     FAST_task(g, *inputs)
     tracemalloc.start()
