@@ -398,16 +398,30 @@ def _channel_blocks(a: np.ndarray, groups: int, rows: int, lo: tuple[int, ...], 
     channels in blocks of ``rows`` (zero past them), each block zero-padded (``size`` = P, ``a``
     at offsets ``lo``) and contiguous, so that a register block's rows share cache lines."""
     a3 = spatial3(a)
-    cg = a3.shape[-1] // groups
-    blocks = -(-cg // rows)
+    blocks = -(-(a3.shape[-1] // groups) // rows)
     out = np.zeros((groups, blocks, a3.shape[0], *size, rows), F32)
-    inner = tuple(slice(b, b + n) for b, n in zip(lo, a3.shape[1:4]))
-    for g in range(groups):
-        for ib in range(blocks):
-            width = min(rows, cg - ib * rows)
-            first = g * cg + ib * rows
-            out[(g, ib, slice(None), *inner, slice(0, width))] = a3[..., first:first + width]
+    _fill_blocks(a3, out, *lo)
     return out
+
+
+@numba.njit(parallel=True, cache=True)
+def _fill_blocks(a3, out, lo0, lo1, lo2):  # pragma: no cover - compiled
+    """``out[g, b, n, lo0 + i0, lo1 + i1, lo2 + i2, r] = a3[n, i0, i1, i2, g*Cg + b*R + r]`` for
+    the channels r < R of block b within the group (the rest of ``out`` as it was: zeros)."""
+    groups, blocks, _, _, _, _, rows = out.shape
+    n_, i0_, i1_, i2_, c_ = a3.shape
+    cg = c_ // groups
+    for row in numba.prange(n_ * i0_):
+        n, i0 = row // i0_, row % i0_
+        for i1 in range(i1_):
+            for i2 in range(i2_):
+                src = a3[n, i0, i1, i2]
+                for g in range(groups):
+                    for b in range(blocks):
+                        c0 = g * cg + b * rows
+                        dst = out[g, b, n, lo0 + i0, lo1 + i1, lo2 + i2]
+                        for r in range(min(rows, cg - b * rows)):
+                            dst[r] = src[c0 + r]
 
 
 @functools.cache
