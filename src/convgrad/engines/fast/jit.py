@@ -398,9 +398,17 @@ def _channel_blocks(a: np.ndarray, groups: int, rows: int, lo: tuple[int, ...], 
     channels in blocks of ``rows`` (zero past them), each block zero-padded (``size`` = P, ``a``
     at offsets ``lo``) and contiguous, so that a register block's rows share cache lines."""
     a3 = spatial3(a)
-    blocks = -(-(a3.shape[-1] // groups) // rows)
+    cg = a3.shape[-1] // groups
+    blocks = -(-cg // rows)
     out = np.zeros((groups, blocks, a3.shape[0], *size, rows), F32)
-    _fill_blocks(a3, out, *lo)
+    if a3.dtype == F32:
+        _fill_blocks(a3, out, *lo)
+        return out
+    inner = tuple(slice(b, b + n) for b, n in zip(lo, a3.shape[1:4]))   # 16-bit data, widened by NumPy
+    for g in range(groups):
+        for ib in range(blocks):
+            width = min(rows, cg - ib * rows)
+            out[(g, ib, slice(None), *inner, slice(0, width))] = a3[..., g * cg + ib * rows:g * cg + ib * rows + width]
     return out
 
 
