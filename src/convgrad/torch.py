@@ -163,6 +163,10 @@ class _Eager(torch.autograd.Function):
         return None, None, *_vjp(ctx.problem, ctx.saved_tensors, grad, ctx.needs_input_grad[2:])
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
 def _eager(tensors: Sequence[torch.Tensor | None]) -> bool:
     """Whether a call may skip the dispatcher: plain tensors, nothing tracing or transforming them
     (``torch.compile``, ``torch.export``, fake or proxy tensors, ``torch.func``, modes)."""
@@ -170,12 +174,6 @@ def _eager(tensors: Sequence[torch.Tensor | None]) -> bool:
             or torch._C._is_torch_function_mode_enabled():
         return False
     return all(t is None or type(t) in _PLAIN and not _functorch_wrapped(t) for t in tensors)
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def _apply(kind: str, *tensors: torch.Tensor | None, **attrs: Any) -> torch.Tensor:
@@ -201,7 +199,8 @@ def refuse_tangents(where: str, tensors: Sequence[tuple[str, torch.Tensor | None
     ``torch.compile`` traces: the registered ops run there.)"""
     if torch.compiler.is_compiling():
         return
-    if forward_ad._current_level < 0 and not any(isinstance(t, torch.Tensor) and _functorch_wrapped(t) for _, t in tensors):
+    if forward_ad._current_level < 0 and not any(isinstance(t, torch.Tensor) and _functorch_wrapped(t)
+                                                 for _, t in tensors):
         return  # no dual level entered, nothing transformed: no tangent anywhere (the common case, cheaply)
     for name, tensor in tensors:
         if isinstance(tensor, torch.Tensor) and forward_ad.unpack_dual(tensor).tangent is not None:

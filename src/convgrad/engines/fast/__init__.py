@@ -2,7 +2,8 @@
 
 Each call builds the problem's :class:`Features` once, asks :func:`select` for a :class:`Plan`
 (a forced plan, else a cached one, else the tuning table's rule: :mod:`.plan`; a repeated call
-finds both in :func:`.plan.planned`'s memo) and runs the plan's strategy, one module each with ``applies``, ``run`` and ``workspace_bytes``:
+finds both in :func:`.plan.planned`'s memo) and runs the plan's strategy, one module each with
+``applies``, ``run`` and ``workspace_bytes``:
 
 - ``direct`` (:mod:`.direct`): compiled loops over the data as it lies: small problems, and
   depthwise ones (vectorised over the channels);

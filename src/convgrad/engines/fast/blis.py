@@ -82,7 +82,8 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
         ``depth`` 2 the kernel reads pairs ``kk``, ``kk+1`` adjacent and steps ``astep*depth``),
         ``bp`` B packed as (panels, K/depth, nr*depth): items of (mc-block of A's rows, share of
         the nr-panels) of kc deep steps, the first writing its tiles of ``c`` (the kernel's beta
-        = 0), the next adding to them, the kernel reading A where it lies; a last partial panel of rows is packed per step as (kc/depth, rows, depth)."""
+        = 0), the next adding to them, the kernel reading A where it lies; a last partial panel of
+        rows is packed per step as (kc/depth, rows, depth)."""
         nr = vecs * width
         panels = bp.shape[0]
         kd = bp.shape[1]                       # K steps (pairs for depth 2)

@@ -87,11 +87,6 @@ def cache_file() -> Path:
 
 
 @functools.lru_cache(maxsize=8)
-def _text(path: Path) -> str:
-    return str(path)
-
-
-@functools.lru_cache(maxsize=8)
 def _cache_file(plans: str | None, xdg: str | None, home: str | None) -> Path:
     """:func:`cache_file` for these environment values (platformdirs costs tens of microseconds:
     select asks at every call)."""
@@ -192,7 +187,7 @@ def _empty() -> dict[str, Any]:
 def _current() -> dict[str, Any]:
     """The cache as on disk now (re-read only when the file changed)."""
     path = cache_file()
-    name = _text(path)
+    name = str(path)
     stamp = (name, None, None)
     if os.access(name, os.F_OK):  # no exception to pay for where there is no file (most calls)
         with contextlib.suppress(OSError):

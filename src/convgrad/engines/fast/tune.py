@@ -6,9 +6,9 @@ calls (at least ``min_runs``, until ``block_seconds`` have passed), their median
 sequence**: each timed call comes right after a call of each ``context`` problem (the layers
 next to it in ``convgrad tune``'s list; for ``CONVGRAD_AUTOTUNE`` the process's previous
 problem) with the plan that runs it, as it will in a training step: a plan whose threads slow
-its neighbours' (or are slowed by them: OpenBLAS's spinning next to numba's) is timed so. The fastest plan is stored in the plan cache
-(:mod:`.plan_cache`) unless it beats the default plan by less than ``margin`` (then the default
-is stored: a plan is never changed on noise). Used by ``convgrad tune`` and by
+its neighbours' (or is slowed by them: OpenBLAS's spinning next to numba's) is timed so. The
+fastest plan is stored in the plan cache (:mod:`.plan_cache`) unless it beats the default plan
+by less than ``margin`` (then the default is stored: a plan is never changed on noise). Used by ``convgrad tune`` and by
 ``CONVGRAD_AUTOTUNE=1`` (each new problem tuned at its first call, as ``cudnn.benchmark`` does).
 """
 
