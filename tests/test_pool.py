@@ -1,6 +1,7 @@
 """One thread pool, safe under fork and threads (:mod:`convgrad.engines.fast.pool`): a child
-forked after its parent ran parallel gradients computes correct gradients (GNU OpenMP would
-terminate it), and calls from several Python threads at once give the serial results."""
+forked after its parent ran parallel gradients computes correct gradients, in parallel (GNU
+OpenMP's pool does not survive a fork: the child's calls run on a thread of its own), and calls
+from several Python threads at once give the serial results."""
 
 from __future__ import annotations
 
@@ -10,31 +11,51 @@ import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 import convgrad as cg
 from convgrad.engines.fast import pool
 
 _FORK = textwrap.dedent("""
-    import os, sys
+    import os, sys, warnings
+    import numba
     import numpy as np
+    {preamble}
     import convgrad as cg
     from convgrad.engines.fast import pool
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng()
     x = rng.standard_normal((4, 12, 12, 16)).astype(np.float32)
     dy = rng.standard_normal((4, 12, 12, 32)).astype(np.float32)
     w = rng.standard_normal((3, 3, 16, 32)).astype(np.float32)
     def grads():
         return (cg.convolution_backward_data(dy, w, [4, 12, 12, 16], pads_begin=1, pads_end=1),
-                cg.convolution_backward_weights(x, dy, [3, 3, 16, 32], pads_begin=1, pads_end=1))
+                cg.convolution_backward_weights(x, dy, [3, 3, 16, 32], pads_begin=1, pads_end=1),
+                cg.convolution(x, w, pads_begin=1, pads_end=1))
+    @numba.njit(parallel=True)
+    def threads_used(n):
+        seen = np.zeros(n, np.int64)
+        for i in numba.prange(64 * n):
+            seen[numba.get_thread_id()] = 1
+        return seen.sum()
     want = grads()                       # the parent runs parallel kernels first
     print(pool.layer(), flush=True)
+    def child(depth):
+        got = grads()
+        ok = all(np.array_equal(a, b) for a, b in zip(got, want))
+        parallel = pool.run(threads_used, numba.get_num_threads()) == numba.get_num_threads()
+        code = 0 if ok and parallel else (3 if not ok else 4)
+        if code == 0 and depth < 2:      # a grandchild, forked from the child
+            pid = os.fork()
+            if pid == 0:
+                child(depth + 1)
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        os._exit(code)
     pids = []
     for _ in range(2):
         pid = os.fork()
         if pid == 0:
-            got = grads()
-            ok = all(np.array_equal(a, b) for a, b in zip(got, want))
-            os._exit(0 if ok else 3)
+            warnings.simplefilter("error")
+            child(1)
         pids.append(pid)
     codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
     print(codes)
@@ -42,11 +63,28 @@ _FORK = textwrap.dedent("""
 """)
 
 
-def test_a_forked_child_computes_correct_gradients():
-    run = subprocess.run([sys.executable, "-c", _FORK], capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("preamble", ["", "import torch  # PyTorch's GNU OpenMP loaded first"])
+def test_a_forked_child_computes_correct_gradients_in_parallel(preamble):
+    if preamble:
+        pytest.importorskip("torch")
+    run = subprocess.run([sys.executable, "-c", _FORK.format(preamble=preamble)], capture_output=True, text=True,
+                         timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.split()[0] == "workqueue", run.stdout
+    assert run.stdout.split()[0] in ("omp", "workqueue"), run.stdout
     assert "Terminating" not in run.stderr
+
+
+def test_the_layer_is_gnu_openmp_shared_with_pytorch():
+    """numba's OpenMP layer and PyTorch bind one libgomp.so.1, whichever is imported first."""
+    pytest.importorskip("torch")
+    script = ("import convgrad as cg, numpy as np, torch\n"
+              "cg.convolution(np.ones((2, 32, 32, 32), np.float32), np.ones((3, 3, 32, 32), np.float32))\n"
+              "from convgrad.engines.fast import pool\n"
+              "maps = {line.split()[-1] for line in open('/proc/self/maps') if 'libgomp' in line}\n"
+              "print(pool.layer(), len(maps))\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["omp", "1"], run.stdout
 
 
 def test_concurrent_callers_get_the_serial_results():
@@ -68,6 +106,7 @@ def test_concurrent_callers_get_the_serial_results():
         np.testing.assert_array_equal(g, want[i % len(cases)])
 
 
-def test_the_lock_is_reentrant():
+def test_the_lock_is_reentrant_and_run_nests():
     with pool.serial(), pool.serial():
         assert cg.convolution(np.ones((1, 4, 4, 2), np.float32), np.ones((1, 1, 2, 2), np.float32)).shape == (1, 4, 4, 2)
+    assert pool.run(pool.run, sum, (1, 2)) == 3

@@ -11,7 +11,8 @@ finds both in :func:`.plan.planned`'s memo) and runs the plan's strategy, one mo
 - ``gemm`` (:mod:`.gemm`): GEMMs on NumPy's BLAS over phase frames, output rows, pointwise
   blocks or per-image matrices (f64 always, and where the rule says).
 
-Every parallel loop runs in numba's one pool, fork-safe and one call at a time (:mod:`.pool`).
+Every parallel loop runs in one pool (GNU OpenMP's, shared with PyTorch's), safe under fork and
+one call at a time (:mod:`.pool`).
 An empty batch needs no plan: zeros. Every threshold is in :mod:`.tuning`; docs/engine.md has the
 measurements behind them.
 """
@@ -48,11 +49,14 @@ class FastEngine:
             if task == "backward_weights":
                 return np.zeros(g.w_shape, acc)
             return empty_like_data(g.y_shape if task == "forward" else g.x_shape, acc, a, fill=True)
-        with pool.serial():
-            f, plan, _ = planned(g, task, a.dtype, layout.channels_first(a), tune=True)
-            result = strategy_module(plan.strategy).run(plan, g, a, b, task)
+        f, result = pool.run(FastEngine._planned_run, g, task, a, b)
         tune.ran(f)
         return result
+
+    @staticmethod
+    def _planned_run(g: ConvGeometry, task: str, a: np.ndarray, b: np.ndarray) -> tuple[Features, np.ndarray]:
+        f, plan, _ = planned(g, task, a.dtype, layout.channels_first(a), tune=True)
+        return f, strategy_module(plan.strategy).run(plan, g, a, b, task)
 
     def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         return self._run(g, "forward", x, w)

@@ -1,15 +1,18 @@
-"""The fast engine's one thread pool: numba's, safe under ``fork()`` and concurrent callers.
+"""The fast engine's one thread pool: GNU OpenMP's, shared with PyTorch, safe under ``fork()``.
 
-- **Threading layer**: numba's ``workqueue`` unless ``NUMBA_THREADING_LAYER`` names another.
-  GNU OpenMP (numba's default where present) terminates a child process forked after the parent
-  ran a parallel kernel ("fork() called from a process already using GNU OpenMP"): PyTorch's
-  DataLoader workers and ``multiprocessing`` pools fork by default on Linux. ``workqueue`` is
-  fork-safe, and its idle workers sleep instead of spinning beside PyTorch's own OpenMP threads.
-  Measured on a Zen 4 (docs/engine.md): the same speed alone and in sequence as OpenMP.
-- **One call at a time**: ``workqueue`` refuses parallel kernels launched from several threads
-  at once (it terminates the process), so every fast-engine call holds :func:`serial`'s lock.
-  The lock is re-created in a forked child (a fork while another thread held it would otherwise
-  leave the child's copy locked forever).
+- **Threading layer**: numba's ``omp`` where numba's OpenMP layer loads (else ``workqueue``),
+  unless ``NUMBA_THREADING_LAYER`` names one. PyTorch ships GNU OpenMP as ``libgomp.so.1`` and
+  the dynamic loader binds one library per soname, so numba's parallel loops and PyTorch's
+  operators run in the *same* pool whichever is imported first: a convolution after a PyTorch
+  operator finds that pool's threads spinning for work instead of competing with them for the
+  cores (measured in docs/engine.md, "One pool, shared with PyTorch").
+- **fork()**: a GNU OpenMP pool does not survive a fork (the child's copy names threads that
+  do not exist: a parallel region there aborts or hangs, and numba's layer terminates such a
+  child). In a forked child every call runs on a thread started in that child, a new OpenMP
+  master with a pool of its own, and numba's fork guard is re-armed for the child.
+- **One call at a time**: every fast-engine call holds :func:`serial`'s lock (``workqueue``
+  terminates the process on concurrent parallel launches; OpenMP would oversubscribe the
+  cores). The lock is re-created in a forked child.
 
 The layer is chosen when this module is imported, before any parallel kernel runs; a process
 that already ran one keeps the layer it has.
@@ -17,22 +20,47 @@ that already ran one keeps the layer it has.
 
 from __future__ import annotations
 
+import contextvars
+import ctypes
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, TypeVar
 
 import numba
 
-__all__ = ["serial", "layer"]
+__all__ = ["run", "serial", "layer"]
+
+T = TypeVar("T")
+
+
+def _omp_loads() -> bool:
+    try:
+        from numba.np.ufunc import omppool  # noqa: F401  (loads libgomp.so.1)
+    except ImportError:
+        return False
+    return True
+
 
 if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
-    numba.config.THREADING_LAYER = "workqueue"
+    numba.config.THREADING_LAYER = "omp" if _omp_loads() else "workqueue"
 
 _lock = threading.RLock()
+_inside = threading.local()
+_child: ThreadPoolExecutor | None = None      # set in a forked child whose layer is OpenMP
+_forked = False
 
 
 def _renew() -> None:
-    global _lock
+    """In a forked child: a fresh lock, and (OpenMP) calls moved to a thread of the child's own."""
+    global _lock, _child, _forked
     _lock = threading.RLock()
+    _inside.__dict__.clear()
+    _child = None
+    _forked = layer() == "omp"
+    if _forked:
+        from numba.np.ufunc import omppool         # numba records the pid that may run kernels
+        ctypes.CFUNCTYPE(None, ctypes.c_int)(omppool.launch_threads)(numba.config.NUMBA_NUM_THREADS)
 
 
 os.register_at_fork(after_in_child=_renew)
@@ -41,6 +69,31 @@ os.register_at_fork(after_in_child=_renew)
 def serial() -> threading.RLock:
     """The lock every parallel fast-engine call holds (re-entrant: a call may nest another)."""
     return _lock
+
+
+def _call(fn: Callable[..., T], args: tuple, threads: int | None = None) -> T:
+    _inside.active = True
+    try:
+        if threads is not None:
+            numba.set_num_threads(threads)
+        return fn(*args)
+    finally:
+        _inside.active = False
+
+
+def run(fn: Callable[..., T], *args) -> T:
+    """``fn(*args)`` under the lock, in the pool; in a forked child (OpenMP layer) on a thread of
+    the child's own, with the caller's context variables and numba thread count."""
+    global _child
+    if getattr(_inside, "active", False):        # nested in a call already in the pool
+        return fn(*args)
+    with _lock:
+        if not _forked:
+            return _call(fn, args)
+        if _child is None:
+            _child = ThreadPoolExecutor(1, thread_name_prefix="convgrad-pool")
+        context = contextvars.copy_context()          # NumPy's errstate, among others
+        return _child.submit(context.run, _call, fn, args, numba.get_num_threads()).result()
 
 
 def layer() -> str:
