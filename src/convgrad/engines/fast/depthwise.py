@@ -17,6 +17,7 @@ kernels of :mod:`.depthwise_kernels`; NCX data, f64 and the portable family the 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numba
@@ -105,9 +106,27 @@ def _gather_into(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarra
     if width is None:
         _gather(src3, taps, out3, *params(g), transposed)
         return
-    kernels.gather_driver(width)(src3.reshape(-1), taps.reshape(-1), out3.reshape(-1), np.array(src3.shape, np.int64),
-                                 np.array(out3.shape, np.int64), np.array(taps.shape[:3], np.int64), *params(g),
-                                 transposed, _chunks(out3.shape[0] * out3.shape[1] * out3.shape[2]))
+    key, outer0, outer1, phases, spread = _gather_plan(g, transposed, width)
+    kernels.gather_driver(*key)(src3.reshape(-1), taps.reshape(-1), out3.reshape(-1), np.array(src3.shape, np.int64),
+          np.array(out3.shape, np.int64), np.array(taps.shape[:3], np.int64), outer0, outer1, phases, spread,
+          _chunks(out3.shape[0] * out3.shape[1] * out3.shape[2]))
+
+
+@functools.lru_cache(maxsize=256)
+def _gather_plan(g: ConvGeometry, transposed: bool, width: int) -> tuple:
+    """(driver key, outer0, outer1, phases, spread) of :func:`.depthwise_kernels.gather_driver`
+    for ``g`` (the source: x, or dy with ``transposed``; remembered per geometry: shared, never written)."""
+    out_size = spatial(g.in_size if transposed else g.out_size, 1)
+    src_size = spatial(g.out_size if transposed else g.in_size, 1)
+    (s0, s1, s2), (d0, d1, d2), (p0, p1, p2) = (spatial(v, f) for v, f in ((g.strides, 1), (g.dilations, 1),
+                                                                             (g.pads_begin, 0)))
+    kernel = spatial(g.kernel, 1)
+    outer = [kernels.axis_taps(out_size[a], kernel[a], s, d, p, src_size[a], transposed)
+             for a, s, d, p in ((0, s0, d0, p0), (1, s1, d1, p1))]
+    phases, step, mul, period, spread = kernels.gather_phases(out_size[2], kernel[2], s2, d2, p2, transposed)
+    taps = tuple(sorted(set(phases[:, 2].tolist())))
+    rows = kernels.gather_rows(int(phases[:, 4].max()), taps[-1], width)
+    return (width, rows, taps, step, mul), *outer, phases, np.array([spread, period], np.int64)
 
 
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:

@@ -30,6 +30,7 @@ legalised by LLVM (correct, not fast).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import numba
@@ -186,38 +187,72 @@ def reduce(typingctx, width, taps, vecs, acc, aoff, tw, x, xoff, ts, tk, xstep, 
 
 
 @intrinsic
-def gather(typingctx, width, rows, masked, out, ooff, ostep, src, soff, ts, tk, sstep, w, woff, tw, ntaps, span, mul,
-           size, lanes):
+def gather(typingctx, width, rows, taps, step, mul, out, ooff, ostep, src, soff, sstep, ts, w, woff, wstep, tw, nrows,
+           span, tk0, size, lanes):
     """The forward / backward-data kernel (module docstring): ``rows`` positions from ``p0`` of
-    one vector of ``width`` lanes, lanes from ``lanes`` on masked, positions from ``count`` on
-    neither read (``masked`` kernels) nor written (``span = (p0, count)``); ``ntaps`` = 0 writes
-    zeros."""
-    _check("gather", {"out": out, "src": src, "ts": ts, "tk": tk, "w": w, "tw": tw})
+    one vector of ``width`` lanes (lanes from ``lanes`` on masked), the ``taps`` taps of each of
+    the ``nrows`` kernel rows unrolled, each distinct source vector loaded once; positions from
+    ``count`` are not written (``span = (p0, count)``); ``nrows`` = 0 writes zeros. A block whose
+    reads all lie inside the source runs unmasked, any other one tests each source position."""
+    _check("gather", {"out": out, "src": src, "ts": ts, "w": w, "tw": tw})
     i64 = types.int64
-    sig = types.void(i64, i64, types.boolean, out, i64, i64, src, i64, ts, tk, i64, w, i64, tw, i64,
+    sig = types.void(i64, i64, i64, i64, i64, out, i64, i64, src, i64, i64, ts, w, i64, i64, tw, i64,
                      types.UniTuple(i64, 2), i64, i64, i64)
 
     def codegen(context, b, signature, argv):
-        width_, n_rows, is_masked = (_constant(argv[j], name) for j, name in enumerate(("width", "rows", "masked")))
-        outp, srcp, tsp, tkp, wp, twp = (_data(context, b, signature, argv, j) for j in (3, 6, 8, 9, 11, 13))
-        ooff_, ostep_, soff_, sstep_, woff_, ntaps_, mul_, size_, lanes_ = (argv[j] for j in
-                                                                            (4, 5, 7, 10, 12, 14, 16, 17, 18))
-        p0_, count = (b.extract_value(argv[15], j) for j in range(2))
+        width_, n_rows, n_taps, step_, mul_ = (_constant(argv[j], name) for j, name in
+                                               enumerate(("width", "rows", "taps", "step", "mul")))
+        outp, srcp, tsp, wp, twp = (_data(context, b, signature, argv, j) for j in (5, 8, 11, 12, 15))
+        ooff_, ostep_, soff_, sstep_, woff_, wstep_, nrows_, tk0_, size_, lanes_ = (
+            argv[j] for j in (6, 7, 9, 10, 13, 14, 16, 18, 19, 20))
+        p0_, count = (b.extract_value(argv[17], j) for j in range(2))
         ops = _Vectors(b, width_, lanes_)
-        positions = [b.add(p0_, ir.Constant(_I64, r)) for r in range(n_rows)]
+        const = functools.partial(ir.Constant, _I64)
+        # source position (p0 + r)*mul + tk0 + j*step of tap j at position r: ``reads[e]`` the
+        # (r, j) at offset e = r*mul + j*step from p0*mul + tk0
+        reads: dict[int, list[tuple[int, int]]] = {}
+        for r in range(n_rows):
+            for j in range(n_taps):
+                reads.setdefault(r * mul_ + j * step_, []).append((r, j))
+        first = b.add(b.mul(p0_, const(mul_)), tk0_)
+        offsets = sorted(reads)
+        lo, hi = (b.add(first, const(e)) for e in (offsets[0], offsets[-1])) if offsets else (first, first)
+        inner = b.and_(b.icmp_signed(">=", lo, const(0)), b.icmp_signed("<", hi, size_))
+        results = []
 
-        def body(t: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-            weight = ops.load(wp, b.add(woff_, b.load(b.gep(twp, [t]))))
-            row, tk_ = b.add(soff_, b.load(b.gep(tsp, [t]))), b.load(b.gep(tkp, [t]))
-            new = []
-            for p, a in zip(positions, accs):
-                index, inside = _tap_read(b, p, mul_, tk_, size_, bool(is_masked))
-                r = b.call(ops.fma, [ops.load(srcp, b.add(row, b.mul(index, sstep_))), weight, a])
-                new.append(r if inside is None else b.select(inside, r, a))
-            return new
+        def block(masked: bool) -> list[ir.Value]:
+            """The sums of the block, each source position tested if ``masked``."""
+            index = {e: b.add(first, const(e)) for e in offsets}
+            inside = {e: b.icmp_unsigned("<", i, size_) for e, i in index.items()} if masked else {}
+            where = {e: ops.splat(v, ops.tail.type) for e, v in inside.items()}
+            src_off = {e: b.mul(b.select(inside[e], i, const(0)) if masked else i, sstep_) for e, i in index.items()}
 
-        sums = _loop(b, ir.Constant(_I64, 0), ntaps_, [ops.zero] * n_rows, body)
-        for p, value in zip(positions, sums):
+            def body(t: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+                row, wrow = b.add(soff_, b.load(b.gep(tsp, [t]))), b.add(woff_, b.load(b.gep(twp, [t])))
+                weights = [ops.load(wp, b.add(wrow, b.mul(const(j), wstep_))) for j in range(n_taps)]
+                new = list(accs)
+                for e in offsets:
+                    source = ops.load(srcp, b.add(row, src_off[e]))
+                    for r, j in reads[e]:
+                        f = b.call(ops.fma, [source, weights[j], new[r]])
+                        new[r] = b.select(where[e], f, new[r]) if masked else f
+                return new
+
+            return _loop(b, const(0), nrows_, [ops.zero] * n_rows, body)
+
+        with b.if_else(inner) as (unmasked, masked):
+            with unmasked:
+                results.append((block(False), b.block))
+            with masked:
+                results.append((block(True), b.block))
+        sums = []
+        for r in range(n_rows):
+            phi = b.phi(ops.vec)
+            for values, pred in results:
+                phi.add_incoming(values[r], pred)
+            sums.append(phi)
+        for r, value in enumerate(sums):
+            p = b.add(p0_, const(r))
             ops.store(value, outp, b.add(ooff_, b.mul(p, ostep_)), where=b.icmp_signed("<", p, count))
         return context.get_dummy_value()
 
@@ -225,10 +260,6 @@ def gather(typingctx, width, rows, masked, out, ooff, ostep, src, soff, ts, tk, 
 
 
 # -- drivers: numba loops (parallel in numba's pool) around the kernels ---------------------------------
-#: Positions per unmasked :func:`gather` call (accumulators in registers; loads per FMA 1 + 1/ROWS).
-ROWS = 8
-
-
 def reduce_block(kernel: tuple[int, int, int], channels: int, width: int) -> tuple[int, int]:
     """(taps, vecs) of the weights-gradient kernel: all the taps of the kernel if their
     accumulators fit the vector registers (32 zmm or 16 ymm, ``vecs`` dy vectors and one x vector
@@ -288,51 +319,85 @@ def weights_driver(width: int, taps: int, vecs: int) -> Callable:
     return drive
 
 
+def axis_taps(out_size: int, kernel: int, stride: int, dilation: int, pad: int, size: int,
+              transposed: bool) -> np.ndarray:
+    """``(out_size, kernel)`` int64: where tap k of position a reads along one axis (-1: nowhere),
+    :func:`.geometry.tap` for every (a, k)."""
+    a, k = np.arange(out_size)[:, None], np.arange(kernel)[None, :]
+    if transposed:
+        t = a + pad - k * dilation
+        return np.where((t >= 0) & (t % stride == 0) & (t // stride < size), t // stride, -1)
+    i = a * stride + k * dilation - pad
+    return np.where((i >= 0) & (i < size), i, -1)
+
+
+def gather_phases(out_size: int, kernel: int, stride: int, dilation: int, pad: int,
+                  transposed: bool) -> tuple[np.ndarray, int, int, int, int]:
+    """The innermost axis' taps per phase: (rows ``(r, kfirst, taps, tk0, count)``, step, mul,
+    period P, phase count). Forward: one phase, positions ``p`` read ``p*S + tk0 + j*D`` through
+    the taps ``k = j``. Data gradient (``transposed``): position ``r + S*m`` reads ``dy[m + tk0 +
+    j*step]`` through the taps ``k = kfirst + j*P`` (the k with ``r + PB - k*D`` a multiple of S;
+    ``P = S/g``, ``step = -D/g``, ``g = gcd(S, D)``). Phases at or beyond ``out_size`` are left out."""
+    if not transposed:
+        return np.array([[0, 0, kernel, -pad, out_size]], np.int64), dilation, stride, 1, 1
+    g = math.gcd(stride, dilation)
+    period, rows = stride // g, []
+    for r in range(min(stride, out_size)):
+        ks = [k for k in range(kernel) if (r + pad - k * dilation) % stride == 0]
+        kfirst = ks[0] if ks else 0
+        rows.append((r, kfirst, len(ks), (r + pad - kfirst * dilation) // stride, -(-(out_size - r) // stride)))
+    return np.array(rows, np.int64), -(dilation // g), 1, period, stride
+
+
+def gather_rows(count: int, taps: int, width: int) -> int:
+    """Positions per :func:`gather` block for rows of ``count`` positions: the fewest padded
+    positions, then the largest block, with ``rows`` accumulators + ``taps`` weights + 2 within
+    the vector registers (32 zmm or 16 ymm) and at most 16."""
+    regs = 32 if width == 16 else 16
+    top = max(4, min(16, regs - taps - 2))
+    return min(range(4, top + 1), key=lambda r: (-(-count // r) * r, -r))
+
+
 @functools.cache
-def gather_driver(width: int) -> Callable:
-    """``drive(src, w, out, sshape, oshape, kshape, stride, dilation, pad, transposed, chunks)``:
-    fills ``out`` (flat, oshape 5-D) with the forward convolution of ``src`` (flat, sshape) or,
-    with ``transposed``, the data gradient of ``dy`` = ``src`` (per stride phase r of the
-    innermost axis: positions ``a = r + S*m`` read ``dy[m + (r + PB - k*D)/S]`` through the taps
-    whose ``r + PB - k*D`` is a multiple of S); ``w`` flat (K0, K1, K2, C); rows in ``chunks``
-    parallel chunks."""
+def gather_driver(width: int, rows: int, taps: tuple[int, ...], step: int, mul: int) -> Callable:
+    """``drive(src, w, out, sshape, oshape, kshape, outer0, outer1, phases, spread, chunks)``:
+    fills ``out`` (flat, oshape 5-D) from ``src`` (flat, sshape) and ``w`` (flat (K0, K1, K2, C)):
+    per row of ``out`` the kernel rows ``(k0, k1)`` that read the source (``outer0[a0, k0]``,
+    ``outer1[a1, k1]``: :func:`axis_taps`), per phase (``phases``: :func:`gather_phases`, whose
+    ``taps`` are among ``taps``) its positions ``r + P'*m`` (``spread = (P', P)``: phase count
+    and tap period) in blocks of ``rows``; rows in ``chunks`` parallel chunks."""
+    wide, narrow = max(taps), min(taps)
+
     @cached_njit(parallel=True)
-    def drive(src, w, out, sshape, oshape, kshape, stride, dilation, pad, transposed, chunks):  # pragma: no cover
+    def drive(src, w, out, sshape, oshape, kshape, outer0, outer1, phases, spread, chunks):  # pragma: no cover
         n_, s0_, s1_, s2_, c_ = sshape
         a0_, a1_, a2_ = oshape[1], oshape[2], oshape[3]
         k0_, k1_, k2_ = kshape
-        ntaps = k0_ * k1_ * k2_
-        rows = n_ * a0_ * a1_
-        phases = stride[2] if transposed else 1
-        mul = 1 if transposed else stride[2]
+        lines = n_ * a0_ * a1_
+        ostep, wstep = spread[0] * c_, spread[1] * c_
         for chunk in numba.prange(chunks):
-            ts, tk, tw = np.empty(ntaps, np.int64), np.empty(ntaps, np.int64), np.empty(ntaps, np.int64)
-            for row in range(chunk * rows // chunks, (chunk + 1) * rows // chunks):
-                n, a0, a1 = row // (a0_ * a1_), row // a1_ % a0_, row % a1_
-                for r in range(phases):
-                    used, lo_k, hi_k = 0, 0, 0
-                    for t in range(ntaps):
-                        k0, k1, k2 = t // (k1_ * k2_), t // k2_ % k1_, t % k2_
-                        b0 = tap(a0, k0, stride[0], dilation[0], pad[0], s0_, transposed)
-                        b1 = tap(a1, k1, stride[1], dilation[1], pad[1], s1_, transposed)
-                        q = r + pad[2] - k2 * dilation[2]
-                        if b0 < 0 or b1 < 0 or transposed and q % stride[2] != 0:
-                            continue
-                        k = q // stride[2] if transposed else k2 * dilation[2] - pad[2]
-                        ts[used], tk[used], tw[used] = ((n * s0_ + b0) * s1_ + b1) * s2_ * c_, k, t * c_
-                        lo_k, hi_k = min(lo_k, k) if used else k, max(hi_k, k) if used else k
-                        used += 1
-                    count = (a2_ - r + phases - 1) // phases
-                    lo = min(count, max(0, -(lo_k // mul)))
-                    hi = max(lo, min(count, (s2_ - 1 - hi_k) // mul + 1))
-                    ooff, ostep = row * a2_ * c_ + r * c_, phases * c_
-                    for c in range(0, c_, width):
-                        lanes = min(width, c_ - c)
-                        for m in range(0, count, ROWS):
-                            if lo <= m and m + ROWS <= hi:
-                                gather(width, ROWS, False, out, ooff + c, ostep, src, c, ts, tk, c_, w, c, tw, used,
-                                       (m, count), mul, s2_, lanes)
+            ts, tw = np.empty(k0_ * k1_, np.int64), np.empty(k0_ * k1_, np.int64)
+            for line in range(chunk * lines // chunks, (chunk + 1) * lines // chunks):
+                n, a0, a1 = line // (a0_ * a1_), line // a1_ % a0_, line % a1_
+                used = 0
+                for k0 in range(k0_):
+                    b0 = outer0[a0, k0]
+                    for k1 in range(k1_):
+                        b1 = outer1[a1, k1]
+                        if b0 >= 0 and b1 >= 0:
+                            ts[used], tw[used] = ((n * s0_ + b0) * s1_ + b1) * s2_ * c_, (k0 * k1_ + k1) * k2_ * c_
+                            used += 1
+                for ph in range(phases.shape[0]):
+                    r, kfirst, ntaps, tk0, count = phases[ph]
+                    nrows = used if ntaps else 0
+                    ooff = (line * a2_ + r) * c_
+                    for m in range(0, count, rows):
+                        for c in range(0, c_, width):
+                            lanes = min(width, c_ - c)
+                            if ntaps == wide:
+                                gather(width, rows, wide, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
+                                       kfirst * c_ + c, wstep, tw, nrows, (m, count), tk0, s2_, lanes)
                             else:
-                                gather(width, ROWS, True, out, ooff + c, ostep, src, c, ts, tk, c_, w, c, tw, used,
-                                       (m, count), mul, s2_, lanes)
+                                gather(width, rows, narrow, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
+                                       kfirst * c_ + c, wstep, tw, nrows, (m, count), tk0, s2_, lanes)
     return drive
