@@ -115,6 +115,23 @@ def _loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, init: list[ir.Value]
     return out
 
 
+def _choose(b: ir.IRBuilder, cond: ir.Value, then: Callable[[], list[ir.Value]],
+            otherwise: Callable[[], list[ir.Value]]) -> list[ir.Value]:
+    """``then() if cond else otherwise()``: the code of both, their values merged in phis."""
+    with b.if_else(cond) as (yes, no):
+        with yes:
+            first, first_end = then(), b.block
+        with no:
+            second, second_end = otherwise(), b.block
+    merged = []
+    for x, y in zip(first, second):
+        phi = b.phi(x.type)
+        phi.add_incoming(x, first_end)
+        phi.add_incoming(y, second_end)
+        merged.append(phi)
+    return merged
+
+
 def _tap_read(b: ir.IRBuilder, p: ir.Value, mul: ir.Value, tk: ir.Value, size: ir.Value,
               masked: bool) -> tuple[ir.Value, ir.Value | None]:
     """(innermost source index of a tap at position p, whether it is inside): a tap outside reads
@@ -218,10 +235,10 @@ def gather(typingctx, width, rows, taps, step, mul, out, ooff, ostep, src, soff,
         offsets = sorted(reads)
         lo, hi = (b.add(first, const(e)) for e in (offsets[0], offsets[-1])) if offsets else (first, first)
         inner = b.and_(b.icmp_signed(">=", lo, const(0)), b.icmp_signed("<", hi, size_))
-        results = []
 
-        def block(masked: bool) -> list[ir.Value]:
-            """The sums of the block, each source position tested if ``masked``."""
+        def block(masked: bool, tail: bool) -> list[ir.Value]:
+            """The sums of the block, each source position tested if ``masked``, the lanes from
+            ``lanes`` on masked if ``tail``."""
             index = {e: b.add(first, const(e)) for e in offsets}
             inside = {e: b.icmp_unsigned("<", i, size_) for e, i in index.items()} if masked else {}
             where = {e: ops.splat(v, ops.tail.type) for e, v in inside.items()}
@@ -229,10 +246,10 @@ def gather(typingctx, width, rows, taps, step, mul, out, ooff, ostep, src, soff,
 
             def body(t: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                 row, wrow = b.add(soff_, b.load(b.gep(tsp, [t]))), b.add(woff_, b.load(b.gep(twp, [t])))
-                weights = [ops.load(wp, b.add(wrow, b.mul(const(j), wstep_))) for j in range(n_taps)]
+                weights = [ops.load(wp, b.add(wrow, b.mul(const(j), wstep_)), tail) for j in range(n_taps)]
                 new = list(accs)
                 for e in offsets:
-                    source = ops.load(srcp, b.add(row, src_off[e]))
+                    source = ops.load(srcp, b.add(row, src_off[e]), tail)
                     for r, j in reads[e]:
                         f = b.call(ops.fma, [source, weights[j], new[r]])
                         new[r] = b.select(where[e], f, new[r]) if masked else f
@@ -240,17 +257,9 @@ def gather(typingctx, width, rows, taps, step, mul, out, ooff, ostep, src, soff,
 
             return _loop(b, const(0), nrows_, [ops.zero] * n_rows, body)
 
-        with b.if_else(inner) as (unmasked, masked):
-            with unmasked:
-                results.append((block(False), b.block))
-            with masked:
-                results.append((block(True), b.block))
-        sums = []
-        for r in range(n_rows):
-            phi = b.phi(ops.vec)
-            for values, pred in results:
-                phi.add_incoming(values[r], pred)
-            sums.append(phi)
+        full = b.icmp_signed("==", lanes_, const(width_))
+        sums = _choose(b, full, *(functools.partial(_choose, b, inner, functools.partial(block, False, tail),
+                                                    functools.partial(block, True, tail)) for tail in (False, True)))
         for r, value in enumerate(sums):
             p = b.add(p0_, const(r))
             ops.store(value, outp, b.add(ooff_, b.mul(p, ostep_)), where=b.icmp_signed("<", p, count))
@@ -387,13 +396,15 @@ def gather_driver(width: int, rows: int, taps: tuple[int, ...], step: int, mul: 
                         if b0 >= 0 and b1 >= 0:
                             ts[used], tw[used] = ((n * s0_ + b0) * s1_ + b1) * s2_ * c_, (k0 * k1_ + k1) * k2_ * c_
                             used += 1
-                for ph in range(phases.shape[0]):
-                    r, kfirst, ntaps, tk0, count = phases[ph]
-                    nrows = used if ntaps else 0
-                    ooff = (line * a2_ + r) * c_
-                    for m in range(0, count, rows):
+                for m in range(0, phases[0, 4], rows):  # the phases' blocks in turn: the writes move along the row
+                    for ph in range(phases.shape[0]):
+                        r, kfirst, ntaps, tk0, count = phases[ph]
+                        nrows = used if ntaps else 0
+                        ooff = (line * a2_ + r) * c_
                         for c in range(0, c_, width):
                             lanes = min(width, c_ - c)
+                            if m >= count:
+                                continue
                             if ntaps == wide:
                                 gather(width, rows, wide, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
                                        kfirst * c_ + c, wstep, tw, nrows, (m, count), tk0, s2_, lanes)
