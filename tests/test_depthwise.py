@@ -177,3 +177,68 @@ def test_weights_block_fits_the_registers(kernel, channels, width, want):
     taps, vecs = depthwise_kernels.reduce_block(kernel, channels, width)
     assert (taps, vecs) == want
     assert taps * vecs + vecs + 1 <= (32 if width == 16 else 16)
+
+
+#: Rows longer than one :func:`gather` block (up to 16 positions): unmasked interior blocks,
+#: masked edge blocks, a last block cut at the row's end; strides whose phases have different tap
+#: counts (or none), dilations whose phases' taps are sparse (a step of -D/gcd(S, D)).
+LONG_ROWS = {
+    "3x3 row of 40": ((3, 40), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+    "3x3 stride 2 row of 45": ((4, 45), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)),
+    "1x5 dilation 3, asymmetric pads": ((3, 43), (1, 5), (1, 1), (1, 3), (0, 7), (0, 2)),
+    "1-D 5 stride 3 dilation 2": ((50,), (5,), (3,), (2,), (4,), (2,)),
+    "1-D 7 stride 2 dilation 2": ((61,), (7,), (2,), (2,), (6,), (3,)),
+    "1-D 1 stride 3 (phases without taps)": ((38,), (1,), (3,), (1,), (0,), (0,)),
+}
+
+
+@pytest.mark.parametrize("dtype_name", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("channels", [16, 17, 40])
+@pytest.mark.parametrize("shape", sorted(LONG_ROWS))
+def test_gather_blocks_of_long_rows(shape, channels, dtype_name, rng, kernel_calls):
+    """Forward and data gradient on rows of several blocks (random non-zero inputs; bf16/f16
+    widened to f32), against the reference: every block kind and the channel tail."""
+    in_size, kernel, strides, dilations, pb, pe = LONG_ROWS[shape]
+    g, dtype = geometry(2, channels, 1, 1, in_size, kernel, strides, dilations, pb, pe), DATA_DTYPES[dtype_name]
+    inputs = task_inputs(g, rng, dtype, False)
+    for task in ("forward", "backward_data"):
+        got = depthwise.run(g, *inputs[task], task, np.dtype(np.float32))
+        want = getattr(REF, task)(g, *(v.astype(np.float64) for v in inputs[task]))
+        _check(got, want, 2e-6, f"{shape} C={channels} {dtype_name} {task}")
+    assert kernel_calls["gather"] == 2 or isa.family() == "portable"
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3, 4])
+@pytest.mark.parametrize("dilation", [1, 2, 3])
+@pytest.mark.parametrize("kernel", [1, 2, 3, 5])
+def test_gather_phases_are_the_taps(kernel, dilation, stride):
+    """Each phase's taps (k = kfirst + j*P read position m + tk0 + j*step of the source, forward:
+    p*S + tk0 + j*step) are exactly the (k, source position) pairs of :func:`.geometry.tap`."""
+    size, pad = 11, 2
+    for transposed in (False, True):
+        out_size = size if transposed else 9
+        phases, step, mul, period, spread = depthwise_kernels.gather_phases(out_size, kernel, stride, dilation, pad,
+                                                                             transposed)
+        got, want = set(), set()
+        for r, kfirst, taps, tk0, count in phases.tolist():
+            assert count == len(range(r, out_size, spread))
+            got |= {(r + spread * m, kfirst + j * period, m * mul + tk0 + j * step)
+                    for m in range(count) for j in range(taps)}
+        for a in range(out_size):
+            for k in range(kernel):
+                i = a + pad - k * dilation if transposed else a * stride + k * dilation - pad
+                if transposed and i % stride == 0:
+                    want.add((a, k, i // stride))
+                elif not transposed:
+                    want.add((a, k, i))
+        assert got == want, (transposed, phases, step, mul, period)
+
+
+@pytest.mark.parametrize("count", [1, 7, 9, 14, 28, 56, 112])
+@pytest.mark.parametrize("taps,width", [(1, 16), (3, 16), (7, 16), (3, 8), (5, 8)])
+def test_gather_block_fits_the_registers(count, taps, width):
+    """Up to 16 positions per block, the fewest padded ones: the accumulators, a kernel row's
+    weights and a source vector within the vector registers."""
+    rows = depthwise_kernels.gather_rows(count, taps, width)
+    assert 4 <= rows <= 16 and rows + taps + 2 <= (32 if width == 16 else 16)
+    assert -(-count // rows) * rows - count == min(-(-count // r) * r - count for r in range(4, rows + 1))
