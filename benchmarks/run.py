@@ -341,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", nargs="+", choices=list(SUITES), default=list(SUITES))
     parser.add_argument("--task", nargs="+", choices=list(TASKS), default=list(TASKS))
-    parser.add_argument("--dtype", nargs="+", choices=["f32", "bf16", "f16"], default=["f32", "bf16", "f16"],
-                        help="bf16/f16 run on the ResNet-50 suite only")
+    parser.add_argument("--dtype", nargs="+", choices=["f32", "bf16", "f16"],
+                        help="data types of every suite (default: f32, bf16 and f16 on ResNet-50, f32 elsewhere)")
     parser.add_argument("--mb", type=int, help="minibatch (default: 16; 1 for 3D U-Net)")
     parser.add_argument("--quick", action="store_true", help="3 layers per suite, one timed run each")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md and the plot")
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     for suite in args.suite:
         for d in load_suite(suite, args.mb or DEFAULT_MB[suite], args.quick):
             for task in args.task:
-                for dtype in args.dtype if suite == "resnet_50" else ["f32"]:
+                for dtype in args.dtype or (["f32", "bf16", "f16"] if suite == "resnet_50" else ["f32"]):
                     row = measure(d, suite, task, dtype, suite == "resnet_50" and dtype == "f32", budget, reps, rng)
                     rows.append(row)
                     print(table([row], ceiling)[-1], flush=True)
