@@ -108,8 +108,8 @@ def _gather_into(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarra
         return
     key, outer0, outer1, phases, spread = _gather_plan(g, transposed, width)
     kernels.gather_driver(*key)(src3.reshape(-1), taps.reshape(-1), out3.reshape(-1), np.array(src3.shape, np.int64),
-          np.array(out3.shape, np.int64), np.array(taps.shape[:3], np.int64), outer0, outer1, phases, spread,
-          _chunks(out3.shape[0] * out3.shape[1] * out3.shape[2]))
+                                np.array(out3.shape, np.int64), np.array(taps.shape[:3], np.int64), outer0, outer1,
+                                phases, spread, _chunks(out3.shape[0] * out3.shape[1] * out3.shape[2]))
 
 
 @functools.lru_cache(maxsize=256)

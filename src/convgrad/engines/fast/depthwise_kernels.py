@@ -4,7 +4,7 @@ A depthwise convolution (one input and one output channel per group) has no redu
 channels: with channels-last (NXC) data every product is an elementwise one of ``W``-lane vectors
 of channels. Along the innermost spatial axis, tap ``t`` of position ``p`` reads the source at
 ``i_t(p) = p*mul + tk[t]``, which is inside the source where ``0 <= i_t(p) < size``; ``ts[t]``
-is the tap's row offset (its outer axes), ``step`` the innermost axis' stride (elements). Lanes
+is the tap's row offset (its outer axes), ``xstep``/``sstep`` the positions' stride (elements). Lanes
 ``l < lanes`` of one vector of channels (the rest masked: a channel tail) at element offsets:
 
 - :func:`reduce` (weights gradient): ``taps`` x ``vecs`` accumulators in registers while the
@@ -13,18 +13,22 @@ is the tap's row offset (its outer axes), ``step`` the innermost axis' stride (e
       acc[aoff + tw[t] + v*W + l] += sum_p x[xoff + ts[t] + i_t(p)*xstep + v*W + l]
                                           * dy[yoff + p*ystep + v*W + l]
 
-- :func:`gather` (forward, and backward data per stride phase): ``rows`` positions' accumulators
-  in registers, a runtime tap loop, one weight load per tap::
+- :func:`gather` (forward, and backward data per stride phase): ``rows`` positions'
+  accumulators in registers, a runtime loop over the ``nrows`` kernel rows ``t`` and the
+  ``taps`` taps ``j`` of a row unrolled (source position ``(p0 + r)*mul + tk0 + j*step``), each
+  distinct source vector loaded once (stride 1: ``rows + taps - 1`` loads for ``rows*taps``
+  FMAs) and one weight load per tap::
 
-      out[ooff + (p0 + r)*ostep + l] = sum_{t < ntaps} src[soff + ts[t] + i_t(p0 + r)*sstep + l]
-                                                       * w[woff + tw[t] + l]
+      out[ooff + (p0 + r)*ostep + l] = sum_{t, j} src[soff + ts[t] + ((p0 + r)*mul + tk0 + j*step)*sstep + l]
+                                                  * w[woff + tw[t] + j*wstep + l]
 
-``masked`` (a constant) kernels test every tap of every position (a tap outside the source adds
-nothing: padding is no part of the sums, so an Inf or NaN elsewhere never meets a padded zero);
-the others assume every tap inside (the interior of a row). ``width``, ``taps``/``rows``,
-``vecs`` and ``masked`` are compile-time constants (closure variables of the calling driver);
-callers are compiled with :func:`.microkernel.cached_njit`. A 16-wide kernel on an AVX2 host is
-legalised by LLVM (correct, not fast).
+``masked`` kernels (a constant of :func:`reduce`; a runtime branch of :func:`gather`, taken by
+a block with a read outside the source) test every tap of every position (a tap outside the
+source adds nothing: padding is no part of the sums, so an Inf or NaN elsewhere never meets a
+padded zero); the others assume every tap inside (the interior of a row). ``width``,
+``taps``/``rows``, ``vecs``, ``step``, ``mul`` and ``masked`` are compile-time constants (closure
+variables of the calling driver); callers are compiled with :func:`.microkernel.cached_njit`. A
+16-wide kernel on an AVX2 host is legalised by LLVM (correct, not fast).
 """
 
 from __future__ import annotations
