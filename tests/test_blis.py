@@ -14,6 +14,7 @@ import pytest
 
 from convgrad.engines import get_engine
 from convgrad.engines.fast import blis, isa, jit
+from convgrad.engines.fast.tuning import TUNING
 from convgrad.problem import ConvGeometry
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -22,7 +23,8 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 def _sizes() -> list[tuple[int, int, int]]:
     b = blis.blocks(4096, 4096, 64, 4)
     return [(1, 1, 1), (1, 7, 1), (13, 1, 5), (7, 13, 17), (b.rows + 1, b.kc + 1, b.nr + 1),
-            (b.mc + 1, 2 * b.kc + 3, 2 * b.nr - 1), (3 * b.rows - 1, b.kc - 1, 97), (61, 263, 31)]
+            (b.mc + 1, 2 * b.kc + 3, 2 * b.nr - 1), (3 * b.rows - 1, b.kc - 1, 97), (61, 263, 31),
+            (13, 3 * b.kc + 11, 7), (3, 97, 2), (b.rows + 3, 2 * b.kc + 1, b.nr + 5)]   # deep: K split
 
 
 @pytest.mark.parametrize("m, k, n", _sizes())
@@ -56,16 +58,42 @@ def test_bf16_gemm_on_pairs(m, k, n, standin):
 
 
 def test_block_sizes_follow_the_caches():
-    """kc: a B micro-panel in half the L1; mc: an A block in half the L2, whole register blocks,
-    cut so that every thread has rows."""
+    """kc: a B micro-panel in TUNING.gemm_panel_l1 L1 caches; mc: an A block in at most half the
+    L2, whole register blocks; every thread gets work."""
     l1, l2, _ = isa.cache_sizes()
     assert l1 >= 4096 and l2 >= l1
     b = blis.blocks(100_000, 4096, 256, 4)
-    assert b.kc * b.nr * 4 <= l1 // 2 and b.kc % 2 == 0
+    assert b.kc * b.nr * 4 <= TUNING.gemm_panel_l1 * l1 and b.kc % 2 == 0
     assert b.mc % b.rows == 0 and b.mc * b.kc * 4 <= l2 // 2
     small = blis.blocks(30, 4096, 256, 4)
-    per_thread = -(-30 // numba.get_num_threads())
-    assert small.mc == -(-per_thread // small.rows) * small.rows
+    assert small.k_chunks == min(numba.get_num_threads(), -(-4096 // small.kc))     # deep: K split
+    assert -(-30 // small.mc) * small.shares * small.k_chunks >= numba.get_num_threads()
+    assert blis.blocks(100_000, 64, 256, 4).k_chunks == 1
+
+
+def _busiest(m: int, rows: int, panels: int, mc: int, shares: int, threads: int) -> int:
+    """The busiest thread's rows x panels when the items are dealt as OpenMP's static schedule does."""
+    items = [min(mc, m - b) * (panels * (s + 1) // shares - panels * s // shares)
+             for b in range(0, m, mc) for s in range(shares)]
+    q, extra = divmod(len(items), threads)
+    bounds = np.cumsum([0] + [q + (t < extra) for t in range(threads)])
+    return max(sum(items[bounds[t]:bounds[t + 1]]) for t in range(threads))
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+def test_the_split_keeps_every_thread_as_busy_as_any_split_can(threads):
+    """Against every split into whole register blocks of at most mc_max rows (brute force)."""
+    rng = np.random.default_rng()
+    for _ in range(40):
+        rows = int(rng.choice([6, 8, 14]))
+        m, panels = int(rng.integers(1, 40 * rows)), int(rng.integers(1, 9))
+        mc_max = rows * int(rng.integers(1, 12))
+        mc, shares = blis.split(m, rows, panels, mc_max, threads)
+        assert mc % rows == 0 and mc <= max(mc_max, rows) and 1 <= shares <= panels
+        got = _busiest(-(-m // rows) * rows, rows, panels, mc, shares, threads)
+        best = min(_busiest(-(-m // rows) * rows, rows, panels, c, s, threads)
+                   for c in range(rows, mc_max + 1, rows) for s in range(1, panels + 1))
+        assert got == best, (m, rows, panels, mc_max, threads, (mc, shares))
 
 
 def _pointwise_geometry(n, in_size, ic, oc, strides) -> ConvGeometry:

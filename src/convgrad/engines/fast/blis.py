@@ -10,8 +10,10 @@ with the kernel's roles: ``A`` broadcast (``mr`` rows), ``B`` loaded as vectors 
             for jr over the share's panels: for ir over the mr-panels:
                 C[ir, jr] += A[ir] . Bp[pc, jr]                     (the kernel, kc deep)
 
-``kc``: a B micro-panel (``kc x nr``) fills half the L1 data cache; ``mc``: an A block
-(``mc x kc``) half the L2; both read from the host's cache sizes (:func:`.isa.cache_sizes`).
+``kc``: a B micro-panel (``kc x nr``) fills ``TUNING.gemm_panel_l1`` L1 data caches (it streams
+from L2: longer kernel calls cost fewer C tile loads and restart fewer A streams); ``mc``: an A
+block (``mc x kc``) at most half the L2; both from the host's cache sizes
+(:func:`.isa.cache_sizes`); blocks and shares of the panels dealt evenly to the threads.
 The kernel broadcasts A, so it reads any evenly strided A where it lies (oneDNN's brgemm does
 not pack A either); only a last partial register block of rows is packed per step, and bf16 A
 whose pairs along K are not adjacent (a transposed A: the weights gradient) is copied once into
@@ -31,59 +33,104 @@ import numba
 import numpy as np
 
 from . import isa, microkernel
+from .tuning import TUNING
 
 __all__ = ["Blocks", "blocks", "gemm", "workspace_bytes"]
 
 
 @dataclass(frozen=True)
 class Blocks:
-    """The register block (``rows`` x ``vecs`` vectors of ``width`` lanes) and the cache blocks."""
+    """The register block (``rows`` x ``vecs`` vectors of ``width`` lanes), the cache blocks and
+    the threads' split of the nr-panels."""
 
     width: int
     rows: int
     vecs: int
     kc: int        #: reduction values per kernel call (even: whole bf16 pairs)
     mc: int        #: rows of A per block of work (a multiple of ``rows``)
+    shares: int = 1  #: shares of the nr-panels per block of rows (one item of work each)
+    k_chunks: int = 1  #: chunks of K, one per thread, each into a C of its own (then summed)
 
     @property
     def nr(self) -> int:
         return self.vecs * self.width
 
 
+def register_block(n: int, width: int, m: int, itemsize: int) -> tuple[int, int]:
+    """The GEMM's register block: ``TUNING.gemm_blocks`` for the family's width and the operand
+    size where it names one and ``n`` fills its vectors, else the fewest idle lanes and rows
+    (:func:`.microkernel.block_for`)."""
+    block = TUNING.gemm_blocks.get((width, itemsize))
+    if block is not None and n >= block[1] * width:
+        return block
+    return microkernel.block_for(n, width, m)
+
+
+@functools.lru_cache(maxsize=256)
+def split(m: int, rows: int, panels: int, mc_max: int, threads: int) -> tuple[int, int]:
+    """(mc, shares): blocks of at most ``mc_max`` rows (whole register blocks of ``rows``) and
+    shares of the ``panels`` nr-panels per block, such that the items (block, share), dealt to
+    ``threads`` in contiguous runs as OpenMP's static schedule deals them, give the least work
+    to the busiest thread (rows x panels), then the fewest items."""
+    row_panels = -(-m // rows)
+    best: tuple[tuple[int, int], tuple[int, int]] | None = None
+    for per in range(min(row_panels, max(1, mc_max // rows)), 0, -1):
+        n_blocks = -(-row_panels // per)
+        sizes = np.full(n_blocks, per)
+        sizes[-1] = row_panels - (n_blocks - 1) * per
+        for shares in range(1, min(panels, threads) + 1):
+            cuts = panels * np.arange(shares + 1) // shares
+            work = np.outer(sizes, np.diff(cuts)).ravel()
+            q, extra = divmod(work.size, threads)
+            ends = np.cumsum([q + (t < extra) for t in range(threads)])
+            runs = np.add.reduceat(np.append(work, 0), np.concatenate(([0], ends[:-1])))[:threads]
+            key = (int(runs.max()), work.size)
+            if best is None or key < best[0]:
+                best = key, (per * rows, shares)
+    assert best is not None
+    return best[1]
+
+
 def blocks(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None = None) -> Blocks:
-    """The blocks for an ``m x k x n`` GEMM of ``itemsize``-byte packed operands: the register
-    block with the fewest idle lanes over ``n`` (:func:`.microkernel.block_for`, or ``block``),
-    ``kc`` from L1, ``mc`` from L2, ``mc`` cut so that every thread gets a block."""
+    """The blocks for an ``m x k x n`` GEMM of ``itemsize``-byte packed operands (2: bf16 pairs):
+    the register block (``block``, else :func:`register_block`), ``kc`` from the L1 (a B
+    micro-panel in ``TUNING.gemm_panel_l1`` of it), ``mc`` at most an A block in half the L2, and
+    the threads' work: a deep reduction (K > ``TUNING.gemm_deep`` (M + N)) splits K, one chunk
+    per thread into a C of its own (B read once, every thread as busy); others split M and N
+    (:func:`split`)."""
     width = isa.WIDTH[isa.family()]
-    rows, vecs = block or microkernel.block_for(n, width, m)
+    rows, vecs = block or register_block(n, width, m, itemsize)
     l1, l2, _ = isa.cache_sizes()
-    kc = max(16, min(-(-k // 2) * 2, (l1 // 2) // (vecs * width * itemsize) // 16 * 16))
-    mc = max(rows, (l2 // 2) // (kc * itemsize) // rows * rows)
-    per_thread = -(-m // numba.get_num_threads())
-    mc = min(mc, -(-per_thread // rows) * rows)
-    return Blocks(width, rows, vecs, kc, mc)
+    nr, threads = vecs * width, numba.get_num_threads()
+    kc = max(16, min(-(-k // 2) * 2, int(TUNING.gemm_panel_l1 * l1) // (nr * itemsize) // 16 * 16))
+    mc_max = max(rows, (l2 // 2) // (kc * itemsize) // rows * rows)
+    k_chunks = min(threads, -(-k // kc)) if k > TUNING.gemm_deep * (m + n) else 1
+    mc, shares = split(m, rows, -(-n // nr), mc_max, -(-threads // k_chunks))
+    return Blocks(width, rows, vecs, kc, mc, shares, k_chunks)
 
 
 def workspace_bytes(m: int, k: int, n: int, itemsize: int) -> int:
     """Upper bound of :func:`gemm`'s allocations besides its operands: the packed B, the padded C
-    (f32), A in pairs (bf16, twice while it is built) and one packed tail panel per block."""
+    (f32, one per chunk of K), A in pairs (bf16, twice while it is built) and one packed tail panel
+    per item."""
     b = blocks(m, k, n, itemsize)
     kp, npad, mpad = -(-k // 2) * 2, -(-n // b.nr) * b.nr, -(-m // b.rows) * b.rows
-    return kp * npad * itemsize + mpad * npad * 4 + 2 * mpad * kp * itemsize \
-        + -(-m // b.mc) * b.rows * b.kc * itemsize + 4096
+    return kp * npad * itemsize + b.k_chunks * mpad * npad * 4 + 2 * mpad * kp * itemsize \
+        + -(-m // b.mc) * b.shares * b.rows * b.kc * itemsize + 4096
 
 
 @functools.cache
 def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
     """The parallel loops of :func:`gemm` for one register block (compiled for it alone)."""
     @microkernel.cached_njit(parallel=True)
-    def run(a, lda, astep, m, k, bp, c, kc, mc, depth, n_shares):  # pragma: no cover - compiled
+    def run(a, lda, astep, m, k, bp, c, kc, mc, depth, n_shares, k_chunks):  # pragma: no cover - compiled
         """``c[:m, :] = A @ B``, A's value (row, kk) at ``a[row*lda + kk*astep]`` (flat; for
         ``depth`` 2 the kernel reads pairs ``kk``, ``kk+1`` adjacent and steps ``astep*depth``),
-        ``bp`` B packed as (panels, K/depth, nr*depth): items of (mc-block of A's rows, share of
-        the nr-panels) of kc deep steps, the first writing its tiles of ``c`` (the kernel's beta
-        = 0), the next adding to them, the kernel reading A where it lies; a last partial panel of
-        rows is packed per step as (kc/depth, rows, depth)."""
+        ``bp`` B packed as (panels, K/depth, nr*depth): items of (chunk of K, mc-block of A's
+        rows, share of the nr-panels) of kc deep steps, the first writing its tiles of ``c``
+        (the kernel's beta = 0), the next adding to them, the kernel reading A where it lies; a
+        last partial panel of rows is packed per step as (kc/depth, rows, depth). Chunk ``t`` of
+        K writes rows ``t*R .. t*R + R`` of ``c`` (R = ``c``'s rows / ``k_chunks``)."""
         nr = vecs * width
         panels = bp.shape[0]
         kd = bp.shape[1]                       # K steps (pairs for depth 2)
@@ -91,16 +138,21 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
         ldc = c.shape[1]
         m_blocks = -(-m // mc)
         steps = kc // depth
+        per_chunk = -(-kd // (k_chunks * steps)) * steps
+        chunk_rows = c.shape[0] // k_chunks
         zero = np.zeros(1, np.int64)
-        for item in numba.prange(m_blocks * n_shares):
-            mb, share = item // n_shares, item % n_shares
+        for item in numba.prange(k_chunks * m_blocks * n_shares):
+            chunk, rest = item // (m_blocks * n_shares), item % (m_blocks * n_shares)
+            mb, share = rest // n_shares, rest % n_shares
+            k_lo, k_hi = chunk * per_chunk, min(kd, (chunk + 1) * per_chunk)
+            c0 = chunk * chunk_rows * ldc
             m0 = mb * mc
             row_panels = -(-min(mc, m - m0) // rows)
             first, last = panels * share // n_shares, panels * (share + 1) // n_shares
             tail = row_panels - 1 if m0 + row_panels * rows > m else -1   # a partial last panel
             ap = np.empty(steps * rows * depth, a.dtype)
-            for s0 in range(0, kd, steps):
-                ks = min(steps, kd - s0)
+            for s0 in range(k_lo, k_hi, steps):
+                ks = min(steps, k_hi - s0)
                 if tail >= 0:                                     # packed as (ks, rows, depth)
                     for r in range(rows):
                         row = m0 + tail * rows + r
@@ -113,14 +165,14 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
                 for jp in range(first, last):
                     boff = jp * ldp + s0 * nr * depth
                     for rp in range(row_panels):
-                        coff = (m0 + rp * rows) * ldc + jp * nr
+                        coff = c0 + (m0 + rp * rows) * ldc + jp * nr
                         if rp == tail:
                             microkernel.run(width, rows, vecs, native, c, coff, ldc, ap, 0, depth, rows * depth, bp,
-                                            boff, nr * depth, zero, zero, 1, ks, s0)
+                                            boff, nr * depth, zero, zero, 1, ks, s0 - k_lo)
                         else:
                             microkernel.run(width, rows, vecs, native, c, coff, ldc, a,
                                             (m0 + rp * rows) * lda + s0 * depth * astep, lda, astep * depth, bp, boff,
-                                            nr * depth, zero, zero, 1, ks, s0)
+                                            nr * depth, zero, zero, 1, ks, s0 - k_lo)
     return run
 
 
@@ -171,19 +223,19 @@ def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None) -> 
     (the dot-product kernel on pairs along K): a (M, N) view of a padded f32 array. ``a`` is
     read where it lies when its elements are evenly spaced in memory (any 2-D strided view of
     f32; bf16 with adjacent values along an even K), else copied once (bf16: into pairs); B is
-    packed. An f32 product reducing over K > 4 (M + N) with N > M (a weights gradient) runs as
+    packed. An f32 product reducing over K > ``TUNING.gemm_deep`` (M + N) with N > M (a weights gradient) runs as
     ``(b^T a^T)^T``, packing the smaller operand, on the block :func:`blocks` picks for it (not
     ``block``, which is for the untransposed product): measured on a Zen 4, dW of 64 x 256 over 50176
     positions 66 -> 113 GFLOP/s, 128 x 512 over 12544 78 -> 140 (docs/engine.md)."""
     bf16 = a.dtype == np.uint16
     m, k = a.shape
     n = b.shape[1]
-    if not bf16 and n > m and k > 4 * (m + n):
+    if not bf16 and n > m and k > TUNING.gemm_deep * (m + n):
         return gemm(b.T, a.T).T    # a deep reduction (a weights gradient): pack the smaller operand
     depth = 2 if bf16 else 1
     bl = blocks(m, k, n, a.dtype.itemsize, block)
     mpad = -(-m // bl.rows) * bl.rows
-    c = np.empty((mpad, -(-n // bl.nr) * bl.nr), np.float32)
+    c = np.empty((bl.k_chunks * mpad, -(-n // bl.nr) * bl.nr), np.float32)
     if not (m and k and n):
         c.fill(0)
         return c[:m, :n]
@@ -193,8 +245,8 @@ def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None) -> 
     if bf16 and not (astep == 1 and k % 2 == 0):                          # pairs not adjacent
         pairs = _packed(a, mpad, 2, transpose=True)                       # (1, K/2, M'*2)
         flat, lda, astep, rows_run = pairs.reshape(-1), 2, mpad, mpad     # (row, pair i) at 2*row + 2*i*M'
-    m_blocks = -(-m // bl.mc)
-    n_shares = min(bp.shape[0], max(1, -(-numba.get_num_threads() // m_blocks)))
     _driver(bl.width, bl.rows, bl.vecs, bf16 and isa.bf16_native())(
-        flat, lda, astep, rows_run, k, bp, c, bl.kc, bl.mc, depth, n_shares)
+        flat, lda, astep, rows_run, k, bp, c, bl.kc, bl.mc, depth, bl.shares, bl.k_chunks)
+    if bl.k_chunks > 1:
+        c = np.add.reduce(c.reshape(bl.k_chunks, mpad, -1), axis=0)
     return c[:m, :n]

@@ -76,12 +76,18 @@ def _block_of(name: object) -> tuple[int, int] | None:
 
 def complete(f: Features, params: dict) -> dict:
     """``params`` with the missing ones defaulted for ``f``: the block with the fewest idle lanes
-    (and, for the weights gradient, rows) over the channels (:func:`.microkernel.block_for`),
+    (and, for the weights gradient, rows) over the channels (:func:`.microkernel.block_for`; a
+    pointwise problem: the GEMM's, :func:`.blis.register_block`),
     ``TUNING.cache_bytes``, and the weights gradient's split by dw's size next to x and dy
     (``TUNING.weights_split``)."""
     g = f.geometry
-    rows, vecs = microkernel.block_for(g.icg if f.task == "backward_data" else g.ocg, _width(),
-                                       g.icg if f.task == "backward_weights" else None)
+    channels = g.icg if f.task == "backward_data" else g.ocg
+    if f.pointwise:        # one GEMM over the positions: our GEMM's block for its M x N
+        positions = g.n * math.prod(g.out_size)
+        rows, vecs = blis.register_block(channels, _width(), g.icg if f.task == "backward_weights" else positions,
+                                         4 // _depth(f.data_dtype))
+    else:
+        rows, vecs = microkernel.block_for(channels, _width(), g.icg if f.task == "backward_weights" else None)
     by_blocks = math.prod(g.w_shape) > TUNING.weights_split * (math.prod(g.x_shape) + math.prod(g.y_shape))
     return {"block": f"{rows}x{vecs}", "cache_bytes": TUNING.cache_bytes,
             "split": "blocks" if f.task == "backward_weights" and by_blocks else "rows", **params}

@@ -86,6 +86,15 @@ class Tuning:
     #: ``direct``: the depthwise weights gradient sums this many partial dw per thread.
     depthwise_parts_per_thread: int = 4
 
+    # -- our GEMM (``blis``) ----------------------------------------------------------------------
+    #: Register block (rows, vectors) of our GEMM per (vector width, operand bytes), where the
+    #: output has that many vectors; elsewhere the fewest idle lanes (``microkernel.block_for``).
+    gemm_blocks: dict[tuple[int, int], tuple[int, int]] = field(default_factory=lambda: {(16, 4): (14, 2)})
+    #: L1 caches' worth of bytes of one B micro-panel (kc x nr): sets kc.
+    gemm_panel_l1: float = 2.0
+    #: A GEMM reducing over K > this times (M + N) (a weights gradient) splits K among the threads.
+    gemm_deep: float = 4.0
+
     # -- inside the ``gemm`` strategy -----------------------------------------------------------
     #: Reduction depth (taps x channels) from which one GEMM runs near BLAS speed: below it the
     #: frame gathers several taps per GEMM (a blocked im2col).
