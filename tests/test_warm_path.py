@@ -217,3 +217,25 @@ def test_threads_calling_at_once_get_the_serial_results() -> None:
         t.join()
     for (t, r), got in results.items():
         np.testing.assert_array_equal(got, serial[(t + r) % 4], err_msg=f"seed {seed}")
+
+
+def test_one_call_reads_the_plan_cache_once_and_forced_plans_live(monkeypatch) -> None:
+    """An API call's memory estimate and run share one reading of the process's state (the plan
+    cache's file stamp costs a system call); a plan forced inside the call still counts."""
+    rng, _ = fresh_rng()
+    dy = rng.standard_normal((2, 9, 9, 8)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 8, 8)).astype(np.float32)
+    call = lambda: cg.convolution_backward_data(dy, w, [2, 9, 9, 8], pads_begin=1, pads_end=1)  # noqa: E731
+    call()
+    reads = []
+    state = plan_cache.state
+    monkeypatch.setattr(plan_cache, "state", lambda: reads.append(1) or state())
+    for _ in range(3):
+        call()
+    assert len(reads) == 3
+    with plan_module.one_call():
+        outer = plan_module.context()
+        with fast.forced_plan(fast.Plan.of("direct")):
+            assert plan_module.context() != outer and plan_module.context()[-1] == fast.Plan.of("direct")
+        assert plan_module.context() == outer
+    assert len(reads) == 4

@@ -3,6 +3,8 @@ layout out. What :class:`convgrad.Op` and :mod:`convgrad.dask.arrays` (per block
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from .dtypes import round_to
@@ -29,16 +31,17 @@ def execute_canonical(problem: Problem, arrays: dict[str, np.ndarray], engine: E
     accumulation dtype (f32, f64 for f64 data), before bias, rounding and layout: partial results
     that are summed later (batch or space chunks) are summed in this form and rounded once by
     :func:`finish`. The memory guard runs first."""
-    check_memory(problem, engine)
-    g, fmt, wfmt = problem.geometry, problem.data_format, problem.weights_format
-    canonical = {role: (weights_to_canonical(a, wfmt) if role == "w" else data_to_canonical(a, fmt))
-                 for role, a in arrays.items() if role != "bias"}
-    with np.errstate(all="ignore"):  # IEEE arithmetic: NaN and Inf propagate, overflow gives Inf
-        if problem.task == "forward":
-            return engine.forward(g, canonical["x"], canonical["w"])
-        if problem.task == "backward_data":
-            return engine.backward_data(g, canonical["y"], canonical["w"])
-        return engine.backward_weights(g, canonical["x"], canonical["y"])
+    with getattr(engine, "scope", contextlib.nullcontext)():  # an engine's per-call state, read once
+        check_memory(problem, engine)
+        g, fmt, wfmt = problem.geometry, problem.data_format, problem.weights_format
+        canonical = {role: (weights_to_canonical(a, wfmt) if role == "w" else data_to_canonical(a, fmt))
+                     for role, a in arrays.items() if role != "bias"}
+        with np.errstate(all="ignore"):  # IEEE arithmetic: NaN and Inf propagate, overflow gives Inf
+            if problem.task == "forward":
+                return engine.forward(g, canonical["x"], canonical["w"])
+            if problem.task == "backward_data":
+                return engine.backward_data(g, canonical["y"], canonical["w"])
+            return engine.backward_weights(g, canonical["x"], canonical["y"])
 
 
 def round_result(problem: Problem, result: np.ndarray, bias: np.ndarray | None = None,

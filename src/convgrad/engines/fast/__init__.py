@@ -31,7 +31,7 @@ from . import pool, tune
 from .features import Features
 from .frame import Frame, empty_like_data
 from .plan import (STRATEGIES, Plan, candidates, default_plan, forced_plan, forced_strategy, gemm_variant, jit_selected,
-                   context, planned, select, strategy_module)
+                   context, one_call, planned, select, strategy_module)
 from .tuning import TUNING
 
 __all__ = ["FastEngine", "Features", "Plan", "STRATEGIES", "TUNING", "Frame", "candidates", "default_plan", "select",
@@ -41,6 +41,8 @@ class FastEngine:
     """The fast engine (``engine="fast"``, the default)."""
 
     name = "fast"
+    #: One API call's scope: the selection context is read once for its estimate and its run.
+    scope = staticmethod(one_call)
 
     @staticmethod
     def _run(g: ConvGeometry, task: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -222,11 +223,33 @@ def select(f: Features, *, tune: bool = False) -> Plan:
 _planned: Memo[tuple[object, ...], tuple[Features, Plan, int]] = Memo(TUNING.planned_entries)
 
 
+_call = threading.local()
+
+
 def context() -> tuple[object, ...]:
     """Everything :func:`select` reads now besides the problem: whether PyTorch is loaded, the
-    kernel family, the thread count, the forced plan, the plan cache's state and
-    ``CONVGRAD_AUTOTUNE`` (:func:`.plan_cache.state`)."""
-    return "torch" in sys.modules, isa.family(), numba.get_num_threads(), forced(), plan_cache.state()
+    kernel family, the thread count, the plan cache's state and ``CONVGRAD_AUTOTUNE``
+    (:func:`.plan_cache.state`), all taken once per :func:`one_call`, and the forced plan."""
+    fixed = getattr(_call, "fixed", None)
+    return (fixed or _fixed()) + (forced(),)
+
+
+def _fixed() -> tuple[object, ...]:
+    return "torch" in sys.modules, isa.family(), numba.get_num_threads(), plan_cache.state()
+
+
+@contextlib.contextmanager
+def one_call() -> Iterator[None]:
+    """One API call (its memory estimate and its run) on this thread: :func:`context` reads the
+    process's state (files, environment, threads) once for all of it."""
+    if getattr(_call, "fixed", None) is not None:
+        yield
+        return
+    _call.fixed = _fixed()
+    try:
+        yield
+    finally:
+        _call.fixed = None
 
 
 def planned(g: ConvGeometry, task: str, dtype: np.dtype, channels_first: bool, *, tune: bool = False,
