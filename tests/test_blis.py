@@ -24,7 +24,8 @@ def _sizes() -> list[tuple[int, int, int]]:
     b = blis.blocks(4096, 4096, 64, 4)
     return [(1, 1, 1), (1, 7, 1), (13, 1, 5), (7, 13, 17), (b.rows + 1, b.kc + 1, b.nr + 1),
             (b.mc + 1, 2 * b.kc + 3, 2 * b.nr - 1), (3 * b.rows - 1, b.kc - 1, 97), (61, 263, 31),
-            (13, 3 * b.kc + 11, 7), (3, 97, 2), (b.rows + 3, 2 * b.kc + 1, b.nr + 5)]   # deep: K split
+            (13, 3 * b.kc + 11, 7), (3, 97, 2), (b.rows + 3, 2 * b.kc + 1, b.nr + 5),   # deep: K split
+            (2 * b.nr + 3, 4 * b.kc + 1, b.nr)]                                     # ... and B in place
 
 
 @pytest.mark.parametrize("m, k, n", _sizes())

@@ -123,18 +123,16 @@ def workspace_bytes(m: int, k: int, n: int, itemsize: int) -> int:
 def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
     """The parallel loops of :func:`gemm` for one register block (compiled for it alone)."""
     @microkernel.cached_njit(parallel=True)
-    def run(a, lda, astep, m, k, bp, c, kc, mc, depth, n_shares, k_chunks):  # pragma: no cover - compiled
+    def run(a, lda, astep, m, k, bp, panels, kd, poff, bstep, c, kc, mc, depth, n_shares, k_chunks):  # pragma: no cover
         """``c[:m, :] = A @ B``, A's value (row, kk) at ``a[row*lda + kk*astep]`` (flat; for
         ``depth`` 2 the kernel reads pairs ``kk``, ``kk+1`` adjacent and steps ``astep*depth``),
-        ``bp`` B packed as (panels, K/depth, nr*depth): items of (chunk of K, mc-block of A's
+        B's panel ``jp`` at ``bp[jp*poff + kk*bstep]`` for its ``kd`` steps of K (pairs for depth
+        2; packed: (panels, K/depth, nr*depth), or f32 B read in place): items of (chunk of K, mc-block of A's
         rows, share of the nr-panels) of kc deep steps, the first writing its tiles of ``c``
         (the kernel's beta = 0), the next adding to them, the kernel reading A where it lies; a
         last partial panel of rows is packed per step as (kc/depth, rows, depth). Chunk ``t`` of
         K writes rows ``t*R .. t*R + R`` of ``c`` (R = ``c``'s rows / ``k_chunks``)."""
         nr = vecs * width
-        panels = bp.shape[0]
-        kd = bp.shape[1]                       # K steps (pairs for depth 2)
-        ldp = kd * bp.shape[2]
         ldc = c.shape[1]
         m_blocks = -(-m // mc)
         steps = kc // depth
@@ -163,16 +161,16 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
                                 i = i2 * depth + j
                                 ap[dst + i2 * rows * depth + j] = a[src + i * astep] if i < valid else 0
                 for jp in range(first, last):
-                    boff = jp * ldp + s0 * nr * depth
+                    boff = jp * poff + s0 * bstep
                     for rp in range(row_panels):
                         coff = c0 + (m0 + rp * rows) * ldc + jp * nr
                         if rp == tail:
                             microkernel.run(width, rows, vecs, native, c, coff, ldc, ap, 0, depth, rows * depth, bp,
-                                            boff, nr * depth, zero, zero, 1, ks, s0 - k_lo)
+                                            boff, bstep, zero, zero, 1, ks, s0 - k_lo)
                         else:
                             microkernel.run(width, rows, vecs, native, c, coff, ldc, a,
                                             (m0 + rp * rows) * lda + s0 * depth * astep, lda, astep * depth, bp, boff,
-                                            nr * depth, zero, zero, 1, ks, s0 - k_lo)
+                                            bstep, zero, zero, 1, ks, s0 - k_lo)
     return run
 
 
@@ -223,7 +221,8 @@ def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None) -> 
     (the dot-product kernel on pairs along K): a (M, N) view of a padded f32 array. ``a`` is
     read where it lies when its elements are evenly spaced in memory (any 2-D strided view of
     f32; bf16 with adjacent values along an even K), else copied once (bf16: into pairs); B is
-    packed. An f32 product reducing over K > ``TUNING.gemm_deep`` (M + N) with N > M (a weights gradient) runs as
+    packed, but for an f32 deep reduction whose B has whole nr-panels of adjacent columns (read
+    in place: packing it was a pass over the larger operand). An f32 product reducing over K > ``TUNING.gemm_deep`` (M + N) with N > M (a weights gradient) runs as
     ``(b^T a^T)^T``, packing the smaller operand, on the block :func:`blocks` picks for it (not
     ``block``, which is for the untransposed product): measured on a Zen 4, dW of 64 x 256 over 50176
     positions 66 -> 113 GFLOP/s, 128 x 512 over 12544 78 -> 140 (docs/engine.md)."""
@@ -239,14 +238,21 @@ def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None) -> 
     if not (m and k and n):
         c.fill(0)
         return c[:m, :n]
-    bp = _packed(b, bl.nr, depth)
+    panels = -(-n // bl.nr)
+    bflat, ldb, bcol = _flat(b)
+    if not bf16 and bcol == 1 and n % bl.nr == 0 and bl.k_chunks > 1:   # a deep reduction's B, in place
+        bp, kd, poff, bstep = bflat, k, bl.nr, ldb
+    else:                                                                  # packed: (panels, K/depth, nr*depth)
+        bp = _packed(b, bl.nr, depth)
+        kd, poff, bstep = bp.shape[1], bp.shape[1] * bp.shape[2], bl.nr * depth
+        bp = bp.reshape(-1)
     flat, lda, astep = _flat(a)
     rows_run = m
     if bf16 and not (astep == 1 and k % 2 == 0):                          # pairs not adjacent
         pairs = _packed(a, mpad, 2, transpose=True)                       # (1, K/2, M'*2)
         flat, lda, astep, rows_run = pairs.reshape(-1), 2, mpad, mpad     # (row, pair i) at 2*row + 2*i*M'
     _driver(bl.width, bl.rows, bl.vecs, bf16 and isa.bf16_native())(
-        flat, lda, astep, rows_run, k, bp, c, bl.kc, bl.mc, depth, bl.shares, bl.k_chunks)
+        flat, lda, astep, rows_run, k, bp, panels, kd, poff, bstep, c, bl.kc, bl.mc, depth, bl.shares, bl.k_chunks)
     if bl.k_chunks > 1:
         c = np.add.reduce(c.reshape(bl.k_chunks, mpad, -1), axis=0)
     return c[:m, :n]
