@@ -28,11 +28,11 @@ class Tuning:
     #: Kernel families on which the rule selects the ``jit`` strategy: every family with JIT
     #: kernels (``portable`` has none).
     jit_families: tuple[str, ...] = ("avx512_bf16", "avx512", "avx2")
-    #: Families on which the rule selects ``jit`` whatever the taps and channels (one pool: no
-    #: BLAS threads beside ours and PyTorch's). Measured in sequence on a Zen 4: a ResNet-50
-    #: training step f32 1390 -> 1030 ms, bf16 1050 -> 850 ms against the channel limits below;
-    #: without PyTorch, ResNet-50's 40 f32 gradients back to back 692-728 ms against 700-710 (sum
-    #: of each alone over back to back 1.19-1.20 against 1.02).
+    #: Families on which the rule selects ``jit`` whatever the taps and channels for bf16 data,
+    #: and for any data where PyTorch's threads share the cores (one pool: no BLAS threads beside
+    #: numba's and PyTorch's). Measured in sequence on a Zen 4: a ResNet-50 training step f32
+    #: 1390 -> 1030 ms, bf16 1050 -> 850 ms against the channel limits below; without PyTorch,
+    #: ResNet-50's f32 gradients back to back were faster on the limits (672 against 959 ms).
     one_pool_families: tuple[str, ...] = ("avx512_bf16", "avx512")
     #: Elsewhere the rule selects ``jit`` for kernels of several taps with at most this many
     #: channels per group on either side, per task ...
