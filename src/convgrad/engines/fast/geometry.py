@@ -80,13 +80,40 @@ def tap_weights(g: ConvGeometry, w: np.ndarray, transpose: bool = False) -> np.n
 def padded(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], dtype: np.dtype, slack: int = 0) -> np.ndarray:
     """Canonical (N, *X, C) data as a zeroed ``dtype`` (N, P0, P1, P2, C) array (``size`` = P,
     3-D) holding ``a`` at offsets ``lo``, on a flat buffer with ``slack`` zeroed values after it
-    (:func:`flat` gives that buffer)."""
+    (:func:`flat` gives that buffer). Same-dtype data is copied by a parallel loop that writes
+    every value once (NumPy's strided copy into a zeroed buffer is one thread and two passes)."""
     a3 = spatial3(a)
     shape = (a3.shape[0], *size, a3.shape[-1])
-    buffer = np.zeros(math.prod(shape) + slack, dtype)
-    out = buffer[:math.prod(shape)].reshape(shape)
-    out[(slice(None), *(slice(b, b + n) for b, n in zip(lo, a3.shape[1:4])), slice(None))] = a3
+    count = math.prod(shape)
+    if a3.dtype != dtype:
+        buffer = np.zeros(count + slack, dtype)
+        out = buffer[:count].reshape(shape)
+        out[(slice(None), *(slice(b, b + n) for b, n in zip(lo, a3.shape[1:4])), slice(None))] = a3
+        return out
+    buffer = np.empty(count + slack, dtype)
+    buffer[count:] = 0
+    out = buffer[:count].reshape(shape)
+    _fill_padded(a3, out, *lo)
     return out
+
+
+@numba.njit(parallel=True, cache=True)
+def _fill_padded(a3, out, lo0, lo1, lo2):  # pragma: no cover - compiled
+    """``out[n, p0, p1, p2] = a3[n, p0 - lo0, p1 - lo1, p2 - lo2]`` where that lies in ``a3``,
+    else 0: every value of ``out`` written once, rows (n, p0) in parallel."""
+    n_, p0_, p1_, p2_, c_ = out.shape
+    i0_, i1_, i2_ = a3.shape[1], a3.shape[2], a3.shape[3]
+    for row in numba.prange(n_ * p0_):
+        n, p0 = row // p0_, row % p0_
+        i0 = p0 - lo0
+        for p1 in range(p1_):
+            i1 = p1 - lo1
+            for p2 in range(p2_):
+                i2 = p2 - lo2
+                if 0 <= i0 < i0_ and 0 <= i1 < i1_ and 0 <= i2 < i2_:
+                    out[n, p0, p1, p2, :] = a3[n, i0, i1, i2, :]
+                else:
+                    out[n, p0, p1, p2, :] = 0
 
 
 def flat(a: np.ndarray) -> np.ndarray:

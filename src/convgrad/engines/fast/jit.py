@@ -243,6 +243,8 @@ def _source(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], slack: in
     a3 = spatial3(a)
     cg = a3.shape[-1] // groups
     cpad = -(-cg // depth) * depth
+    if cpad == cg:                                                    # whole pairs already
+        return padded(a3.view(np.uint16), lo, size, np.uint16, slack)
     shape = (a3.shape[0], *size, groups, cpad)
     buffer = np.zeros(math.prod(shape) + slack, np.uint16)
     out = buffer[:math.prod(shape)].reshape(shape)
