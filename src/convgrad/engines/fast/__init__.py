@@ -11,8 +11,8 @@ finds both in :func:`.plan.planned`'s memo) and runs the plan's strategy, one mo
 - ``gemm`` (:mod:`.gemm`): GEMMs on NumPy's BLAS over phase frames, output rows, pointwise
   blocks or per-image matrices (f64 always, and where the rule says).
 
-Every parallel loop runs in one pool (GNU OpenMP's, shared with PyTorch's), safe under fork and
-one call at a time (:mod:`.pool`).
+Every parallel loop runs in one pool (numba's GNU OpenMP layer), safe under fork and one call at
+a time (:mod:`.pool`).
 An empty batch needs no plan: zeros. Every threshold is in :mod:`.tuning`; docs/engine.md has the
 measurements behind them.
 """

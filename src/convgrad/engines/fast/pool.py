@@ -1,11 +1,12 @@
-"""The fast engine's one thread pool: GNU OpenMP's, shared with PyTorch, safe under ``fork()``.
+"""The fast engine's one thread pool: GNU OpenMP's, safe under ``fork()`` and concurrent callers.
 
 - **Threading layer**: numba's ``omp`` where numba's OpenMP layer loads (else ``workqueue``),
-  unless ``NUMBA_THREADING_LAYER`` names one. PyTorch ships GNU OpenMP as ``libgomp.so.1`` and
-  the dynamic loader binds one library per soname, so numba's parallel loops and PyTorch's
-  operators run in the *same* pool whichever is imported first: a convolution after a PyTorch
-  operator finds that pool's threads spinning for work instead of competing with them for the
-  cores (measured in docs/engine.md, "One pool, shared with PyTorch").
+  unless ``NUMBA_THREADING_LAYER`` names one. Its threads wait for work by spinning a while, as
+  PyTorch's do, and start a parallel region sooner than ``workqueue``'s: inside a training step
+  bf16 -30 %, f32 -5 % step time (docs/engine.md, "One pool: OpenMP"). Imported before PyTorch,
+  numba's layer and PyTorch share one ``libgomp`` (PyTorch's ``libgomp.so.1`` binds to the one
+  numba loaded); imported after, each has its own (numba names ``libgomp.so.1.0.0``): the step
+  time measured the same either way.
 - **fork()**: a GNU OpenMP pool does not survive a fork (the child's copy names threads that
   do not exist: a parallel region there aborts or hangs, and numba's layer terminates such a
   child). In a forked child every call runs on a thread started in that child, a new OpenMP
