@@ -77,9 +77,10 @@ def _block_of(name: object) -> tuple[int, int] | None:
 def complete(f: Features, params: dict) -> dict:
     """``params`` with the missing ones defaulted for ``f``: the block with the fewest idle lanes
     (and, for the weights gradient, rows) over the channels (:func:`.microkernel.block_for`; a
-    pointwise problem: the GEMM's, :func:`.blis.register_block`),
-    ``TUNING.cache_bytes``, and the weights gradient's split by dw's size next to x and dy
-    (``TUNING.weights_split``)."""
+    pointwise problem: the GEMM's, :func:`.blis.register_block`), ``cache_bytes`` (the weights
+    gradient's ``TUNING.cache_bytes``; forward and backward data keep every channel block's
+    packed weights in the loop while they fit the host's L2), and the weights gradient's split by
+    dw's size next to x and dy (``TUNING.weights_split``)."""
     g = f.geometry
     channels = g.icg if f.task == "backward_data" else g.ocg
     if f.pointwise:        # one GEMM over the positions: our GEMM's block for its M x N
@@ -89,7 +90,8 @@ def complete(f: Features, params: dict) -> dict:
     else:
         rows, vecs = microkernel.block_for(channels, _width(), g.icg if f.task == "backward_weights" else None)
     by_blocks = math.prod(g.w_shape) > TUNING.weights_split * (math.prod(g.x_shape) + math.prod(g.y_shape))
-    return {"block": f"{rows}x{vecs}", "cache_bytes": TUNING.cache_bytes,
+    cache = TUNING.cache_bytes if f.task == "backward_weights" else max(TUNING.cache_bytes, isa.cache_sizes()[1])
+    return {"block": f"{rows}x{vecs}", "cache_bytes": cache,
             "split": "blocks" if f.task == "backward_weights" and by_blocks else "rows", **params}
 
 
