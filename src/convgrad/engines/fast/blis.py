@@ -35,7 +35,7 @@ import numpy as np
 from . import isa, microkernel
 from .tuning import TUNING
 
-__all__ = ["Blocks", "blocks", "gemm", "workspace_bytes"]
+__all__ = ["Blocks", "blocks", "deep", "gemm", "register_block", "split", "workspace_bytes"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,11 @@ def register_block(n: int, width: int, m: int, itemsize: int) -> tuple[int, int]
     if block is not None and n >= block[1] * width:
         return block
     return microkernel.block_for(n, width, m)
+
+
+def deep(m: int, k: int, n: int) -> bool:
+    """Whether ``m x k x n`` reduces over K > ``TUNING.gemm_deep`` (M + N): a weights gradient."""
+    return k > TUNING.gemm_deep * (m + n)
 
 
 @functools.lru_cache(maxsize=256)
@@ -95,7 +100,7 @@ def blocks(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None 
     """The blocks for an ``m x k x n`` GEMM of ``itemsize``-byte packed operands (2: bf16 pairs):
     the register block (``block``, else :func:`register_block`), ``kc`` from the L1 (a B
     micro-panel in ``TUNING.gemm_panel_l1`` of it), ``mc`` at most an A block in half the L2, and
-    the threads' work: a deep reduction (K > ``TUNING.gemm_deep`` (M + N)) splits K, one chunk
+    the threads' work: a deep reduction (:func:`deep`) splits K, one chunk
     per thread into a C of its own (B read once, every thread as busy); others split M and N
     (:func:`split`)."""
     width = isa.WIDTH[isa.family()]
@@ -104,7 +109,7 @@ def blocks(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None 
     nr, threads = vecs * width, numba.get_num_threads()
     kc = max(16, min(-(-k // 2) * 2, int(TUNING.gemm_panel_l1 * l1) // (nr * itemsize) // 16 * 16))
     mc_max = max(rows, (l2 // 2) // (kc * itemsize) // rows * rows)
-    k_chunks = min(threads, -(-k // kc)) if k > TUNING.gemm_deep * (m + n) else 1
+    k_chunks = min(threads, -(-k // kc)) if deep(m, k, n) else 1
     mc, shares = split(m, rows, -(-n // nr), mc_max, -(-threads // k_chunks))
     return Blocks(width, rows, vecs, kc, mc, shares, k_chunks)
 
@@ -127,8 +132,8 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
         """``c[:m, :] = A @ B``, A's value (row, kk) at ``a[row*lda + kk*astep]`` (flat; for
         ``depth`` 2 the kernel reads pairs ``kk``, ``kk+1`` adjacent and steps ``astep*depth``),
         B's panel ``jp`` at ``bp[jp*poff + kk*bstep]`` for its ``kd`` steps of K (pairs for depth
-        2; packed: (panels, K/depth, nr*depth), or f32 B read in place): items of (chunk of K, mc-block of A's
-        rows, share of the nr-panels) of kc deep steps, the first writing its tiles of ``c``
+        2; packed: (panels, K/depth, nr*depth), or f32 B read in place): items of (chunk of K,
+        mc-block of A's rows, share of the nr-panels) of kc deep steps, the first writing its tiles of ``c``
         (the kernel's beta = 0), the next adding to them, the kernel reading A where it lies; a
         last partial panel of rows is packed per step as (kc/depth, rows, depth). Chunk ``t`` of
         K writes rows ``t*R .. t*R + R`` of ``c`` (R = ``c``'s rows / ``k_chunks``)."""
@@ -221,15 +226,16 @@ def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None) -> 
     (the dot-product kernel on pairs along K): a (M, N) view of a padded f32 array. ``a`` is
     read where it lies when its elements are evenly spaced in memory (any 2-D strided view of
     f32; bf16 with adjacent values along an even K), else copied once (bf16: into pairs); B is
-    packed, but for an f32 deep reduction whose B has whole nr-panels of adjacent columns (read
-    in place: packing it was a pass over the larger operand). An f32 product reducing over K > ``TUNING.gemm_deep`` (M + N) with N > M (a weights gradient) runs as
-    ``(b^T a^T)^T``, packing the smaller operand, on the block :func:`blocks` picks for it (not
-    ``block``, which is for the untransposed product): measured on a Zen 4, dW of 64 x 256 over 50176
+    packed, but for an f32 deep reduction (:func:`deep`) whose B has whole nr-panels of adjacent
+    columns (read in place: packing it was a pass over the larger operand). An f32 deep
+    reduction with N > M (a weights gradient) runs as ``(b^T a^T)^T``, packing the smaller
+    operand, on the block :func:`blocks` picks for it (not ``block``, which is for the
+    untransposed product): measured on a Zen 4, dW of 64 x 256 over 50176
     positions 66 -> 113 GFLOP/s, 128 x 512 over 12544 78 -> 140 (docs/engine.md)."""
     bf16 = a.dtype == np.uint16
     m, k = a.shape
     n = b.shape[1]
-    if not bf16 and n > m and k > TUNING.gemm_deep * (m + n):
+    if not bf16 and n > m and deep(m, k, n):
         return gemm(b.T, a.T).T    # a deep reduction (a weights gradient): pack the smaller operand
     depth = 2 if bf16 else 1
     bl = blocks(m, k, n, a.dtype.itemsize, block)

@@ -37,7 +37,7 @@ T = TypeVar("T")
 
 def _omp_loads() -> bool:
     try:
-        from numba.np.ufunc import omppool  # noqa: F401  (loads libgomp.so.1)
+        from numba.np.ufunc import omppool  # noqa: F401  (loads a libgomp)
     except ImportError:
         return False
     return True
