@@ -97,6 +97,48 @@ def test_the_split_keeps_every_thread_as_busy_as_any_split_can(threads):
         assert got == best, (m, rows, panels, mc_max, threads, (mc, shares))
 
 
+@pytest.mark.parametrize("standin", [pytest.param(False, marks=pytest.mark.skipif(not isa.bf16_host(), reason="no AVX512_BF16")),
+                                     True], ids=["native", "standin"])
+@pytest.mark.parametrize("m, k, n", _sizes())
+def test_bf16_gemm_rounded_as_it_stores(m, k, n, standin):
+    """``rounded``: the bf16 bits of the f32 result, each rounded once to nearest even (ties, NaN,
+    overflow to inf included), whether its tiles took one K step or several, or K was split."""
+    from convgrad import casts
+    rng = np.random.default_rng()
+    a, b = (rng.standard_normal(s).astype(BF16) for s in ((m, k), (k, n)))
+    a[0, 0] = np.nan if m * n > 1 else a[0, 0]
+    b[-1, -1] = ml_dtypes.finfo(BF16).max          # a product past f32's range: inf
+    a[-1, -1] = 2.0 ** 120 if m > 1 else a[-1, -1]
+    before = isa.set_family("avx512_bf16", allow_emulated=True, standin=standin)
+    try:
+        for view in (a, np.ascontiguousarray(a.T).T):
+            f32 = np.ascontiguousarray(blis.gemm(view.view(np.uint16), b.view(np.uint16)))
+            got = blis.gemm(view.view(np.uint16), b.view(np.uint16), rounded=True)
+            assert got.shape == (m, n) and got.dtype == np.uint16
+            want = casts.from_f32(f32, BF16).view(np.uint16)
+            nan = np.isnan(f32)
+            assert np.isnan(got.view(BF16)[nan]).all()
+            np.testing.assert_array_equal(got[~nan], want[~nan])
+    finally:
+        isa.set_family(before)
+
+
+def test_bf16_rounding_of_ties_and_specials():
+    """The store's rounding (:func:`convgrad.casts.bf16_bits`) on the cases that decide it: ties
+    to even both ways, carries into the exponent and into inf, NaN kept NaN, signed zeros."""
+    from convgrad import casts
+    values = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 1 + 2 ** -8 + 2 ** -20, 2 - 2 ** -9,
+                       3.3895e38, -3.4e38, np.inf, -0.0, 0.0, np.nan, 1e-40], np.float32)
+    got = np.empty(values.size, np.uint16)
+    casts._narrow_bf16(values.view(np.uint32), got)
+    want = values.astype(BF16)
+    assert np.isnan(got.view(BF16)[-2])
+    np.testing.assert_array_equal(np.delete(got, -2), np.delete(want.view(np.uint16), -2))
+    scalar = numba.njit(lambda u: casts.bf16_bits(u))
+    assert [scalar(u) for u in values.view(np.uint32) if u != values.view(np.uint32)[-2]] == \
+        np.delete(got, -2).tolist()
+
+
 def _pointwise_geometry(n, in_size, ic, oc, strides) -> ConvGeometry:
     out = tuple((i - 1) // s + 1 for i, s in zip(in_size, strides))
     r = len(in_size)

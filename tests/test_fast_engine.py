@@ -337,7 +337,7 @@ def test_output_rows_with_weights_in_blocks(dtype_name, oix, monkeypatch, rng, p
     if oix:
         w = layout.weights_to_canonical(np.ascontiguousarray(layout.weights_from_canonical(w, "OIX")), "OIX")
         assert output_rows._oix(w)
-    got = FAST.backward_data(g, dy, w)
+    got = FAST.backward_data(g, dy, w, out_dtype=dtype)
     assert got.dtype == dtype
     _close(got, REF.backward_data(g, dy, w), _tolerance(dtype))
 

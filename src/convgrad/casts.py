@@ -93,6 +93,14 @@ def _narrow(f, bits, out):  # pragma: no cover - compiled
         out[i] = np.uint16((o | sign) & 0xFFFF)
 
 
+@numba.njit(inline="always")
+def bf16_bits(u):  # pragma: no cover - compiled
+    """The bf16 bits nearest (ties to even) to the f32 of bits ``u`` (a NaN quiet), for compiled
+    loops that round as they store."""
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.uint16((((u >> 16) | 0x40) if nan else ((u + 0x7FFF + ((u >> 16) & 1)) >> 16)) & 0xFFFF)
+
+
 @numba.njit(cache=True)
 def _narrow_bf16(bits, out):  # pragma: no cover - compiled
     nan = False

@@ -23,25 +23,30 @@ def execute(problem: Problem | TensorProblem, arrays: dict[str, np.ndarray], eng
     NaN and Inf propagate as IEEE arithmetic does, without warnings."""
     if isinstance(problem, TensorProblem):
         return run_tensor_problem(problem, [arrays[s.name] for s in problem.definition.inputs], engine)
-    return finish(problem, execute_canonical(problem, arrays, engine), arrays.get("bias"))
+    bias = arrays.get("bias")
+    return finish(problem, execute_canonical(problem, arrays, engine, rounded=bias is None), bias)
 
 
-def execute_canonical(problem: Problem, arrays: dict[str, np.ndarray], engine: Engine) -> np.ndarray:
+def execute_canonical(problem: Problem, arrays: dict[str, np.ndarray], engine: Engine,
+                      rounded: bool = False) -> np.ndarray:
     """The engine's canonical result (data ``(N, *X, C)``, weights ``(*K, ICg, OC)``) in its
     accumulation dtype (f32, f64 for f64 data), before bias, rounding and layout: partial results
     that are summed later (batch or space chunks) are summed in this form and rounded once by
-    :func:`finish`. The memory guard runs first."""
+    :func:`finish`. With ``rounded`` (nothing is added before rounding) an engine that rounds
+    (``engine.rounds``) may return it already rounded to the problem's dtype. The memory guard
+    runs first."""
     with getattr(engine, "scope", contextlib.nullcontext)():  # an engine's per-call state, read once
         check_memory(problem, engine)
         g, fmt, wfmt = problem.geometry, problem.data_format, problem.weights_format
         canonical = {role: (weights_to_canonical(a, wfmt) if role == "w" else data_to_canonical(a, fmt))
                      for role, a in arrays.items() if role != "bias"}
+        rounds = {"out_dtype": problem.dtype} if rounded and getattr(engine, "rounds", False) else {}
         with np.errstate(all="ignore"):  # IEEE arithmetic: NaN and Inf propagate, overflow gives Inf
             if problem.task == "forward":
-                return engine.forward(g, canonical["x"], canonical["w"])
+                return engine.forward(g, canonical["x"], canonical["w"], **rounds)
             if problem.task == "backward_data":
-                return engine.backward_data(g, canonical["y"], canonical["w"])
-            return engine.backward_weights(g, canonical["x"], canonical["y"])
+                return engine.backward_data(g, canonical["y"], canonical["w"], **rounds)
+            return engine.backward_weights(g, canonical["x"], canonical["y"], **rounds)
 
 
 def round_result(problem: Problem, result: np.ndarray, bias: np.ndarray | None = None,

@@ -5,6 +5,11 @@ inputs' dtype, never writes to them, and returns a canonical result in its accum
 (f32 or f64). Rounding to the output dtype and the user's layout happen in the API layer, so a new
 engine (GPU, distributed) needs only these three methods.
 
+An engine whose ``rounds`` attribute is true also takes ``out_dtype=`` (bf16/f16, or None): where
+given, nothing is added to its result before it is rounded, and the engine may return the result
+rounded once (to nearest even) to ``out_dtype`` itself, as its kernels store it, instead of the
+accumulation dtype; the API rounds whatever comes back in the accumulation dtype.
+
 An engine may also have ``workspace_bytes(g, task, dtype) -> int``: the peak bytes one call of
 ``task`` allocates, its result included. The memory guard (:mod:`convgrad.limits`) uses it before
 the engine runs, and a conservative estimate for engines without it. It must be a closed form of

@@ -41,33 +41,39 @@ class FastEngine:
     """The fast engine (``engine="fast"``, the default)."""
 
     name = "fast"
+    #: Takes ``out_dtype``: bf16 results of our GEMM are rounded as its tiles are stored.
+    rounds = True
     #: One API call's scope: the selection context is read once for its estimate and its run.
     scope = staticmethod(one_call)
 
     @staticmethod
-    def _run(g: ConvGeometry, task: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def _run(g: ConvGeometry, task: str, a: np.ndarray, b: np.ndarray, out_dtype: np.dtype | None) -> np.ndarray:
         if g.n == 0:
             acc = compute_dtype(a.dtype)
             if task == "backward_weights":
                 return np.zeros(g.w_shape, acc)
             return empty_like_data(g.y_shape if task == "forward" else g.x_shape, acc, a, fill=True)
-        f, result = pool.run(FastEngine._planned_run, g, task, a, b)
+        f, result = pool.run(FastEngine._planned_run, g, task, a, b, out_dtype)
         tune.ran(f)
         return result
 
     @staticmethod
-    def _planned_run(g: ConvGeometry, task: str, a: np.ndarray, b: np.ndarray) -> tuple[Features, np.ndarray]:
+    def _planned_run(g: ConvGeometry, task: str, a: np.ndarray, b: np.ndarray,
+                     out_dtype: np.dtype | None) -> tuple[Features, np.ndarray]:
         f, plan, _ = planned(g, task, a.dtype, layout.channels_first(a), tune=True)
-        return f, strategy_module(plan.strategy).run(plan, g, a, b, task)
+        rounded = out_dtype is not None and np.dtype(out_dtype) == a.dtype != compute_dtype(a.dtype)
+        return f, strategy_module(plan.strategy).run(plan, g, a, b, task, rounded)
 
-    def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        return self._run(g, "forward", x, w)
+    def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray, out_dtype: np.dtype | None = None) -> np.ndarray:
+        return self._run(g, "forward", x, w, out_dtype)
 
-    def backward_data(self, g: ConvGeometry, dy: np.ndarray, w: np.ndarray) -> np.ndarray:
-        return self._run(g, "backward_data", dy, w)
+    def backward_data(self, g: ConvGeometry, dy: np.ndarray, w: np.ndarray,
+                      out_dtype: np.dtype | None = None) -> np.ndarray:
+        return self._run(g, "backward_data", dy, w, out_dtype)
 
-    def backward_weights(self, g: ConvGeometry, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
-        return self._run(g, "backward_weights", x, dy)
+    def backward_weights(self, g: ConvGeometry, x: np.ndarray, dy: np.ndarray,
+                         out_dtype: np.dtype | None = None) -> np.ndarray:
+        return self._run(g, "backward_weights", x, dy, out_dtype)
 
     @staticmethod
     def result_dtype(dtype: np.dtype) -> np.dtype:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from ... import casts
 from . import isa, microkernel
 from .tuning import TUNING
 
@@ -128,7 +129,8 @@ def workspace_bytes(m: int, k: int, n: int, itemsize: int) -> int:
 def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
     """The parallel loops of :func:`gemm` for one register block (compiled for it alone)."""
     @microkernel.cached_njit(parallel=True)
-    def run(a, lda, astep, m, k, bp, panels, kd, poff, bstep, c, kc, mc, depth, n_shares, k_chunks):  # pragma: no cover
+    def run(a, lda, astep, m, k, bp, panels, kd, poff, bstep, c, kc, mc, depth, n_shares, k_chunks, out,
+            scratch):  # pragma: no cover
         """``c[:m, :] = A @ B``, A's value (row, kk) at ``a[row*lda + kk*astep]`` (flat; for
         ``depth`` 2 the kernel reads pairs ``kk``, ``kk+1`` adjacent and steps ``astep*depth``),
         B's panel ``jp`` at ``bp[jp*poff + kk*bstep]`` for its ``kd`` steps of K (pairs for depth
@@ -136,9 +138,12 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
         mc-block of A's rows, share of the nr-panels) of kc deep steps, the first writing its tiles of ``c``
         (the kernel's beta = 0), the next adding to them, the kernel reading A where it lies; a
         last partial panel of rows is packed per step as (kc/depth, rows, depth). Chunk ``t`` of
-        K writes rows ``t*R .. t*R + R`` of ``c`` (R = ``c``'s rows / ``k_chunks``)."""
+        K writes rows ``t*R .. t*R + R`` of ``c`` (R = ``c``'s rows / ``k_chunks``).
+        A non-empty ``out`` (M, N) of bf16 bits (one chunk of K) takes the result instead, each
+        tile rounded once it is complete: one K step, from a register block's tile in L1; more,
+        from the item's block of ``scratch[thread]`` (mc, the share's columns) at its end."""
         nr = vecs * width
-        ldc = c.shape[1]
+        rounding = out.shape[0] > 0
         m_blocks = -(-m // mc)
         steps = kc // depth
         per_chunk = -(-kd // (k_chunks * steps)) * steps
@@ -148,11 +153,18 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
             chunk, rest = item // (m_blocks * n_shares), item % (m_blocks * n_shares)
             mb, share = rest // n_shares, rest % n_shares
             k_lo, k_hi = chunk * per_chunk, min(kd, (chunk + 1) * per_chunk)
-            c0 = chunk * chunk_rows * ldc
             m0 = mb * mc
             row_panels = -(-min(mc, m - m0) // rows)
             first, last = panels * share // n_shares, panels * (share + 1) // n_shares
             tail = row_panels - 1 if m0 + row_panels * rows > m else -1   # a partial last panel
+            one_step = k_hi - k_lo <= steps
+            if not rounding:
+                tiles, t0, t_row, t_col = c, chunk * chunk_rows * c.shape[1], 0, 0
+            elif one_step:   # one register block's tile, rounded right after the kernel
+                tiles, t0, t_row, t_col = np.empty((rows, nr), np.float32), 0, 0, 0
+            else:            # the item's tiles, rounded at its end
+                tiles, t0, t_row, t_col = scratch[numba.get_thread_id()], 0, m0, first * nr
+            ldc = tiles.shape[1]
             ap = np.empty(steps * rows * depth, a.dtype)
             for s0 in range(k_lo, k_hi, steps):
                 ks = min(steps, k_hi - s0)
@@ -168,15 +180,32 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
                 for jp in range(first, last):
                     boff = jp * poff + s0 * bstep
                     for rp in range(row_panels):
-                        coff = c0 + (m0 + rp * rows) * ldc + jp * nr
+                        row0 = m0 + rp * rows
+                        coff = 0 if rounding and one_step else t0 + (row0 - t_row) * ldc + jp * nr - t_col
                         if rp == tail:
-                            microkernel.run(width, rows, vecs, native, c, coff, ldc, ap, 0, depth, rows * depth, bp,
-                                            boff, bstep, zero, zero, 1, ks, s0 - k_lo)
+                            microkernel.run(width, rows, vecs, native, tiles, coff, ldc, ap, 0, depth, rows * depth,
+                                            bp, boff, bstep, zero, zero, 1, ks, s0 - k_lo)
                         else:
-                            microkernel.run(width, rows, vecs, native, c, coff, ldc, a,
-                                            (m0 + rp * rows) * lda + s0 * depth * astep, lda, astep * depth, bp, boff,
+                            microkernel.run(width, rows, vecs, native, tiles, coff, ldc, a,
+                                            row0 * lda + s0 * depth * astep, lda, astep * depth, bp, boff,
                                             bstep, zero, zero, 1, ks, s0 - k_lo)
+                        if rounding and one_step:
+                            _round_into(out, tiles, row0, jp * nr, rows, nr)
+            if rounding and not one_step:
+                _round_into(out, tiles, m0, first * nr, mc, (last - first) * nr)
     return run
+
+
+@numba.njit(inline="always")
+def _round_into(out, tiles, row0, col0, rows, cols):  # pragma: no cover - compiled
+    """``out[row0 + i, col0 + j]`` = bf16 of ``tiles[i, j]`` for the ``rows`` x ``cols`` block,
+    cut at ``out``'s edges (row by row: the loop over a row's values vectorises)."""
+    bits = tiles.view(np.uint32)
+    for i in range(min(rows, out.shape[0] - row0)):
+        o = out[row0 + i, col0:col0 + cols]
+        b = bits[i, :o.shape[0]]
+        for j in range(o.shape[0]):
+            o[j] = casts.bf16_bits(b[j])
 
 
 @microkernel.cached_njit(parallel=True)
@@ -221,9 +250,11 @@ def _packed(b: np.ndarray, nr: int, depth: int, transpose: bool = False) -> np.n
     return out
 
 
-def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None) -> np.ndarray:
+def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, rounded: bool = False) -> np.ndarray:
     """``a @ b`` in f32 for f32 ``a`` (M, K) and ``b`` (K, N), or bf16 bits (uint16) of both
-    (the dot-product kernel on pairs along K): a (M, N) view of a padded f32 array. ``a`` is
+    (the dot-product kernel on pairs along K): a (M, N) view of a padded f32 array; with
+    ``rounded`` (bf16 operands) a (M, N) array of bf16 bits instead, each value rounded once (to
+    nearest even) as its tile is done, no f32 result in memory. ``a`` is
     read where it lies when its elements are evenly spaced in memory (any 2-D strided view of
     f32; bf16 with adjacent values along an even K), else copied once (bf16: into pairs); B is
     packed, but for an f32 deep reduction (:func:`deep`) whose B has whole nr-panels of adjacent
@@ -239,11 +270,15 @@ def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None) -> 
         return gemm(b.T, a.T).T    # a deep reduction (a weights gradient): pack the smaller operand
     depth = 2 if bf16 else 1
     bl = blocks(m, k, n, a.dtype.itemsize, block)
+    rounding = rounded and bf16 and bl.k_chunks == 1
     mpad = -(-m // bl.rows) * bl.rows
-    c = np.empty((bl.k_chunks * mpad, -(-n // bl.nr) * bl.nr), np.float32)
+    out = np.empty((m, n) if rounding else (0, 0), np.uint16)
+    several = rounding and -(-k // depth) > bl.kc // depth                 # tiles kept over several K steps
+    scratch = np.empty((numba.get_num_threads(), bl.mc, -(-(-(-n // bl.nr)) // bl.shares) * bl.nr) if several
+                       else (0, 0, 0), np.float32)
+    c = np.empty((bl.k_chunks * mpad, -(-n // bl.nr) * bl.nr) if not rounding else (0, 0), np.float32)
     if not (m and k and n):
-        c.fill(0)
-        return c[:m, :n]
+        return np.zeros((m, n), np.uint16 if rounded and bf16 else np.float32)
     panels = -(-n // bl.nr)
     bflat, ldb, bcol = _flat(b)
     if not bf16 and bcol == 1 and n % bl.nr == 0 and bl.k_chunks > 1:   # a deep reduction's B, in place
@@ -258,7 +293,12 @@ def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None) -> 
         pairs = _packed(a, mpad, 2, transpose=True)                       # (1, K/2, M'*2)
         flat, lda, astep, rows_run = pairs.reshape(-1), 2, mpad, mpad     # (row, pair i) at 2*row + 2*i*M'
     _driver(bl.width, bl.rows, bl.vecs, bf16 and isa.bf16_native())(
-        flat, lda, astep, rows_run, k, bp, panels, kd, poff, bstep, c, bl.kc, bl.mc, depth, bl.shares, bl.k_chunks)
+        flat, lda, astep, rows_run, k, bp, panels, kd, poff, bstep, c, bl.kc, bl.mc, depth,
+        bl.shares, bl.k_chunks, out, scratch)
+    if rounding:
+        return out
     if bl.k_chunks > 1:
         c = np.add.reduce(c.reshape(bl.k_chunks, mpad, -1), axis=0)
+    if rounded and bf16:
+        return casts.from_f32(np.ascontiguousarray(c[:m, :n]), casts.BFLOAT16).view(np.uint16)
     return c[:m, :n]

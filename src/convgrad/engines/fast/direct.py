@@ -64,8 +64,9 @@ def options(f: Features) -> list[dict]:
         ([{"loops": "general"}] if f.flops <= 4 * TUNING.direct_flops else [])
 
 
-def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) -> np.ndarray:
-    """``task`` on its two canonical inputs, result in the accumulation dtype."""
+def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, rounded: bool = False) -> np.ndarray:
+    """``task`` on its two canonical inputs, result in the accumulation dtype (``rounded``, a
+    result in the data's dtype allowed, is not used)."""
     acc = compute_dtype(a.dtype)
     if plan.param("loops") == "depthwise":
         return depthwise.run(g, a, b, task, acc)

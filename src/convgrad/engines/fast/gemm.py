@@ -111,9 +111,11 @@ def chunk_budget(g: ConvGeometry, data: np.dtype, chunk_bytes: int, expanding: b
 
 
 # -- running ---------------------------------------------------------------------------------------
-def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) -> np.ndarray:
+def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, rounded: bool = False) -> np.ndarray:
     """``task`` on its two canonical inputs by ``plan``'s variant; the result in the
-    accumulation dtype (the pointwise variant: in the data's dtype, rounded block by block)."""
+    accumulation dtype, or with ``rounded`` for 16-bit data where the variant rounds as it
+    stores (pointwise forward and data gradient, block by block; the frame's and the output
+    rows' data gradients, chunk by chunk) in the data's dtype."""
     name, acc = plan.param("variant"), compute_dtype(a.dtype)
     # The frame and output-row GEMMs multiply the padding's zeros too; padding is not part of the
     # sums (docs/semantics.md, *NaN and Inf*), so a NaN/Inf weight or gradient that would meet it
@@ -125,26 +127,28 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) ->
         name = "output_rows"  # the frame would multiply a NaN/Inf weight by its junk rows' zeros
     if meets_padding and task == "forward" and not _finite(b, acc):
         return direct.forward(g, a, b, acc)
-    result = _run(name, plan, g, a, b, task, acc)
+    result = _run(name, plan, g, a, b, task, acc, rounded)
     if meets_padding and task == "backward_weights" and not _finite(result, acc):
         return direct.backward_weights(g, a, b, acc)
     return result
 
 
 def _run(name: str, plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str,
-         acc: np.dtype) -> np.ndarray:
+         acc: np.dtype, rounded: bool) -> np.ndarray:
     """``task`` by variant ``name``."""
     budget = chunk_budget(g, a.dtype, plan.param("chunk_bytes"), expanding=name == "output_rows")
     block = plan.param("block_bytes")
     if name == "pointwise":
-        return _pointwise(g, a, b, task, acc, block)
+        return _pointwise(g, a, b, task, acc, block, rounded)
     if name == "image_gemms":
         return _image_gemms(g, a, b, task, acc)
     if name == "output_rows":
-        return (output_rows.backward_data if task == "backward_data" else output_rows.backward_weights)(
-            g, a, b, acc, budget)
-    return {"forward": _forward, "backward_data": _backward_data, "backward_weights": _backward_weights}[task](
-        g, a, b, acc, budget, block)
+        if task == "backward_data":
+            return output_rows.backward_data(g, a, b, acc, budget, rounded)
+        return output_rows.backward_weights(g, a, b, acc, budget)
+    if task == "backward_data":
+        return _backward_data(g, a, b, acc, budget, block, rounded)
+    return {"forward": _forward, "backward_weights": _backward_weights}[task](g, a, b, acc, budget, block)
 
 
 def _finite(w: np.ndarray, acc: np.dtype) -> bool:
@@ -157,14 +161,16 @@ def _padded(g: ConvGeometry) -> bool:
     return any(g.pads_begin) or any(g.pads_end)
 
 
-def _pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, acc: np.dtype, block: int) -> np.ndarray:
+def _pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, acc: np.dtype, block: int,
+               rounded: bool) -> np.ndarray:
+    out = a.dtype if rounded else acc
     if task == "forward":
-        y = np.empty(g.y_shape, a.dtype)
+        y = np.empty(g.y_shape, out)
         pointwise.product(pointwise.sampled(g, a), casts.astype(b, acc).reshape(g.ic, g.oc), y, block)
         return y
     if task == "backward_data":
         every = g.out_size == g.in_size  # else zero where no output reads
-        dx = (np.empty if every else np.zeros)(g.x_shape, a.dtype)
+        dx = (np.empty if every else np.zeros)(g.x_shape, out)
         pointwise.product(a, casts.astype(b, acc).reshape(g.ic, g.oc).T, pointwise.sampled(g, dx), block)
         return dx
     return pointwise.weights_gradient(pointwise.sampled(g, a), b, block).reshape(g.w_shape)
@@ -260,14 +266,14 @@ def _forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, dtype: np.dtype, bud
 
 
 def _backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype, budget: int,
-                   block: int) -> np.ndarray:
+                   block: int, rounded: bool) -> np.ndarray:
     """dx: per input phase, the sum over its offsets of GEMMs on dy shifted back by the offset."""
     frame = _frame(g, layout.channels_first(dy), "backward_data")
     weights = tap_weights(g, w, transpose=True)
     few, many = TUNING.scatter_channels
     scattered = len(weights) > 1 and g.icg <= few and g.ocg >= many
-    # 16-bit data: the phase buffers' copy into dx rounds (once, to nearest even), so no f32 dx
-    rounds = dy.dtype != dtype and not frame.input_is_frame
+    # 16-bit data, rounded: the phase buffers' copy into dx rounds (once, to nearest even): no f32 dx
+    rounds = rounded and dy.dtype != dtype and not frame.input_is_frame
     dx = empty_like_data(g.x_shape, dy.dtype if rounds else dtype, dy,
                          fill=scattered or not (frame.input_is_frame or frame.covers_input))
     per_phase = [[k for k, p in enumerate(frame.tap_phase) if p == ph] for ph in range(len(frame.phases))]

@@ -111,11 +111,12 @@ def _plan(g: ConvGeometry, task: str, plan: Plan | None) -> Plan:
     return Plan.of("jit", **complete(f, {}))
 
 
-def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str) -> np.ndarray:
+def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, rounded: bool = False) -> np.ndarray:
     """``task`` on its two canonical inputs, f32 result: a pointwise problem (1x1, unpadded, one
-    group) as one GEMM (:func:`pointwise`), the others by their drivers."""
+    group) as one GEMM (:func:`pointwise`; with ``rounded``, bf16 NXC data gives a bf16 result,
+    rounded as the GEMM stores it), the others by their drivers."""
     if geometry.pointwise(g):
-        return pointwise(g, a, b, task, plan)
+        return pointwise(g, a, b, task, plan, rounded)
     return {"forward": forward, "backward_data": backward_data, "backward_weights": backward_weights}[task](
         g, a, b, plan)
 
@@ -125,28 +126,36 @@ def _operand(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint16) if _depth(a.dtype) == 2 else a.astype(F32, copy=False)
 
 
-def pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Plan | None = None) -> np.ndarray:
+def pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Plan | None = None,
+              rounded: bool = False) -> np.ndarray:
     """A 1x1 unpadded one-group convolution as GEMMs of :func:`.blis.gemm` over the positions
     ``x_s = x[:, ::S...]`` the strides keep (M of them): forward ``y = x_s @ w`` (M x IC x OC),
     backward data ``dx_s = dy @ w^T`` (zero elsewhere), backward weights ``dw = x_s^T @ dy``
     (IC x M x OC: reduced over the positions, bf16 packed in pairs of positions). NCX data runs
-    one GEMM per image with the roles exchanged (:func:`_pointwise_ncx`), results in NCX memory."""
+    one GEMM per image with the roles exchanged (:func:`_pointwise_ncx`), results in NCX memory.
+    With ``rounded``, bf16 NXC data on the dot product gives a bf16 result (:func:`.blis.gemm`'s)."""
     if layout.channels_first(a):
         return _pointwise_ncx(g, a, b, task, plan)
     block = _block(plan)[:2] if plan is not None else None
+    rounded = rounded and _depth(a.dtype) == 2
+    out = a.dtype if rounded else F32
+
+    def gemm(lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+        result = blis.gemm(lhs, rhs, block, rounded)
+        return result.view(out) if rounded else result
+
     keep = (slice(None), *(slice(None, o * s, s) for o, s in zip(g.out_size, g.strides)), slice(None))
     if task == "backward_data":
-        dy2 = _operand(a).reshape(-1, g.oc)
-        rows = blis.gemm(dy2, _operand(b).reshape(g.ic, g.oc).T, block)
+        rows = gemm(_operand(a).reshape(-1, g.oc), _operand(b).reshape(g.ic, g.oc).T)
         if all(s == 1 for s in g.strides) and tuple(g.out_size) == tuple(g.in_size):
             return np.ascontiguousarray(rows).reshape(g.x_shape)
-        dx = empty_like_data(g.x_shape, F32, a, fill=True)
+        dx = empty_like_data(g.x_shape, out, a, fill=True)
         dx[keep] = rows.reshape(g.y_shape[:-1] + (g.ic,))
         return dx
     xs = _operand(a)[keep].reshape(-1, g.ic)
     if task == "forward":
-        return np.ascontiguousarray(blis.gemm(xs, _operand(b).reshape(g.ic, g.oc), block)).reshape(g.y_shape)
-    return np.ascontiguousarray(blis.gemm(xs.T, _operand(b).reshape(-1, g.oc), block)).reshape(g.w_shape)
+        return np.ascontiguousarray(gemm(xs, _operand(b).reshape(g.ic, g.oc))).reshape(g.y_shape)
+    return np.ascontiguousarray(gemm(xs.T, _operand(b).reshape(-1, g.oc))).reshape(g.w_shape)
 
 
 def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Plan | None) -> np.ndarray:

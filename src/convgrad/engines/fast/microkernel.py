@@ -49,6 +49,7 @@ from numba import types
 from numba.core import cgutils, errors
 from numba.extending import intrinsic
 
+from ... import casts
 from . import isa
 
 __all__ = ["BLOCKS", "WIDTHS", "block_for", "run", "kernel_call", "cached_njit", "kernel_ir", "fma_peak",
@@ -60,8 +61,9 @@ BLOCKS: dict[int, tuple[tuple[int, int], ...]] = {8: ((8, 1), (6, 2), (4, 3)),
 WIDTHS = tuple(BLOCKS)
 #: Independent FMA chains of :func:`register_peak` (enough to cover the FMA latency on two pipes).
 _CHAINS = {8: 12, 16: 24}
-#: sha256 of this module's source: part of the disk-cache key of :func:`cached_njit` callers.
-SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+#: sha256 of this module's source and of :mod:`convgrad.casts` (whose rounding callers inline as
+#: they store): part of the disk-cache key of :func:`cached_njit` callers.
+SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes() + Path(casts.__file__).read_bytes()).hexdigest()
 
 
 def block_for(channels: int, width: int, rows: int | None = None) -> tuple[int, int]:
@@ -290,7 +292,7 @@ def run(typingctx, width, rows, vecs, native, c, coff, ldc, a, aoff, lda, astep,
 
 def cached_njit(**options) -> Callable:
     """``numba.njit(cache=True, **options)`` whose disk cache is also keyed on this module's
-    source (:data:`SOURCE_DIGEST`): an edited kernel invalidates the callers' cached code, which
+    and :mod:`convgrad.casts`' source (:data:`SOURCE_DIGEST`): an edited kernel invalidates the callers' cached code, which
     numba alone would not notice (it checks only the caller's own source file). Should numba's
     cache internals change, the callers compile without a disk cache (never a stale kernel)."""
     def wrap(fn: Callable) -> Callable:

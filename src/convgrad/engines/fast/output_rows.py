@@ -123,13 +123,15 @@ def _oix(w: np.ndarray) -> bool:
     return not w.flags.c_contiguous and layout.weights_from_canonical(w, "OIX").flags.c_contiguous
 
 
-def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype, budget: int) -> np.ndarray:
+def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype, budget: int,
+                  rounded: bool = False) -> np.ndarray:
     """dx (canonical, contiguous) from ``dy`` in ``dtype``; col2im, Z's columns in the weights'
     memory order (taps outer for XIO, inner for OIX: no copy of either). Weights widened in blocks
     (:func:`_blocks`) take blocks of taps (XIO), each scattered in turn, or of output channels
-    (OIX), their products summed in Z: contiguous in memory either way. For bf16/f16 ``dy`` the
-    sums of each batch chunk are rounded into dx (in dy's dtype) once the chunk is done."""
-    narrow, taps_inner, taps = dy.dtype.itemsize < dtype.itemsize, _oix(w), math.prod(g.kernel)
+    (OIX), their products summed in Z: contiguous in memory either way. For bf16/f16 ``dy`` and
+    ``rounded`` the sums of each batch chunk are rounded into dx (in dy's dtype) once the chunk is
+    done."""
+    narrow, taps_inner, taps = rounded and dy.dtype.itemsize < dtype.itemsize, _oix(w), math.prod(g.kernel)
     # the weights as they lie in memory: (G, OCg, ICg, taps) for OIX, else (taps, ICg, G, OCg)
     memory = layout.weights_from_canonical(w, "OIX").reshape(g.groups, g.ocg, g.icg, taps) if taps_inner \
         else tap_weights(g, w).transpose(0, 2, 1, 3)
