@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import numba
 import numpy as np
 
-from ... import layout
+from ... import casts, layout
 from ...dtypes import bfloat16
 from ...problem import ConvGeometry
 from . import blis, geometry, isa, microkernel
@@ -113,12 +113,14 @@ def _plan(g: ConvGeometry, task: str, plan: Plan | None) -> Plan:
 
 def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, rounded: bool = False) -> np.ndarray:
     """``task`` on its two canonical inputs, f32 result: a pointwise problem (1x1, unpadded, one
-    group) as one GEMM (:func:`pointwise`; with ``rounded``, bf16 NXC data gives a bf16 result,
-    rounded as the GEMM stores it), the others by their drivers."""
+    group) as one GEMM (:func:`pointwise`), the others by their drivers. With ``rounded``, bf16
+    data on the dot product gives a bf16 result where the driver stores each value once (the
+    GEMM's, forward and data gradient), rounded as it stores it."""
     if geometry.pointwise(g):
         return pointwise(g, a, b, task, plan, rounded)
-    return {"forward": forward, "backward_data": backward_data, "backward_weights": backward_weights}[task](
-        g, a, b, plan)
+    if task == "backward_weights":
+        return backward_weights(g, a, b, plan)
+    return (forward if task == "forward" else backward_data)(g, a, b, plan, rounded)
 
 
 def _operand(a: np.ndarray) -> np.ndarray:
@@ -270,7 +272,7 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
     """The driver of forward and backward data for one kernel variant (compiled for it alone;
     ``native``: :func:`.microkernel.run`'s flag)."""
     @microkernel.cached_njit(parallel=True)
-    def outputs(src, steps, taps_a, out, out_base, out_steps, out_grid, pitch, valid, wp, per_block, taps_b,
+    def outputs(src, steps, taps_a, out, out16, out_base, out_steps, out_grid, pitch, valid, wp, per_block, taps_b,
                 groups, kred, depth, channels, blocks_outer):  # pragma: no cover - compiled
         """``out[out_base + n*os0 + q0*os1 + (m // pitch)*os2 + (m % pitch)*os3 + g*channels + j] =
         sum over taps t and i < kred*depth of src[n*s0 + q0*s1 + q1*s2 + m*s3 + ta[t] + g*kred*depth + i]
@@ -278,8 +280,10 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
         interleaved) over the grid ``out_grid`` = (N, Q0, Q1, M), for ``m % pitch < valid``
         (``pitch`` > ``valid``: rows of a source flattened with their padding columns, computed and
         dropped). Items (n, q0, q1, g, nb) run in parallel, channel blocks innermost, or outermost
-        with ``blocks_outer`` (each block's weights then stay in cache while the rows stream by)."""
+        with ``blocks_outer`` (each block's weights then stay in cache while the rows stream by).
+        A non-empty ``out16`` takes the sums instead, as bf16 bits rounded as they are stored."""
         vw = vecs * width
+        rounding = out16.shape[0] > 0
         nblocks = -(-channels // vw)
         n_, q0_, q1_, m_ = out_grid[0], out_grid[1], out_grid[2], out_grid[3]
         ntaps = taps_a.shape[0]
@@ -297,6 +301,7 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
             q0 = place // q1_ % q0_
             n = place // (q1_ * q0_)
             c = np.empty(rows * vw, np.float32)
+            cbits = c.view(np.uint32)
             lanes = min(vw, channels - nb * vw)
             boff = (g * nblocks + nb) * per_block
             src_row = n * steps[0] + q0 * steps[1] + q1 * steps[2] + g * kred * depth
@@ -309,8 +314,12 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
                     a2 = m + r - a1 * pitch
                     if a2 < valid:
                         at = base + a1 * out_steps[2] + a2 * out_steps[3]
-                        for j in range(lanes):
-                            out[at + j] = c[r * vw + j]
+                        if rounding:
+                            for j in range(lanes):
+                                out16[at + j] = casts.bf16_bits(cbits[r * vw + j])
+                        else:
+                            for j in range(lanes):
+                                out[at + j] = c[r * vw + j]
     return outputs
 
 
@@ -321,7 +330,8 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_
     output ``grid`` (N, Q0, Q1, Q2): the last two axes flattened into rows of the source's width
     where the source steps by one position along both and that computes fewer junk positions than
     blocks cut at every output row; the channel blocks outermost where the packed weights exceed
-    ``cache_bytes``. ``kred``: kernel steps per tap (channel pairs for bf16)."""
+    ``cache_bytes``. ``kred``: kernel steps per tap (channel pairs for bf16). ``out``: f32, or
+    uint16 for bf16 bits rounded as they are stored."""
     width = _width()
     vw, depth = vecs * width, 2 if src.dtype == np.uint16 else 1
     n, q0, q1, q2 = grid
@@ -332,7 +342,10 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_
         shape, pitch = (n, q0, 1, flat), pitch
     else:
         shape, pitch = (n, q0, q1, q2), q2
-    _outputs(width, rows, vecs, depth == 2 and isa.bf16_native())(geometry.flat(src), steps, taps_a, out.reshape(-1), out_base, out_steps,
+    flat_out, none = out.reshape(-1), np.empty(0, np.uint16 if out.dtype == F32 else F32)
+    f32_out, bits_out = (flat_out, none) if out.dtype == F32 else (none, flat_out)
+    _outputs(width, rows, vecs, depth == 2 and isa.bf16_native())(geometry.flat(src), steps, taps_a, f32_out, bits_out,
+                                                                  out_base, out_steps,
                                 np.array(shape, np.int64), pitch, q2, wp, taps * kred * depth * vw, taps_b, groups,
                                 kred, depth, channels, wp.nbytes > cache_bytes)
 
@@ -357,8 +370,9 @@ def _strides(shape: tuple[int, ...]) -> np.ndarray:
     return np.array([math.prod(shape[j + 1:]) for j in range(len(shape))], np.int64)
 
 
-def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = None) -> np.ndarray:
-    """y (N, *O, OC) in f32 (see the module docstring), by ``plan`` (default: :func:`complete`'s)."""
+def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = None, rounded: bool = False) -> np.ndarray:
+    """y (N, *O, OC) in f32 (see the module docstring), by ``plan`` (default: :func:`complete`'s);
+    with ``rounded``, bf16 data on the dot product gives y in bf16, rounded as it is stored."""
     plan = _plan(g, "forward", plan)
     rows, vecs, vw = _block(plan)
     depth = _depth(x.dtype)
@@ -370,16 +384,20 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = N
     taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3]
                        for k0 in range(kernel[0]) for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
     taps_b = np.arange(len(taps_a), dtype=np.int64) * icg * vw
-    y = np.empty(g.y_shape, F32)
+    rounded = rounded and depth == 2
+    y = np.empty(g.y_shape, np.uint16 if rounded else F32)
     o = spatial(g.out_size, 1)
     _run_outputs(rows, vecs, xp, np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64), taps_a,
                  y, 0, _strides((g.n, *o, g.oc))[:4], (g.n, *o), _packed_weights(g, w, vw, False, depth).reshape(-1),
                  len(taps_a), taps_b, g.groups, icg // depth, g.ocg, plan.param("cache_bytes"))
-    return y
+    return y.view(x.dtype) if rounded else y
 
 
-def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | None = None) -> np.ndarray:
-    """dx (N, *I, IC) in f32: one stride-1 convolution of padded dy per stride phase."""
+def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | None = None,
+                  rounded: bool = False) -> np.ndarray:
+    """dx (N, *I, IC) in f32: one stride-1 convolution of padded dy per stride phase (each value
+    written once: with ``rounded``, bf16 data on the dot product gives dx in bf16, rounded as it
+    is stored)."""
     plan = _plan(g, "backward_data", plan)
     rows, vecs, vw = _block(plan)
     depth = _depth(dy.dtype)
@@ -394,7 +412,8 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | N
     dyp = _source(dy, tuple(lo), size, _tail(rows, g.groups * ocg), g.groups, depth)
     ds = _strides(dyp.shape)
     wp = _packed_weights(g, w, vw, True, depth).reshape(-1)
-    dx = np.empty(g.x_shape, F32)
+    rounded = rounded and depth == 2
+    dx = np.empty(g.x_shape, np.uint16 if rounded else F32)
     xs = _strides((g.n, *i_size, g.ic))
     steps = np.array(ds[:4], np.int64)
     for r0, t0 in enumerate(phases[0]):
@@ -409,7 +428,7 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | N
                 out_steps = np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64)
                 _run_outputs(rows, vecs, dyp, steps, taps_a, dx, base, out_steps, grid, wp, math.prod(kernel), taps_b,
                              g.groups, ocg // depth, g.icg, plan.param("cache_bytes"))
-    return dx
+    return dx.view(dy.dtype) if rounded else dx
 
 
 def _channel_blocks(a: np.ndarray, groups: int, rows: int, lo: tuple[int, ...], size: tuple[int, ...]) -> np.ndarray:
