@@ -256,6 +256,33 @@ def test_bf16_family_drivers_against_reference(case, native, rng):
 
 
 @pytest.mark.parametrize("native", KERNELS)
+@pytest.mark.parametrize("case", sorted(BF16_CASES))
+def test_bf16_drivers_round_as_they_store_and_reuse_pair_buffers(case, native, rng, monkeypatch):
+    """``rounded`` forward and data gradients are the bf16 rounding of the f32 results, bit for
+    bit; a weights gradient taken one image at a time (its pair buffers reused from image to
+    image) equals the one taken all at once, to f32 rounding."""
+    from dataclasses import replace
+
+    from convgrad import casts
+    g = replace(BF16_CASES[case], n=3)
+    x, w, dy = (rng.uniform(-1, 1, s).astype(BF16) for s in (g.x_shape, g.w_shape, g.y_shape))
+    before = isa.set_family("avx512_bf16", allow_emulated=True, standin=not native)
+    try:
+        for run, args in ((jit.forward, (x, w)), (jit.backward_data, (dy, w))):
+            f32 = run(g, *args)
+            got = run(g, *args, rounded=True)
+            assert got.dtype == BF16
+            np.testing.assert_array_equal(got.view(np.uint16), casts.from_f32(f32, BF16).view(np.uint16))
+        whole = jit.backward_weights(g, x, dy)
+        monkeypatch.setattr(jit, "TUNING", replace(jit.TUNING, pair_bytes=1))
+        assert jit._pair_images(g, 6, 64) == 1
+        one_by_one = jit.backward_weights(g, x, dy)      # the same sums in another order
+        np.testing.assert_allclose(one_by_one, whole, rtol=1e-5, atol=1e-5 * np.abs(whole).max())
+    finally:
+        isa.set_family(before)
+
+
+@pytest.mark.parametrize("native", KERNELS)
 def test_bf16_weight_pairs_keep_nonfinite_x_out_of_an_odd_rows_missing_partner(native, rng):
     """An odd last output row pairs its last position with dy's zero and the x one position on:
     an Inf there must not make dw NaN (the exact sum never reads it)."""

@@ -530,17 +530,20 @@ def _pair_phases(g: ConvGeometry) -> tuple[list[int], int]:
     return sorted({t * d % (2 * s) for t in range(k)}), -(-(o * s + (k - 1) * d + 1) // (2 * s)) + 1
 
 
-def _pair_blocks(g: ConvGeometry, x: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
+def _pair_blocks(g: ConvGeometry, x: np.ndarray, rows: int, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """bf16 x as uint16 (PH, G, RB, N, P0, P1, Q, R, 2): per phase ``ph`` of the last axis,
     ``[.., q, r, j]`` = padded x at position ``2*S*q + j*S + ph`` and channel r of the block (zero
     past the data and the channels), so that output positions 2i and 2i+1 of a tap with offset
-    ``k*D`` (phase ``k*D mod 2S``, pair ``i + k*D // 2S``) are a pair; and the taps' offsets."""
+    ``k*D`` (phase ``k*D mod 2S``, pair ``i + k*D // 2S``) are a pair; and the taps' offsets.
+    ``out``: such an array of at least N images from an earlier call on the same geometry, whose
+    zeros stay where they are (every other value of the first N images is written again)."""
     s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
     lo, size, insize = spatial(g.pads_begin, 0), spatial(g.padded_size, 1), spatial(g.in_size, 1)
     phases, q = _pair_phases(g)
     x3 = spatial3(x).view(np.uint16)
     blocks = -(-g.icg // rows)
-    out = np.zeros((len(phases), g.groups, blocks, g.n, size[0], size[1], q, rows, 2), np.uint16)
+    if out is None:
+        out = np.zeros((len(phases), g.groups, blocks, g.n, size[0], size[1], q, rows, 2), np.uint16)
     step = 2 * s[2]
     spans = np.zeros((len(phases), 2, 3), np.int64)   # per (phase, j): first pair, stop, first x position
     for pi, ph in enumerate(phases):
@@ -596,16 +599,38 @@ def _fill_pairs(x3, out, spans, step, lo0, lo1, icg):  # pragma: no cover - comp
                                     d[r] = np.uint32(hi[r]) << np.uint32(16)
 
 
-def _dy_pairs(g: ConvGeometry, dy: np.ndarray, lanes: int) -> np.ndarray:
+def _dy_pairs(g: ConvGeometry, dy: np.ndarray, lanes: int, out: np.ndarray | None = None) -> np.ndarray:
     """bf16 dy as uint16 (N, O0, O1, ceil(O2/2), G, OCg padded to ``lanes``, 2): output
-    positions 2i and 2i+1 of each lane interleaved (zero past them)."""
+    positions 2i and 2i+1 of each lane interleaved (zero past them); ``out``: such an array of
+    at least N images from an earlier call (its zeros stay; the first N images are written)."""
     d3 = spatial3(dy).view(np.uint16)
     o2 = d3.shape[3]
-    out = np.zeros((*d3.shape[:3], -(-o2 // 2), g.groups, lanes, 2), np.uint16)
-    for j in (0, 1):
-        part = d3[:, :, :, j::2]
-        out[:, :, :, :part.shape[3], :, :g.ocg, j] = part.reshape(*part.shape[:4], g.groups, g.ocg)
+    if out is None:
+        out = np.zeros((*d3.shape[:3], -(-o2 // 2), g.groups, lanes, 2), np.uint16)
+    _fill_dy_pairs(d3, out.view(np.uint32).reshape(out.shape[:-1]), g.groups, g.ocg)
     return out
+
+
+@numba.njit(parallel=True, cache=True)
+def _fill_dy_pairs(d3, out, groups, ocg):  # pragma: no cover - compiled
+    """``out[n, o0, o1, i, g, l]`` = ``d3[n, o0, o1, 2i, g*OCg + l]`` | ``d3[.., 2i + 1, ..] << 16``
+    (the high half zero past O2) for l < OCg of the first N images, a pair per 32-bit store."""
+    n_, o0_, o1_, o2_ = d3.shape[:4]
+    for row in numba.prange(n_ * o0_):
+        n, o0 = row // o0_, row % o0_
+        for o1 in range(o1_):
+            src = d3[n, o0, o1]
+            for i in range(-(-o2_ // 2)):
+                for gi in range(groups):
+                    lo = src[2 * i, gi * ocg:(gi + 1) * ocg]
+                    dst = out[n, o0, o1, i, gi]
+                    if 2 * i + 1 < o2_:
+                        hi = src[2 * i + 1, gi * ocg:(gi + 1) * ocg]
+                        for l in range(ocg):
+                            dst[l] = np.uint32(lo[l]) | (np.uint32(hi[l]) << np.uint32(16))
+                    else:
+                        for l in range(ocg):
+                            dst[l] = np.uint32(lo[l])
 
 
 def _pair_images(g: ConvGeometry, rows: int, lanes: int) -> int:
@@ -647,13 +672,14 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan 
     chunk = max(1, plan.param("cache_bytes") // (4 * o[2] * (g.ic + g.oc)))
     parts = np.zeros((shares, math.prod(kernel), g.groups, row_blocks * rows, nblocks * vw), F32)
     per = _pair_images(g, rows, vw) if depth == 2 else g.n     # bf16 pairs: a few images at a time
+    xb = dyp = None                                            # ... in buffers allocated once
     for n0 in range(0, g.n, per):
         gc = dataclasses.replace(g, n=min(per, g.n - n0))
         if depth == 2:
-            xb, taps_a = _pair_blocks(gc, x[n0:n0 + gc.n], rows)
+            xb, taps_a = _pair_blocks(gc, x[n0:n0 + gc.n], rows, xb)
             xs = _strides(xb.shape[3:])
             x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], xs[3]]
-            dyp = _dy_pairs(gc, dy[n0:n0 + gc.n], nblocks * vw)
+            dyp = _dy_pairs(gc, dy[n0:n0 + gc.n], nblocks * vw, dyp)
             block_size = math.prod(xb.shape[3:])
         else:
             xb = _channel_blocks(x, g.groups, rows, spatial(g.pads_begin, 0), size)
