@@ -156,6 +156,32 @@ def test_without_accumulate_c_is_written_not_read(width, rows, vecs, native, rng
     assert not np.array_equal(added[block], zeros[block])   # the case's c is not zero: accumulate=1 added it
 
 
+@pytest.mark.parametrize("native", KERNELS)
+@pytest.mark.parametrize("width, rows, vecs", ALL_BLOCKS)
+def test_rounded_stores_are_the_f32_block_rounded_once(width, rows, vecs, native, rng):
+    """A uint16 ``c``: the block's sums as bf16 bits, each the f32 sum rounded to nearest even
+    (NaN quiet), whatever ``c`` held and ``accumulate`` says; nothing outside the block touched."""
+    from convgrad import casts
+    if width != 16 and native:
+        pytest.skip("the instruction is 16 lanes wide (the stand-in runs at 8 too)")
+    p = _bf16_case(rng, width, rows, vecs)
+    p["a"][p["aoff"]] = 0x7FC0                                 # a NaN in the first row
+    call = microkernel.kernel_call(width, rows, vecs, native)
+    sums = np.zeros_like(p["c"])
+    call(sums, *list(p.values())[1:], 0)
+    bits = np.full(p["c"].shape, 0xABCD, np.uint16)
+    call(bits, *list(p.values())[1:], 1)
+    block = np.zeros(p["c"].shape, bool)
+    for r in range(rows):
+        at = p["coff"] + r * p["ldc"]
+        block[at:at + vecs * width] = True
+    want = casts.from_f32(sums[block], BF16).view(np.uint16)
+    nan = np.isnan(sums[block])
+    assert nan.any() and np.isnan(bits[block].view(BF16)[nan]).all()
+    np.testing.assert_array_equal(bits[block][~nan], want[~nan])
+    assert (bits[~block] == 0xABCD).all()
+
+
 def _special_bits(rng, n: int) -> np.ndarray:
     """Random bf16 bits, most near the bottom of the range (denormals, zeros, products that
     underflow f32) or of any exponent; no Inf/NaN."""

@@ -140,8 +140,9 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
         last partial panel of rows is packed per step as (kc/depth, rows, depth). Chunk ``t`` of
         K writes rows ``t*R .. t*R + R`` of ``c`` (R = ``c``'s rows / ``k_chunks``).
         A non-empty ``out`` (M, N) of bf16 bits (one chunk of K) takes the result instead, each
-        tile rounded once it is complete: one K step, from a register block's tile in L1; more,
-        from the item's block of ``scratch[thread]`` (mc, the share's columns) at its end."""
+        tile rounded once it is complete: one K step, by the kernel's rounded stores (a tile at
+        out's edges: from a tile in L1); more, from the item's block of ``scratch[thread]`` (mc,
+        the share's columns) at its end."""
         nr = vecs * width
         rounding = out.shape[0] > 0
         m_blocks = -(-m // mc)
@@ -181,6 +182,12 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
                     boff = jp * poff + s0 * bstep
                     for rp in range(row_panels):
                         row0 = m0 + rp * rows
+                        if rounding and one_step and row0 + rows <= out.shape[0] and (jp + 1) * nr <= out.shape[1] \
+                                and rp != tail:
+                            microkernel.run(width, rows, vecs, native, out, row0 * out.shape[1] + jp * nr,
+                                            out.shape[1], a, row0 * lda + s0 * depth * astep, lda, astep * depth,
+                                            bp, boff, bstep, zero, zero, 1, ks, 0)      # rounded in registers
+                            continue
                         coff = 0 if rounding and one_step else t0 + (row0 - t_row) * ldc + jp * nr - t_col
                         if rp == tail:
                             microkernel.run(width, rows, vecs, native, tiles, coff, ldc, ap, 0, depth, rows * depth,

@@ -24,6 +24,12 @@ as zeros of their sign, each pair's two products are added one at a time (odd fi
 rounding each (RNE), and a sum that is tiny after rounding to 24 bits with an unbounded exponent
 (below 2^-126) becomes a zero of its sign. Offsets and strides count uint16 elements.
 
+**Rounded stores** (``c`` a uint16 array): the accumulators start at zero (``accumulate`` is
+ignored) and are stored as bf16 bits, each rounded once to nearest even in the registers
+(``(u + 0x7FFF + odd) >> 16`` on the f32 bits, a NaN made quiet), as
+:func:`convgrad.casts.bf16_bits` rounds: no f32 tile passes through memory. ``coff``/``ldc``
+count uint16 elements then.
+
 Blocks (:data:`BLOCKS`) fit the register file: ``R*V`` accumulators + ``V`` operands + one
 broadcast <= 16 ymm registers (``W`` = 8, AVX2) or 31 of the 32 zmm (``W`` = 16, AVX-512). A 16-wide kernel
 on an AVX2 host is legalised by LLVM into pairs of 8-wide instructions (correct, not fast).
@@ -174,29 +180,34 @@ class _Ops:
 
 
 def _emit(builder: ir.IRBuilder, rows: int, vecs: int, width: int, ptrs: dict, ints: dict, bf16: bool,
-          native: bool) -> None:
+          native: bool, rounding: bool = False) -> None:
     """Emit the block ``rows`` x ``vecs`` of ``width`` lanes at the builder's position (see the
-    module docstring): accumulators loaded from c, a tap loop around a reduction loop, stored.
-    ``ptrs``: c (float*), a, b (float* or i16*), ta, tb (i64*); ``ints``: the i64 arguments."""
+    module docstring): accumulators loaded from c, a tap loop around a reduction loop, stored
+    (``rounding``: from zero, stored as rounded bf16 bits).
+    ``ptrs``: c (float* or i16*), a, b (float* or i16*), ta, tb (i64*); ``ints``: the i64 arguments."""
     ops = _Ops(builder, width, bf16, native)
     vec, i64 = ops.acc, ir.IntType(64)
     const = lambda v: ir.Constant(i64, v)  # noqa: E731
     lanes = 2 if bf16 else 1            # b values per accumulator lane and step
+    stored = ir.VectorType(ir.IntType(16), width) if rounding else vec
     caddr = [[builder.bitcast(builder.gep(ptrs["c"], [builder.add(ints["coff"], builder.add(
-        builder.mul(ints["ldc"], const(r)), const(v * width)))]), vec.as_pointer())
+        builder.mul(ints["ldc"], const(r)), const(v * width)))]), stored.as_pointer())
         for v in range(vecs)] for r in range(rows)]
     zero = const(0)
-    load, start = builder.append_basic_block("load_c"), builder.append_basic_block("start")
-    before = builder.block
-    builder.cbranch(builder.icmp_signed("!=", ints["accumulate"], zero), load, start)
-    builder.position_at_end(load)
-    loaded = [builder.load(p, align=4) for row in caddr for p in row]
-    builder.branch(start)
-    builder.position_at_end(start)
-    init = [builder.phi(vec) for _ in loaded]
-    for value, phi in zip(loaded, init):
-        phi.add_incoming(value, load)
-        phi.add_incoming(ir.Constant(vec, None), before)
+    if rounding:
+        init = [ir.Constant(vec, None)] * (rows * vecs)
+    else:
+        load, start = builder.append_basic_block("load_c"), builder.append_basic_block("start")
+        before = builder.block
+        builder.cbranch(builder.icmp_signed("!=", ints["accumulate"], zero), load, start)
+        builder.position_at_end(load)
+        loaded = [builder.load(p, align=4) for row in caddr for p in row]
+        builder.branch(start)
+        builder.position_at_end(start)
+        init = [builder.phi(vec) for _ in loaded]
+        for value, phi in zip(loaded, init):
+            phi.add_incoming(value, load)
+            phi.add_incoming(ir.Constant(vec, None), before)
     entry = builder.block
     tloop, iloop = builder.append_basic_block("taps"), builder.append_basic_block("reduce")
     tnext, done = builder.append_basic_block("next_tap"), builder.append_basic_block("done")
@@ -244,7 +255,21 @@ def _emit(builder: ir.IRBuilder, rows: int, vecs: int, width: int, ptrs: dict, i
     i.add_incoming(zero, tloop)
     i.add_incoming(inext, iloop)
     for j, out in enumerate(outs):
-        builder.store(out, caddr[j // vecs][j % vecs], align=4)
+        value = _rounded(builder, out, width) if rounding else out
+        builder.store(value, caddr[j // vecs][j % vecs], align=2 if rounding else 4)
+
+
+def _rounded(builder: ir.IRBuilder, value: ir.Value, width: int) -> ir.Value:
+    """bf16 bits of an f32 vector, each rounded to nearest even (``(u + 0x7FFF + odd) >> 16``, a
+    carry into inf on overflow), a NaN made quiet (``u >> 16 | 0x40``)."""
+    i32 = ir.VectorType(ir.IntType(32), width)
+    splat = lambda v: ir.Constant(i32, [v] * width)  # noqa: E731
+    u = builder.bitcast(value, i32)
+    high = builder.lshr(u, splat(16))
+    even = builder.lshr(builder.add(builder.add(u, splat(0x7FFF)), builder.and_(high, splat(1))), splat(16))
+    nan = builder.fcmp_unordered("uno", value, value)
+    bits = builder.select(nan, builder.or_(high, splat(0x40)), even)
+    return builder.trunc(bits, ir.VectorType(ir.IntType(16), width))
 
 
 _ARRAYS = (("c", 4), ("a", 7), ("b", 11), ("ta", 14), ("tb", 15))
@@ -265,11 +290,12 @@ def run(typingctx, width, rows, vecs, native, c, coff, ldc, a, aoff, lda, astep,
     """The kernel of ``width`` (8 or 16) and block ``rows`` x ``vecs`` (compile-time constants,
     one of :data:`BLOCKS`) on f32 ``a``/``b``, or bf16 bits (uint16) ``a``/``b`` (see the module
     docstring): with ``native`` (a constant bool) the AVX512_BF16 instruction where the host has
-    it, else the stand-in (:func:`.isa.bf16_native` says which the engine uses)."""
+    it, else the stand-in (:func:`.isa.bf16_native` says which the engine uses). A uint16 ``c``
+    takes the block rounded to bf16 (rounded stores, the module docstring)."""
     kinds = {a.dtype, b.dtype} if all(isinstance(t, types.Array) for t in (c, a, b, ta, tb)) else set()
-    if kinds not in ({types.float32}, {types.uint16}) or c.dtype != types.float32:
-        raise errors.TypingError("microkernel.run: c must be float32 arrays and a, b both float32 or both "
-                                 f"uint16 (bf16 bits), got {c}, {a}, {b}")
+    if kinds not in ({types.float32}, {types.uint16}) or c.dtype not in (types.float32, types.uint16):
+        raise errors.TypingError("microkernel.run: c must be a float32 (or, rounded, uint16) array and a, b "
+                                 f"both float32 or both uint16 (bf16 bits), got {c}, {a}, {b}")
     i64t = types.int64
     sig = types.void(i64t, i64t, i64t, types.boolean, c, i64t, i64t, a, i64t, i64t, i64t, b, i64t, i64t, ta, tb, i64t, i64t,
                      i64t)
@@ -284,7 +310,8 @@ def run(typingctx, width, rows, vecs, native, c, coff, ldc, a, aoff, lda, astep,
         ptrs = {name: cgutils.create_struct_proxy(signature.args[j])(context, builder, value=argv[j]).data
                 for name, j in _ARRAYS}
         ints = {name: argv[j] for name, j in _INTS}
-        _emit(builder, rows_, vecs_, width_, ptrs, ints, bf16, bf16 and bool(native_) and isa.bf16_host())
+        _emit(builder, rows_, vecs_, width_, ptrs, ints, bf16, bf16 and bool(native_) and isa.bf16_host(),
+              rounding=c.dtype == types.uint16)
         return context.get_dummy_value()
 
     return sig, codegen
