@@ -239,3 +239,50 @@ def test_one_call_reads_the_plan_cache_once_and_forced_plans_live(monkeypatch) -
             assert plan_module.context() != outer and plan_module.context()[-1] == fast.Plan.of("direct")
         assert plan_module.context() == outer
     assert len(reads) == 4
+
+
+def test_a_warm_op_call_skips_resolution_but_not_the_memory_budget(monkeypatch) -> None:
+    """A repeated call of the same signature (shapes, dtypes, strides, shape values, attributes
+    as they are now) reuses the resolved problem and its memory estimate, without resolving its
+    inputs again; the budget is read at every call, so a lowered budget refuses it warm as cold;
+    another signature is resolved afresh."""
+    rng, _ = fresh_rng()
+    x, dy, w = _problem(rng, np.float32)
+    op = cg.Op("ConvolutionBackwardData", strides=[2, 2], pads_begin=[1, 1], pads_end=[1, 0], dilations=[1, 1])
+    first = op(dy, w, list(x.shape))
+    cold_error = None
+    with monkeypatch.context() as m:
+        m.setattr(cg.Op, "prepare", lambda self, *inputs: pytest.fail("a warm call resolved its inputs again"))
+        np.testing.assert_array_equal(op(dy, w, list(x.shape)), first)
+        with pytest.raises(pytest.fail.Exception):                 # a new signature: resolved
+            op(dy, w, tuple(x.shape))
+        cg.set_memory_budget(1000)
+        try:
+            with pytest.raises(cg.errors.ResourceError) as warm:
+                op(dy, w, list(x.shape))
+        finally:
+            cg.set_memory_budget(None)
+    cg.set_memory_budget(1000)
+    try:
+        with pytest.raises(cg.errors.ResourceError) as cold:
+            cg.Op("ConvolutionBackwardData", strides=[2, 2], pads_begin=[1, 1], pads_end=[1, 0],
+                  dilations=[1, 1])(dy, w, list(x.shape))
+        cold_error = str(cold.value)
+    finally:
+        cg.set_memory_budget(None)
+    assert str(warm.value) == cold_error
+    np.testing.assert_array_equal(op(dy, w, list(x.shape)), first)
+
+
+def test_an_op_with_a_warm_memo_pickles_and_its_copy_starts_cold() -> None:
+    """dask ships Op objects to its workers: a used Op pickles, and its copy computes the same
+    result with an empty memo of the same bound."""
+    import pickle
+    rng, _ = fresh_rng()
+    x, dy, w = _problem(rng, np.float32)
+    op = cg.Op("ConvolutionBackwardData", strides=[2, 2], pads_begin=[1, 1], pads_end=[1, 0], dilations=[1, 1])
+    first = op(dy, w, list(x.shape))
+    assert op._warm is not None and len(op._warm) == 1
+    copy = pickle.loads(pickle.dumps(op))
+    assert copy._warm is not None and len(copy._warm) == 0 and copy._warm.size == op._warm.size
+    np.testing.assert_array_equal(copy(dy, w, list(x.shape)), first)

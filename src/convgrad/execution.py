@@ -11,24 +11,27 @@ from .dtypes import round_to
 from .engines import Engine
 from .layout import data_from_canonical, data_to_canonical, weights_in_format, weights_to_canonical
 from .limits import check_memory
+from .memo import Memo
 from .problem import Problem
 from .tensor_ops import TensorProblem, run_tensor_problem
 
 __all__ = ["execute", "execute_canonical", "round_result", "finish"]
 
 
-def execute(problem: Problem | TensorProblem, arrays: dict[str, np.ndarray], engine: Engine) -> np.ndarray:
+def execute(problem: Problem | TensorProblem, arrays: dict[str, np.ndarray], engine: Engine,
+            estimates: Memo | None = None) -> np.ndarray:
     """Run a resolved problem: canonical views in, one engine call, bias, one rounding, user layout out
-    (the other ops: :func:`~convgrad.tensor_ops.run_tensor_problem`). The memory guard runs first;
+    (the other ops: :func:`~convgrad.tensor_ops.run_tensor_problem`). The memory guard runs first
+    (``estimates``: its memo for this problem, :func:`~convgrad.limits.check_memory`);
     NaN and Inf propagate as IEEE arithmetic does, without warnings."""
     if isinstance(problem, TensorProblem):
         return run_tensor_problem(problem, [arrays[s.name] for s in problem.definition.inputs], engine)
     bias = arrays.get("bias")
-    return finish(problem, execute_canonical(problem, arrays, engine, rounded=bias is None), bias)
+    return finish(problem, execute_canonical(problem, arrays, engine, rounded=bias is None, estimates=estimates), bias)
 
 
 def execute_canonical(problem: Problem, arrays: dict[str, np.ndarray], engine: Engine,
-                      rounded: bool = False) -> np.ndarray:
+                      rounded: bool = False, estimates: Memo | None = None) -> np.ndarray:
     """The engine's canonical result (data ``(N, *X, C)``, weights ``(*K, ICg, OC)``) in its
     accumulation dtype (f32, f64 for f64 data), before bias, rounding and layout: partial results
     that are summed later (batch or space chunks) are summed in this form and rounded once by
@@ -36,7 +39,7 @@ def execute_canonical(problem: Problem, arrays: dict[str, np.ndarray], engine: E
     (``engine.rounds``) may return it already rounded to the problem's dtype. The memory guard
     runs first."""
     with getattr(engine, "scope", contextlib.nullcontext)():  # an engine's per-call state, read once
-        check_memory(problem, engine)
+        check_memory(problem, engine, estimates)
         g, fmt, wfmt = problem.geometry, problem.data_format, problem.weights_format
         canonical = {role: (weights_to_canonical(a, wfmt) if role == "w" else data_to_canonical(a, fmt))
                      for role, a in arrays.items() if role != "bias"}

@@ -28,6 +28,7 @@ import numpy as np
 
 from . import environment
 from .errors import ResourceError, ShapeError
+from .memo import Memo
 
 if TYPE_CHECKING:
     from .engines import Engine
@@ -199,17 +200,26 @@ def _result_bytes(problem: Problem, engine: Engine | None = None) -> int:
     return math.prod(problem.output_shape) * per_value
 
 
-def check_memory(problem: Problem, engine: Engine) -> None:
+def check_memory(problem: Problem, engine: Engine, estimates: Memo | None = None) -> None:
     """Raise :class:`ResourceError` if running ``problem`` on ``engine`` would exceed the budget.
 
     The result's own copies are checked first, then the engine's estimate; both are closed forms
-    of the sizes (O(rank) work whatever the sizes), and the error names the tensors and sizes."""
+    of the sizes (O(rank) work whatever the sizes), and the error names the tensors and sizes.
+    ``estimates``: a memo of both for this problem (a warm call's), by engine and the engine's
+    state (``engine.state()``, where it has one: what its estimate depends on besides the sizes);
+    the budget is read at every call."""
     budget = memory_budget()
-    result = _result_bytes(problem, engine)
+    key = (engine, engine.state() if callable(getattr(engine, "state", None)) else None)
+    known = estimates.get(key) if estimates is not None else None
+    result, workspace = known if known is not None else (_result_bytes(problem, engine), None)
     if result > budget:
         name = problem.definition.output.name
         raise _over_budget(problem.op, f"the result {_describe(name, problem.output_shape)} alone", result)
-    needed = _engine_bytes(problem, engine) + result
+    if workspace is None:
+        workspace = _engine_bytes(problem, engine)
+        if estimates is not None:
+            estimates.put(key, (result, workspace))
+    needed = workspace + result
     if needed > budget:
         tensors = ", ".join(_describe(*item) for item in problem.tensor_shapes().items())
         raise _over_budget(problem.op, f"running this problem on the {getattr(engine, 'name', '?')} engine "

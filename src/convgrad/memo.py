@@ -36,3 +36,10 @@ class Memo(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def __getstate__(self) -> int:
+        """Pickled empty (a memo is this process's): an object holding one pickles, as dask does."""
+        return self.size
+
+    def __setstate__(self, size: int) -> None:
+        self.__init__(size)  # type: ignore[misc]

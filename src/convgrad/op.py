@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ from .engines import Engine, get_engine
 from .errors import AttributeValueError, InputError, InputTypeError, MissingAttributeError, describe
 from .execution import execute
 from .libraries import in_library_of
+from .memo import Memo
 from .opdefs import OpDef, get_opdef
 from .problem import Problem, TensorInfo, build_problem
 from .tensor_ops import TensorProblem, build_tensor_problem
@@ -49,6 +51,10 @@ class Op:
                                              scalars=self.lenient)
         self._check_required()
         self._last: tuple[tuple[Any, ...], Problem] | None = None  # the last resolution (see _resolve)
+        #: The warm path (:meth:`__call__`): per signature of plain NumPy inputs (:func:`_signature`),
+        #: the problem a cold call resolved from them, its inputs' roles and its memory estimates
+        #: (made at the first call: an Op built inside a traced function, torch.compile's, holds no lock).
+        self._warm: Memo[tuple[Any, ...], _Prepared] | None = None
 
     def _check_required(self) -> None:
         """The specification's required attributes, when the op is built: strides, pads (unless
@@ -117,12 +123,59 @@ class Op:
         return last[1], arrays
 
     def __call__(self, *inputs: Any, engine: str | Engine | None = None) -> np.ndarray:
+        signature = _signature(inputs, self.attrs, self.lenient) if self.definition.family == "convolution" else None
+        memo = self._warm
+        warm = memo.get(signature) if signature is not None and memo is not None else None
+        if warm is not None:  # inputs of a signature a cold call accepted: same problem, same checks passed
+            arrays = {role: inputs[i] for i, role in warm.roles}
+            return execute(warm.problem, arrays, get_engine(engine), warm.estimates)
         problem, arrays = self.prepare(*inputs)
         if any(is_dask_array(a) for a in arrays.values()):  # shapes resolved and checked above, eagerly
             from .dask.arrays import execute_lazy
 
             return execute_lazy(problem, arrays, get_engine(engine), self)
-        return in_library_of(inputs[0] if inputs else None, execute(problem, arrays, get_engine(engine)))
+        if signature is None or not isinstance(problem, Problem):
+            return in_library_of(inputs[0] if inputs else None, execute(problem, arrays, get_engine(engine)))
+        roles = tuple((i, spec.role) for i, (spec, value) in enumerate(zip(self.definition.inputs, inputs))
+                      if value is not None and spec.role != "shape")
+        prepared = _Prepared(problem, roles, Memo(_WARM_ENTRIES))
+        result = execute(problem, arrays, get_engine(engine), prepared.estimates)
+        if memo is None:
+            memo = self._warm = Memo(_WARM_ENTRIES)
+        memo.put(signature, prepared)  # after a run that passed every check
+        return result
+
+
+#: Entries of an Op's warm path, and of each entry's memory estimates (per engine state).
+_WARM_ENTRIES = 64
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """What a cold call established for a signature of inputs: the resolved problem, the
+    (input index, role) of its data inputs, and its memory estimates (:func:`.limits.check_memory`)."""
+
+    problem: Problem
+    roles: tuple[tuple[int, str], ...]
+    estimates: Memo[tuple[Any, ...], tuple[int, int]]
+
+
+def _signature(inputs: tuple[Any, ...], attrs: Attrs, lenient: bool) -> tuple[Any, ...] | None:
+    """Everything :meth:`Op.prepare` reads that a warm call must match (the attributes as they
+    are now, ``lenient`` and the inputs), or None where the warm path does not apply: each input
+    None, a plain NumPy array of native byte order (shape, dtype, strides), or a shape as a tuple
+    or list of Python ints (its values)."""
+    key: list[Any] = [len(inputs), lenient, tuple(attrs.items())]
+    for value in inputs:
+        if value is None:
+            key.append(None)
+        elif type(value) is np.ndarray and value.dtype.isnative:
+            key.append((value.shape, value.dtype, value.strides))
+        elif type(value) in (tuple, list) and all(type(v) is int for v in value):
+            key.append((type(value), *value))
+        else:
+            return None
+    return tuple(key)
 
 
 def _merge_attrs(op: str, attrs: Any, extra: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Any, Any]:

@@ -45,6 +45,8 @@ class FastEngine:
     rounds = True
     #: One API call's scope: the selection context is read once for its estimate and its run.
     scope = staticmethod(one_call)
+    #: What the plans, and so the memory estimates, depend on besides the problem (:func:`.plan.context`).
+    state = staticmethod(context)
 
     @staticmethod
     def _run(g: ConvGeometry, task: str, a: np.ndarray, b: np.ndarray, out_dtype: np.dtype | None) -> np.ndarray:
