@@ -122,28 +122,35 @@ class Op:
             self._last = last
         return last[1], arrays
 
-    def __call__(self, *inputs: Any, engine: str | Engine | None = None) -> np.ndarray:
+    def resolve(self, *inputs: Any) -> tuple[Problem | TensorProblem, dict[str, np.ndarray], Memo | None]:
+        """:meth:`prepare`'s problem and arrays, and the memo of the problem's memory estimates
+        for :func:`~convgrad.execution.execute` (None off the warm path). The warm path: a call
+        whose inputs have a signature a call resolved before (:func:`_signature`: plain arrays of
+        the same shapes, dtypes and strides, the same shape values, the attributes as they are
+        now) reuses that resolution, which depends on nothing else."""
         signature = _signature(inputs, self.attrs, self.lenient) if self.definition.family == "convolution" else None
         memo = self._warm
         warm = memo.get(signature) if signature is not None and memo is not None else None
-        if warm is not None:  # inputs of a signature a cold call accepted: same problem, same checks passed
-            arrays = {role: inputs[i] for i, role in warm.roles}
-            return execute(warm.problem, arrays, get_engine(engine), warm.estimates)
+        if warm is not None:
+            return warm.problem, {role: inputs[i] for i, role in warm.roles}, warm.estimates
         problem, arrays = self.prepare(*inputs)
-        if any(is_dask_array(a) for a in arrays.values()):  # shapes resolved and checked above, eagerly
-            from .dask.arrays import execute_lazy
-
-            return execute_lazy(problem, arrays, get_engine(engine), self)
         if signature is None or not isinstance(problem, Problem):
-            return in_library_of(inputs[0] if inputs else None, execute(problem, arrays, get_engine(engine)))
+            return problem, arrays, None
         roles = tuple((i, spec.role) for i, (spec, value) in enumerate(zip(self.definition.inputs, inputs))
                       if value is not None and spec.role != "shape")
         prepared = _Prepared(problem, roles, Memo(_WARM_ENTRIES))
-        result = execute(problem, arrays, get_engine(engine), prepared.estimates)
         if memo is None:
             memo = self._warm = Memo(_WARM_ENTRIES)
-        memo.put(signature, prepared)  # after a run that passed every check
-        return result
+        memo.put(signature, prepared)  # resolved without error: a warm call gets the same problem
+        return problem, arrays, prepared.estimates
+
+    def __call__(self, *inputs: Any, engine: str | Engine | None = None) -> np.ndarray:
+        problem, arrays, estimates = self.resolve(*inputs)
+        if estimates is None and any(is_dask_array(a) for a in arrays.values()):  # resolved and checked, eagerly
+            from .dask.arrays import execute_lazy
+
+            return execute_lazy(problem, arrays, get_engine(engine), self)
+        return in_library_of(inputs[0] if inputs else None, execute(problem, arrays, get_engine(engine), estimates))
 
 
 #: Entries of an Op's warm path, and of each entry's memory estimates (per engine state).

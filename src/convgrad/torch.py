@@ -36,6 +36,7 @@ from .dtypes import DATA_DTYPES, as_array, bfloat16
 from .engines import get_engine
 from .errors import AttributeValueError, DTypeError, InputError, InputTypeError
 from .execution import execute
+from .memo import Memo
 from .opdefs import OPS, AttrSpec, OpDef
 from .problem import Problem
 
@@ -153,14 +154,15 @@ class _Eager(torch.autograd.Function):
     need it, take the registered op.)"""
 
     @staticmethod
-    def forward(ctx: Any, problem: Problem, arrays: dict[str, np.ndarray], *tensors: torch.Tensor | None) -> torch.Tensor:
+    def forward(ctx: Any, problem: Problem, arrays: dict[str, np.ndarray], estimates: Memo | None,
+                *tensors: torch.Tensor | None) -> torch.Tensor:
         ctx.problem = problem
         ctx.save_for_backward(*tensors)
-        return _compute(problem, arrays)
+        return _compute(problem, arrays, estimates)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return None, None, *_vjp(ctx.problem, ctx.saved_tensors, grad, ctx.needs_input_grad[2:])
+        return None, None, None, *_vjp(ctx.problem, ctx.saved_tensors, grad, ctx.needs_input_grad[3:])
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -181,15 +183,15 @@ def _apply(kind: str, *tensors: torch.Tensor | None, **attrs: Any) -> torch.Tens
     where no gradient is wanted) where :func:`_eager` allows, else the registered op."""
     if not _eager(tensors):
         return _REGISTERED[kind](*tensors, **attrs)
-    problem, arrays = interop.op_for(kind, attrs).prepare(
+    problem, arrays, estimates = interop.op_for(kind, attrs).resolve(
         *[None if t is None else to_numpy(t, kind, name) for t, name in zip(tensors, _NAMES[kind])])
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return _Eager.apply(problem, arrays, *tensors)
-    return _compute(problem, arrays)
+        return _Eager.apply(problem, arrays, estimates, *tensors)
+    return _compute(problem, arrays, estimates)
 
 
-def _compute(problem: Problem, arrays: dict[str, np.ndarray]) -> torch.Tensor:
-    return from_numpy(execute(problem, arrays, get_engine(None)))
+def _compute(problem: Problem, arrays: dict[str, np.ndarray], estimates: Memo | None = None) -> torch.Tensor:
+    return from_numpy(execute(problem, arrays, get_engine(None), estimates))
 
 
 def refuse_tangents(where: str, tensors: Sequence[tuple[str, torch.Tensor | None]]) -> None:
