@@ -48,10 +48,11 @@ def _cached_op(kind: str, attrs: tuple[tuple[str, Any], ...]) -> Op:
 
 
 def op_for(kind: str, attrs: Mapping[str, Any]) -> Op:
-    """The (lenient) op for plain attributes, None meaning omitted. Ops are reused, so a training
-    loop's repeated shapes skip shape inference (:meth:`Op.infer` keeps its last resolution)."""
-    key = tuple((k, tuple(int(x) for x in v) if isinstance(v, (list, tuple)) else v)
-                for k, v in sorted(attrs.items()) if v is not None)
+    """The (lenient) op for plain attributes (:func:`plain_attributes`' lists of ints, ints and
+    strings), None meaning omitted. Ops are reused, so a training loop's repeated calls take the
+    warm path (:meth:`Op.resolve`); the key keeps the attributes' order (another order: another
+    entry of the same op)."""
+    key = tuple((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in attrs.items() if v is not None)
     return _cached_op(kind, key)
 
 

@@ -223,7 +223,7 @@ def _call(kind: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> torch.T
         if not isinstance(tensor, torch.Tensor):
             raise InputTypeError(kind, name, f"is a {type(tensor).__name__}: expected a torch.Tensor "
                                  "(convgrad's functional API takes NumPy arrays)")
-        if tensor.device.type != "cpu":
+        if not tensor.is_cpu:
             raise InputTypeError(kind, name, f"is on device {tensor.device}: expected a CPU tensor")
     return _apply(kind, *tensors, **plain)
 
