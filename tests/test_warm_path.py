@@ -286,3 +286,18 @@ def test_an_op_with_a_warm_memo_pickles_and_its_copy_starts_cold() -> None:
     copy = pickle.loads(pickle.dumps(op))
     assert copy._warm is not None and len(copy._warm) == 0 and copy._warm.size == op._warm.size
     np.testing.assert_array_equal(copy(dy, w, list(x.shape)), first)
+
+
+@pytest.mark.parametrize("as_type", [np.array, list, tuple])
+def test_shape_inputs_are_keyed_on_their_values(as_type) -> None:
+    """A shape input (here the data gradient's dst_shape, two sizes valid for one dy) is part of
+    the warm key by its values, whether a list, a tuple or a NumPy array of the same shape."""
+    rng, _ = fresh_rng()
+    _, dy, w = _problem(rng, np.float32)
+    op = cg.Op("ConvolutionBackwardData", strides=[2, 2], pads_begin=[1, 1], pads_end=[1, 0], dilations=[1, 1])
+    for _ in range(2):
+        for rows in (9, 10):
+            shape = as_type([2, rows, 7, 16])
+            assert op(dy, w, shape).shape == (2, rows, 7, 16)
+    with pytest.raises(cg.errors.ShapeError):
+        op(dy, w, as_type([2, 12, 7, 16]))

@@ -15,7 +15,7 @@ from .errors import AttributeValueError, InputError, InputTypeError, MissingAttr
 from .execution import execute
 from .libraries import in_library_of
 from .memo import Memo
-from .opdefs import OpDef, get_opdef
+from .opdefs import MAX_NDIMS, OpDef, get_opdef
 from .problem import Problem, TensorInfo, build_problem
 from .tensor_ops import TensorProblem, build_tensor_problem
 
@@ -128,7 +128,8 @@ class Op:
         whose inputs have a signature a call resolved before (:func:`_signature`: plain arrays of
         the same shapes, dtypes and strides, the same shape values, the attributes as they are
         now) reuses that resolution, which depends on nothing else."""
-        signature = _signature(inputs, self.attrs, self.lenient) if self.definition.family == "convolution" else None
+        signature = _signature(inputs, self.definition, self.attrs, self.lenient) \
+            if self.definition.family == "convolution" else None
         memo = self._warm
         warm = memo.get(signature) if signature is not None and memo is not None else None
         if warm is not None:
@@ -167,19 +168,28 @@ class _Prepared:
     estimates: Memo[tuple[Any, ...], tuple[int, int]]
 
 
-def _signature(inputs: tuple[Any, ...], attrs: Attrs, lenient: bool) -> tuple[Any, ...] | None:
+def _signature(inputs: tuple[Any, ...], definition: OpDef, attrs: Attrs, lenient: bool) -> tuple[Any, ...] | None:
     """Everything :meth:`Op.prepare` reads that a warm call must match (the attributes as they
     are now, ``lenient`` and the inputs), or None where the warm path does not apply: each input
-    None, a plain NumPy array of native byte order (shape, dtype, strides), or a shape as a tuple
-    or list of Python ints (its values)."""
+    None; a data input as a plain NumPy array of native byte order (shape, dtype, strides); a
+    shape input as a tuple or list of Python ints, or a 1-D integer NumPy array of at most
+    ``MAX_NDIMS`` values (type, dtype and values)."""
+    if len(inputs) > len(definition.inputs):
+        return None
     key: list[Any] = [len(inputs), lenient, tuple(attrs.items())]
-    for value in inputs:
+    for spec, value in zip(definition.inputs, inputs):
         if value is None:
             key.append(None)
+        elif spec.role == "shape":
+            if type(value) in (tuple, list) and all(type(v) is int for v in value):
+                key.append((type(value), *value))
+            elif type(value) is np.ndarray and value.ndim == 1 and value.size <= MAX_NDIMS \
+                    and value.dtype.kind in "iu" and value.dtype.isnative:
+                key.append((value.dtype, *value.tolist()))
+            else:
+                return None
         elif type(value) is np.ndarray and value.dtype.isnative:
             key.append((value.shape, value.dtype, value.strides))
-        elif type(value) in (tuple, list) and all(type(v) is int for v in value):
-            key.append((type(value), *value))
         else:
             return None
     return tuple(key)

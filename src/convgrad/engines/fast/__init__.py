@@ -27,7 +27,7 @@ from ... import layout
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
 from .. import register
-from . import pool, tune
+from . import pool, tune, workspace
 from .features import Features
 from .frame import Frame, empty_like_data
 from .plan import (STRATEGIES, Plan, candidates, default_plan, forced_plan, forced_strategy, gemm_variant, jit_selected,
@@ -64,7 +64,8 @@ class FastEngine:
                      out_dtype: np.dtype | None) -> tuple[Features, np.ndarray]:
         f, plan, _ = planned(g, task, a.dtype, layout.channels_first(a), tune=True)
         rounded = out_dtype is not None and np.dtype(out_dtype) == a.dtype != compute_dtype(a.dtype)
-        return f, strategy_module(plan.strategy).run(plan, g, a, b, task, rounded)
+        with workspace.call():   # the call's temporaries come from, and go back to, the engine's cache
+            return f, strategy_module(plan.strategy).run(plan, g, a, b, task, rounded)
 
     def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray, out_dtype: np.dtype | None = None) -> np.ndarray:
         return self._run(g, "forward", x, w, out_dtype)

@@ -26,6 +26,7 @@ C is zeroed, padded to whole blocks (``mr`` rows, ``nr`` columns) and returned a
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,7 +34,7 @@ import numba
 import numpy as np
 
 from ... import casts
-from . import isa, microkernel
+from . import isa, microkernel, workspace
 from .tuning import TUNING
 
 __all__ = ["Blocks", "blocks", "deep", "gemm", "register_block", "split", "workspace_bytes"]
@@ -276,7 +277,8 @@ def _packed(b: np.ndarray, nr: int, depth: int, transpose: bool = False) -> np.n
     flat, rows, cols = _flat(b)
     n, k = b.shape if transpose else b.shape[::-1]
     ld, step = (cols, rows) if transpose else (rows, cols)
-    out = np.empty((-(-n // nr), -(-k // depth), nr * depth), b.dtype)
+    shape = (-(-n // nr), -(-k // depth), nr * depth)
+    out = workspace.empty(math.prod(shape), b.dtype).reshape(shape)
     if depth == 2 and step == 1:
         _pack_pairs(flat, ld, k, n, out.view(np.uint32))
     else:
@@ -308,8 +310,8 @@ def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, rou
     mpad = -(-m // bl.rows) * bl.rows
     out = np.empty((m, n) if rounding else (0, 0), np.uint16)
     several = rounding and -(-k // depth) > bl.kc // depth                 # tiles kept over several K steps
-    scratch = np.empty((numba.get_num_threads(), bl.mc, -(-(-(-n // bl.nr)) // bl.shares) * bl.nr) if several
-                       else (0, 0, 0), np.float32)
+    shape = (numba.get_num_threads(), bl.mc, -(-(-(-n // bl.nr)) // bl.shares) * bl.nr) if several else (0, 0, 0)
+    scratch = workspace.empty(math.prod(shape), np.float32).reshape(shape)
     c = np.empty((bl.k_chunks * mpad, -(-n // bl.nr) * bl.nr) if not rounding else (0, 0), np.float32)
     if not (m and k and n):
         return np.zeros((m, n), np.uint16 if rounded and bf16 else np.float32)

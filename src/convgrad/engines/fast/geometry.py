@@ -16,6 +16,7 @@ import numba
 import numpy as np
 
 from ...problem import ConvGeometry
+from . import workspace
 
 __all__ = ["spatial", "spatial3", "params", "tap", "stride_phase", "phase_taps", "tap_weights", "padded", "flat"]
 
@@ -86,11 +87,11 @@ def padded(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], dtype: np.
     shape = (a3.shape[0], *size, a3.shape[-1])
     count = math.prod(shape)
     if a3.dtype != dtype:
-        buffer = np.zeros(count + slack, dtype)
+        buffer = workspace.zeros(count + slack, dtype)
         out = buffer[:count].reshape(shape)
         out[(slice(None), *(slice(b, b + n) for b, n in zip(lo, a3.shape[1:4])), slice(None))] = a3
         return out
-    buffer = np.empty(count + slack, dtype)
+    buffer = workspace.empty(count + slack, dtype)
     buffer[count:] = 0
     out = buffer[:count].reshape(shape)
     _fill_padded(a3, out, *lo)
@@ -117,6 +118,8 @@ def _fill_padded(a3, out, lo0, lo1, lo2):  # pragma: no cover - compiled
 
 
 def flat(a: np.ndarray) -> np.ndarray:
-    """The flat buffer under an array made by :func:`padded` (its slack included): its base, the
-    one array NumPy records under every view of it."""
-    return a.base
+    """The flat buffer under an array made by :func:`padded` (its slack included, and for a block
+    of the engine's :mod:`.workspace` what follows it there): its base, the one array NumPy
+    records under every view of it, in ``a``'s dtype."""
+    base = a.base
+    return base if base.dtype == a.dtype else base.view(a.dtype)

@@ -41,7 +41,7 @@ import numpy as np
 from ... import casts, layout
 from ...dtypes import bfloat16
 from ...problem import ConvGeometry
-from . import blis, geometry, isa, microkernel
+from . import blis, geometry, isa, microkernel, workspace
 from .features import Features
 from .frame import empty_like_data
 from .geometry import padded, phase_taps, spatial, spatial3, tap_weights
@@ -259,7 +259,7 @@ def _source(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], slack: in
     if cpad == cg:                                                    # whole pairs already
         return padded(a3.view(np.uint16), lo, size, np.uint16, slack)
     shape = (a3.shape[0], *size, groups, cpad)
-    buffer = np.zeros(math.prod(shape) + slack, np.uint16)
+    buffer = workspace.zeros(math.prod(shape) + slack, np.uint16)
     out = buffer[:math.prod(shape)].reshape(shape)
     values = a3.reshape(*a3.shape[:-1], groups, cg)
     out[(slice(None), *(slice(b, b + n) for b, n in zip(lo, a3.shape[1:4])), slice(None), slice(0, cg))] = \
@@ -438,7 +438,8 @@ def _channel_blocks(a: np.ndarray, groups: int, rows: int, lo: tuple[int, ...], 
     a3 = spatial3(a)
     cg = a3.shape[-1] // groups
     blocks = -(-cg // rows)
-    out = np.zeros((groups, blocks, a3.shape[0], *size, rows), F32)
+    shape = (groups, blocks, a3.shape[0], *size, rows)
+    out = workspace.zeros(math.prod(shape), F32).reshape(shape)
     if a3.dtype == F32:
         _fill_blocks(a3, out, *lo)
         return out
@@ -543,7 +544,8 @@ def _pair_blocks(g: ConvGeometry, x: np.ndarray, rows: int, out: np.ndarray | No
     x3 = spatial3(x).view(np.uint16)
     blocks = -(-g.icg // rows)
     if out is None:
-        out = np.zeros((len(phases), g.groups, blocks, g.n, size[0], size[1], q, rows, 2), np.uint16)
+        shape = (len(phases), g.groups, blocks, g.n, size[0], size[1], q, rows, 2)
+        out = workspace.zeros(math.prod(shape), np.uint16).reshape(shape)
     step = 2 * s[2]
     spans = np.zeros((len(phases), 2, 3), np.int64)   # per (phase, j): first pair, stop, first x position
     for pi, ph in enumerate(phases):
@@ -606,7 +608,8 @@ def _dy_pairs(g: ConvGeometry, dy: np.ndarray, lanes: int, out: np.ndarray | Non
     d3 = spatial3(dy).view(np.uint16)
     o2 = d3.shape[3]
     if out is None:
-        out = np.zeros((*d3.shape[:3], -(-o2 // 2), g.groups, lanes, 2), np.uint16)
+        shape = (*d3.shape[:3], -(-o2 // 2), g.groups, lanes, 2)
+        out = workspace.zeros(math.prod(shape), np.uint16).reshape(shape)
     _fill_dy_pairs(d3, out.view(np.uint32).reshape(out.shape[:-1]), g.groups, g.ocg)
     return out
 
@@ -687,7 +690,8 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan 
             x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]]
             taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3] for k0 in range(kernel[0])
                                for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
-            dyp = np.zeros((*dy.shape[:-1], g.groups, nblocks * vw), F32)
+            shape = (*dy.shape[:-1], g.groups, nblocks * vw)
+            dyp = workspace.zeros(math.prod(shape), F32).reshape(shape)
             dyp[..., :g.ocg] = dy.reshape(*dy.shape[:-1], g.groups, g.ocg)  # a view, whatever dy's memory order
             block_size = math.prod(xb.shape[2:])
         rows_total = gc.n * o[0] * o[1]

@@ -87,6 +87,11 @@ class Tuning:
     min_block_rows: int = 256
     #: ``direct``: the depthwise weights gradient sums this many partial dw per thread.
     depthwise_parts_per_thread: int = 4
+    #: Temporaries of at least this many bytes come from the engine's cache (``workspace``) ...
+    workspace_min_bytes: int = 1 << 20
+    #: ... which keeps at most this many bytes of them from one call to the next (ResNet-50's 40
+    #: bf16 gradients at mb 16 leave 63 MB there).
+    workspace_cache_bytes: int = 256 << 20
 
     # -- our GEMM (``blis``) ----------------------------------------------------------------------
     #: Register block (rows, vectors) of our GEMM per (vector width, operand bytes), where the

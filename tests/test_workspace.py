@@ -1,0 +1,77 @@
+"""The engine's cache of temporaries (:mod:`convgrad.engines.fast.workspace`): blocks handed out
+within a call never alias each other, return to the cache when the call ends, come back zeroed
+where asked, stay within the cache's bound; and no strategy's result lies in a cached block (a
+result kept from one call is unchanged by the next calls, which reuse the blocks)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import convgrad as cg
+from convgrad.dtypes import bfloat16
+from convgrad.engines import fast
+from convgrad.engines.fast import workspace
+
+from oracle import fresh_rng
+
+MB = 1 << 20
+
+
+def test_blocks_within_a_call_are_distinct_and_reused_by_the_next_call() -> None:
+    workspace.clear()
+    with workspace.call():
+        a, b = workspace.empty(3 * MB, np.uint8), workspace.empty(3 * MB // 4, np.float32)
+        assert not np.shares_memory(a, b)
+        a.fill(7)
+        first = {a.__array_interface__["data"][0], b.__array_interface__["data"][0]}
+    assert workspace.cached_bytes() >= 6 * MB
+    with workspace.call():
+        with workspace.call():                                     # nested: one call
+            c = workspace.zeros(3 * MB // 2, np.uint16)
+        assert c.__array_interface__["data"][0] in first and not c.any()   # reused, zeroed
+        d = workspace.empty(3 * MB, np.uint8)
+        assert not np.shares_memory(c, d)
+    small = workspace.empty(16, np.float32)                        # outside a call: a plain array
+    assert small.base is None and workspace.empty(2 * MB, np.uint8).base is None
+
+
+def test_the_cache_keeps_at_most_its_bound(monkeypatch) -> None:
+    workspace.clear()
+    monkeypatch.setattr(workspace, "TUNING", dataclasses.replace(workspace.TUNING, workspace_cache_bytes=8 * MB))
+    with workspace.call():
+        for size in (2, 4, 6):
+            workspace.empty(size * MB, np.uint8)
+    assert workspace.cached_bytes() <= 8 * MB
+    assert sorted(b.nbytes // MB for b in workspace._free) == [2, 4]        # the largest went
+    workspace.clear()
+    assert workspace.cached_bytes() == 0
+
+
+@pytest.mark.parametrize("strategy", [None, *fast.STRATEGIES, "frame", "output_rows", "pointwise"])
+@pytest.mark.parametrize("dtype", [np.float32, bfloat16])
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_no_result_lies_in_a_cached_block(strategy: str | None, dtype, kernel: int) -> None:
+    """Every task's result, kept, is unchanged after the same calls run again on other data
+    (which take the blocks the first calls gave back): large enough for the cache (1 MiB)."""
+    rng, seed = fresh_rng()
+    attrs = dict(strides=1, pads_begin=kernel // 2, pads_end=kernel // 2)
+
+    def calls(scale: float) -> list[np.ndarray]:
+        x = (rng.standard_normal((8, 40, 40, 64)) * scale).astype(dtype)
+        dy = (rng.standard_normal((8, 40, 40, 64)) * scale).astype(dtype)
+        w = (rng.standard_normal((kernel, kernel, 64, 64)) * scale).astype(dtype)
+        with fast.forced_strategy(strategy):
+            return [cg.convolution(x, w, **attrs), cg.convolution_backward_data(dy, w, x.shape, **attrs),
+                    cg.convolution_backward_weights(x, dy, w.shape, **attrs)]
+
+    workspace.clear()
+    kept = calls(1.0)
+    copies = [k.copy() for k in kept]
+    calls(-3.0)
+    if strategy == "jit" and kernel == 3:          # padded copies, position pairs: cached
+        assert workspace.cached_bytes() > 0
+    for got, want, task in zip(kept, copies, ("forward", "data", "weights")):
+        np.testing.assert_array_equal(got, want, err_msg=f"{task} {strategy} seed={seed}")
