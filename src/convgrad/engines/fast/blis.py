@@ -131,7 +131,7 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
     """The parallel loops of :func:`gemm` for one register block (compiled for it alone)."""
     @microkernel.cached_njit(parallel=True)
     def run(a, lda, astep, m, k, bp, panels, kd, poff, bstep, c, kc, mc, depth, n_shares, k_chunks, out,
-            scratch):  # pragma: no cover
+            scratch, apack):  # pragma: no cover
         """``c[:m, :] = A @ B``, A's value (row, kk) at ``a[row*lda + kk*astep]`` (flat; for
         ``depth`` 2 the kernel reads pairs ``kk``, ``kk+1`` adjacent and steps ``astep*depth``),
         B's panel ``jp`` at ``bp[jp*poff + kk*bstep]`` for its ``kd`` steps of K (pairs for depth
@@ -143,8 +143,12 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
         A non-empty ``out`` (M, N) of bf16 bits (one chunk of K) takes the result instead, each
         tile rounded once it is complete: one K step, by the kernel's rounded stores (a tile at
         out's edges: from a tile in L1); more, from the item's block of ``scratch[thread]`` (mc,
-        the share's columns) at its end."""
+        the share's columns) at its end.
+        A non-empty ``apack`` (threads, kc/2 * mc pairs, as uint32): bf16 A whose pairs along K are
+        not adjacent (a weights gradient's x^T) is packed per K step and block of rows into the
+        thread's (kc/2, mc, 2), the BLIS way (zero past M and K), and the kernel reads it there."""
         nr = vecs * width
+        pack_a = apack.shape[0] > 0
         rounding = out.shape[0] > 0
         m_blocks = -(-m // mc)
         steps = kc // depth
@@ -168,9 +172,32 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
                 tiles, t0, t_row, t_col = scratch[numba.get_thread_id()], 0, m0, first * nr
             ldc = tiles.shape[1]
             ap = np.empty(steps * rows * depth, a.dtype)
+            mp = row_panels * rows
             for s0 in range(k_lo, k_hi, steps):
                 ks = min(steps, k_hi - s0)
-                if tail >= 0:                                     # packed as (ks, rows, depth)
+                if pack_a:                                        # A's block as (ks, mp, 2) pairs
+                    pk = apack[numba.get_thread_id()]
+                    valid = min(mc, m - m0)
+                    for i2 in range(ks):
+                        kk = (s0 + i2) * 2
+                        dst = pk[i2 * mp:(i2 + 1) * mp]
+                        if lda == 1:
+                            lo = a[kk * astep + m0:kk * astep + m0 + valid]
+                            if kk + 1 < k:
+                                hi = a[(kk + 1) * astep + m0:(kk + 1) * astep + m0 + valid]
+                                for r in range(valid):
+                                    dst[r] = np.uint32(lo[r]) | (np.uint32(hi[r]) << np.uint32(16))
+                            else:
+                                for r in range(valid):
+                                    dst[r] = np.uint32(lo[r])
+                        else:
+                            for r in range(valid):
+                                at = (m0 + r) * lda + kk * astep
+                                dst[r] = np.uint32(a[at]) | ((np.uint32(a[at + astep]) << np.uint32(16))
+                                                             if kk + 1 < k else np.uint32(0))
+                        for r in range(valid, mp):
+                            dst[r] = 0
+                elif tail >= 0:                                   # packed as (ks, rows, depth)
                     for r in range(rows):
                         row = m0 + tail * rows + r
                         valid = min(ks * depth, k - s0 * depth) if row < m else 0
@@ -183,6 +210,19 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
                     boff = jp * poff + s0 * bstep
                     for rp in range(row_panels):
                         row0 = m0 + rp * rows
+                        if pack_a:
+                            apk = apack[numba.get_thread_id()].view(a.dtype)   # (bf16 only: f32 types it)
+                            if rounding and one_step and row0 + rows <= out.shape[0] and (jp + 1) * nr <= out.shape[1]:
+                                microkernel.run(width, rows, vecs, native, out, row0 * out.shape[1] + jp * nr,
+                                                out.shape[1], apk, rp * rows * 2, 2, mp * 2, bp, boff, bstep, zero,
+                                                zero, 1, ks, 0)
+                                continue
+                            coff = 0 if rounding and one_step else t0 + (row0 - t_row) * ldc + jp * nr - t_col
+                            microkernel.run(width, rows, vecs, native, tiles, coff, ldc, apk, rp * rows * 2, 2,
+                                            mp * 2, bp, boff, bstep, zero, zero, 1, ks, s0 - k_lo)
+                            if rounding and one_step:
+                                _round_into(out, tiles, row0, jp * nr, rows, nr)
+                            continue
                         if rounding and one_step and row0 + rows <= out.shape[0] and (jp + 1) * nr <= out.shape[1] \
                                 and rp != tail:
                             microkernel.run(width, rows, vecs, native, out, row0 * out.shape[1] + jp * nr,
@@ -324,13 +364,12 @@ def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, rou
         kd, poff, bstep = bp.shape[1], bp.shape[1] * bp.shape[2], bl.nr * depth
         bp = bp.reshape(-1)
     flat, lda, astep = _flat(a)
-    rows_run = m
-    if bf16 and not (astep == 1 and k % 2 == 0):                          # pairs not adjacent
-        pairs = _packed(a, mpad, 2, transpose=True)                       # (1, K/2, M'*2)
-        flat, lda, astep, rows_run = pairs.reshape(-1), 2, mpad, mpad     # (row, pair i) at 2*row + 2*i*M'
+    pack_a = bf16 and not (astep == 1 and k % 2 == 0)                      # pairs not adjacent: packed per block
+    apack = workspace.empty(numba.get_num_threads() * (bl.kc // 2) * bl.mc if pack_a else 0, np.uint32)
     _driver(bl.width, bl.rows, bl.vecs, bf16 and isa.bf16_native())(
-        flat, lda, astep, rows_run, k, bp, panels, kd, poff, bstep, c, bl.kc, bl.mc, depth,
-        bl.shares, bl.k_chunks, out, scratch)
+        flat, lda, astep, m, k, bp, panels, kd, poff, bstep, c, bl.kc, bl.mc, depth,
+        bl.shares, bl.k_chunks, out, scratch, apack.reshape(-1, (bl.kc // 2) * bl.mc) if pack_a else
+        apack.reshape(0, 0))
     if rounding:
         return out
     if bl.k_chunks > 1:
