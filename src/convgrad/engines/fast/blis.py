@@ -16,8 +16,8 @@ block (``mc x kc``) at most half the L2; both from the host's cache sizes
 (:func:`.isa.cache_sizes`); blocks and shares of the panels dealt evenly to the threads.
 The kernel broadcasts A, so it reads any evenly strided A where it lies (oneDNN's brgemm does
 not pack A either); only a last partial register block of rows is packed per step, and bf16 A
-whose pairs along K are not adjacent (a transposed A: the weights gradient) is copied once into
-pairs (K/2, M, 2).
+whose pairs along K are not adjacent (a transposed A: the weights gradient) is packed, the BLIS
+way, per K step and block of rows into each thread's (kc/2, mc, 2) buffer.
 bf16 operands on the ``avx512_bf16`` family stay bf16, in pairs along K (the dot instruction's
 layout, K padded to even; B's pairs interleaved per lane), on the dot product or its stand-in.
 C is zeroed, padded to whole blocks (``mr`` rows, ``nr`` columns) and returned as a view.
@@ -118,11 +118,12 @@ def blocks(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None 
 
 def workspace_bytes(m: int, k: int, n: int, itemsize: int) -> int:
     """Upper bound of :func:`gemm`'s allocations besides its operands: the packed B, the padded C
-    (f32, one per chunk of K), A in pairs (bf16, twice while it is built) and one packed tail panel
-    per item."""
+    (f32, one per chunk of K), for bf16 the per-thread blocks of A's pairs (kc/2 x mc, 32 bits
+    each) and of a rounded result's tiles (mc x N, f32), and one packed tail panel per item."""
     b = blocks(m, k, n, itemsize)
     kp, npad, mpad = -(-k // 2) * 2, -(-n // b.nr) * b.nr, -(-m // b.rows) * b.rows
-    return kp * npad * itemsize + b.k_chunks * mpad * npad * 4 + 2 * mpad * kp * itemsize \
+    a_blocks = numba.get_num_threads() * ((b.kc // 2) + npad) * b.mc * 4 if itemsize == 2 else 0
+    return kp * npad * itemsize + b.k_chunks * mpad * npad * 4 + a_blocks \
         + -(-m // b.mc) * b.shares * b.rows * b.kc * itemsize + 4096
 
 
@@ -310,13 +311,11 @@ def _flat(a: np.ndarray) -> tuple[np.ndarray, int, int]:
     return np.lib.stride_tricks.as_strided(a, (span,), (a.itemsize,)), rows, cols
 
 
-def _packed(b: np.ndarray, nr: int, depth: int, transpose: bool = False) -> np.ndarray:
-    """B (K, N) (or, ``transpose``, A (N, K) read as its transpose) as (panels, K/depth,
-    nr*depth): each nr-column panel contiguous, K in pairs interleaved per lane for ``depth``
-    2, zero past K and N."""
-    flat, rows, cols = _flat(b)
-    n, k = b.shape if transpose else b.shape[::-1]
-    ld, step = (cols, rows) if transpose else (rows, cols)
+def _packed(b: np.ndarray, nr: int, depth: int) -> np.ndarray:
+    """B (K, N) as (panels, K/depth, nr*depth): each nr-column panel contiguous, K in pairs
+    interleaved per lane for ``depth`` 2, zero past K and N (a block of the engine's cache)."""
+    flat, ld, step = _flat(b)
+    k, n = b.shape
     shape = (-(-n // nr), -(-k // depth), nr * depth)
     out = workspace.empty(math.prod(shape), b.dtype).reshape(shape)
     if depth == 2 and step == 1:
