@@ -314,12 +314,14 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
                     a2 = m + r - a1 * pitch
                     if a2 < valid:
                         at = base + a1 * out_steps[2] + a2 * out_steps[3]
-                        if rounding:
+                        if rounding:                  # row slices: the copy vectorises
+                            o16, cb = out16[at:at + lanes], cbits[r * vw:r * vw + lanes]
                             for j in range(lanes):
-                                out16[at + j] = casts.bf16_bits(cbits[r * vw + j])
+                                o16[j] = casts.bf16_bits(cb[j])
                         else:
+                            o, cr = out[at:at + lanes], c[r * vw:r * vw + lanes]
                             for j in range(lanes):
-                                out[at + j] = c[r * vw + j]
+                                o[j] = cr[j]
     return outputs
 
 
