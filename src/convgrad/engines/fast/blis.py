@@ -211,33 +211,20 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
                     boff = jp * poff + s0 * bstep
                     for rp in range(row_panels):
                         row0 = m0 + rp * rows
-                        if pack_a:
-                            apk = apack[numba.get_thread_id()].view(a.dtype)   # (bf16 only: f32 types it)
-                            if rounding and one_step and row0 + rows <= out.shape[0] and (jp + 1) * nr <= out.shape[1]:
-                                microkernel.run(width, rows, vecs, native, out, row0 * out.shape[1] + jp * nr,
-                                                out.shape[1], apk, rp * rows * 2, 2, mp * 2, bp, boff, bstep, zero,
-                                                zero, 1, ks, 0)
-                                continue
-                            coff = 0 if rounding and one_step else t0 + (row0 - t_row) * ldc + jp * nr - t_col
-                            microkernel.run(width, rows, vecs, native, tiles, coff, ldc, apk, rp * rows * 2, 2,
-                                            mp * 2, bp, boff, bstep, zero, zero, 1, ks, s0 - k_lo)
-                            if rounding and one_step:
-                                _round_into(out, tiles, row0, jp * nr, rows, nr)
-                            continue
-                        if rounding and one_step and row0 + rows <= out.shape[0] and (jp + 1) * nr <= out.shape[1] \
-                                and rp != tail:
+                        if pack_a:                                # A: the thread's packed block
+                            src, aoff, alda, astp = apack[numba.get_thread_id()].view(a.dtype), rp * rows * 2, 2, mp * 2
+                        elif rp == tail:                          # A: the packed tail panel
+                            src, aoff, alda, astp = ap, 0, depth, rows * depth
+                        else:                                     # A where it lies
+                            src, aoff, alda, astp = a, row0 * lda + s0 * depth * astep, lda, astep * depth
+                        if rounding and one_step and row0 + rows <= out.shape[0] and (jp + 1) * nr <= out.shape[1]:
                             microkernel.run(width, rows, vecs, native, out, row0 * out.shape[1] + jp * nr,
-                                            out.shape[1], a, row0 * lda + s0 * depth * astep, lda, astep * depth,
-                                            bp, boff, bstep, zero, zero, 1, ks, 0)      # rounded in registers
+                                            out.shape[1], src, aoff, alda, astp, bp, boff, bstep, zero, zero, 1, ks,
+                                            0)                    # a whole tile, rounded in registers
                             continue
                         coff = 0 if rounding and one_step else t0 + (row0 - t_row) * ldc + jp * nr - t_col
-                        if rp == tail:
-                            microkernel.run(width, rows, vecs, native, tiles, coff, ldc, ap, 0, depth, rows * depth,
-                                            bp, boff, bstep, zero, zero, 1, ks, s0 - k_lo)
-                        else:
-                            microkernel.run(width, rows, vecs, native, tiles, coff, ldc, a,
-                                            row0 * lda + s0 * depth * astep, lda, astep * depth, bp, boff,
-                                            bstep, zero, zero, 1, ks, s0 - k_lo)
+                        microkernel.run(width, rows, vecs, native, tiles, coff, ldc, src, aoff, alda, astp, bp, boff,
+                                        bstep, zero, zero, 1, ks, s0 - k_lo)
                         if rounding and one_step:
                             _round_into(out, tiles, row0, jp * nr, rows, nr)
             if rounding and not one_step:
@@ -349,12 +336,12 @@ def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, rou
     mpad = -(-m // bl.rows) * bl.rows
     out = np.empty((m, n) if rounding else (0, 0), np.uint16)
     several = rounding and -(-k // depth) > bl.kc // depth                 # tiles kept over several K steps
-    shape = (numba.get_num_threads(), bl.mc, -(-(-(-n // bl.nr)) // bl.shares) * bl.nr) if several else (0, 0, 0)
+    panels = -(-n // bl.nr)
+    shape = (numba.get_num_threads(), bl.mc, -(-panels // bl.shares) * bl.nr) if several else (0, 0, 0)
     scratch = workspace.empty(math.prod(shape), np.float32).reshape(shape)
     c = np.empty((bl.k_chunks * mpad, -(-n // bl.nr) * bl.nr) if not rounding else (0, 0), np.float32)
     if not (m and k and n):
         return np.zeros((m, n), np.uint16 if rounded and bf16 else np.float32)
-    panels = -(-n // bl.nr)
     bflat, ldb, bcol = _flat(b)
     if not bf16 and bcol == 1 and n % bl.nr == 0 and bl.k_chunks > 1:   # a deep reduction's B, in place
         bp, kd, poff, bstep = bflat, k, bl.nr, ldb
