@@ -1,11 +1,12 @@
 """The depthwise loops (``direct`` loops=depthwise): the register-blocked kernels of
-:mod:`convgrad.engines.fast.depthwise_kernels` (NXC f32 data, and bf16/f16 widened to f32) and the
+:mod:`convgrad.engines.fast.depthwise_kernels` (NXC f32 data, and bf16/f16 read as it lies) and the
 numba loops they leave to (NCX data, f64, the portable family), all three directions against the
 float64 reference engine: strides, dilations, asymmetric pads, 1-D/2-D/3-D, channel tails, NaN and
 Inf, and NaN-poisoned allocations."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -106,6 +107,51 @@ def test_narrow_data_sums_in_f32(shape, dtype_name, rng, kernel_calls):
         want = getattr(REF, task)(g, *(v.astype(np.float64) for v in inputs[task]))
         _check(got, want, 2e-6, f"{shape} {dtype_name} {task}")
     assert kernel_calls == {"gather": 2, "weights": 1} or isa.family() == "portable"
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """The bits of a 16-bit float array, every NaN as one pattern (NaN payloads are not compared)."""
+    bits = a.view(np.uint16).copy()
+    bits[np.isnan(a.astype(np.float32))] = 0x7FFF
+    return bits
+
+
+@pytest.mark.parametrize("dtype_name", ["bf16", "f16"])
+@pytest.mark.parametrize("channels", [15, 16, 33])
+@pytest.mark.parametrize("shape", ["3x3", "3x3 stride 2, asymmetric pads", "5x5 stride 2 dilation 2", "3-D"])
+def test_narrow_data_read_where_it_lies_and_rounded_once(shape, channels, dtype_name, rng, kernel_calls, monkeypatch):
+    """bf16/f16 NXC data: the kernels read it without a widened copy (``casts.astype`` is never
+    asked), and a rounded data result equals, bit for bit, the f32 sums of the widened data
+    rounded afterwards (once, to nearest even); subnormal inputs and results, overflow to Inf, NaN
+    and Inf inputs included."""
+    g, dtype = _geometry(shape, channels), DATA_DTYPES[dtype_name]
+    inputs = task_inputs(g, rng, dtype, False)
+    limits = ml_dtypes.finfo(dtype) if dtype_name == "bf16" else np.finfo(dtype)
+    tiny = float(limits.smallest_subnormal)
+    x, w = inputs["forward"]
+    dy = inputs["backward_data"][0]
+    flat_x, flat_dy = x.reshape(-1), dy.reshape(-1)
+    flat_x[::7] = (flat_x[::7].astype(np.float32) * tiny * 3).astype(dtype)   # subnormal data
+    flat_dy[::5] = (flat_dy[::5].astype(np.float32) * float(limits.max) / 2).astype(dtype)  # overflows
+    flat_x[11], flat_dy[13], flat_x[-3] = np.nan, np.inf, -np.inf
+    widened = {task: tuple(v.astype(np.float32) for v in pair) for task, pair in inputs.items()}
+    want = {task: depthwise.run(g, *widened[task], task, np.dtype(np.float32)) for task in TASKS}
+    kernel_calls.update(gather=0, weights=0)
+    monkeypatch.setattr(depthwise.casts, "astype", lambda *a: pytest.fail("16-bit data widened in a copy"))
+    for task in TASKS:
+        a, b = inputs[task]
+        kept = (a.copy(), b.copy())
+        got = depthwise.run(g, a, b, task, np.dtype(np.float32), rounded=True)
+        assert np.array_equal(_bits(a), _bits(kept[0])) and np.array_equal(_bits(b), _bits(kept[1]))
+        if task == "backward_weights":  # a small f32 sum, rounded by the API
+            assert got.dtype == np.float32
+            np.testing.assert_array_equal(got, want[task], err_msg=f"{shape} {dtype_name} {task}")
+            continue
+        assert got.dtype == dtype and got.shape == want[task].shape
+        np.testing.assert_array_equal(_bits(got), _bits(want[task].astype(dtype)), err_msg=f"{shape} {dtype_name} {task}")
+        unrounded = depthwise.run(g, a, b, task, np.dtype(np.float32))
+        np.testing.assert_array_equal(unrounded, want[task], err_msg=f"{shape} {dtype_name} {task} f32")
+    assert kernel_calls["gather"] == 4 and kernel_calls["weights"] == 1 or isa.family() == "portable"
 
 
 @pytest.mark.parametrize("family", ["avx512", "avx2", "portable"])

@@ -10,9 +10,11 @@ channels-last row and in parallel over rows, and are compiled by numba::
     dx[n, i, c] = sum_{k, o: o*S + k*D - PB = i} dy[n, o, c] * w[k, c]      (backward data)
     dw[k, c]    = sum_{n, o} x[n, o*S + k*D - PB, c] * dy[n, o, c]          (backward weights)
 
-Every array is seen as 3-D spatial (missing axes of size 1; :mod:`.geometry`). NXC f32 data
-(C-contiguous; bf16/f16 widened to f32 once) on a JIT kernel family run the register-blocked
-kernels of :mod:`.depthwise_kernels`; NCX data, f64 and the portable family the numba loops here.
+Every array is seen as 3-D spatial (missing axes of size 1; :mod:`.geometry`). NXC data
+(C-contiguous) on a JIT kernel family run the register-blocked kernels of
+:mod:`.depthwise_kernels`: f32 data, and bf16/f16 data read where it lies (widened in the
+registers, f32 sums; a data result rounded once as it is stored, or left in f32); NCX data, f64
+and the portable family the numba loops here (16-bit data widened to f32 once).
 """
 
 from __future__ import annotations
@@ -101,13 +103,16 @@ def _weights(g: ConvGeometry, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
 def _gather_into(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarray, transposed: bool) -> None:
     """``out`` = the forward convolution of ``src`` (or with ``transposed`` the data gradient of
     ``dy`` = ``src``): the register-blocked kernels where they apply, else :func:`_gather`."""
-    src3, out3, taps = spatial3(src), spatial3(out), _weights(g, w, out.dtype)
-    width = _width(src, out)
-    if width is None:
-        _gather(src3, taps, out3, *params(g), transposed)
+    src3, out3 = spatial3(src), spatial3(out)
+    kernel = _kernel(src, out)
+    if kernel is None:
+        _gather(src3, _weights(g, w, out.dtype), out3, *params(g), transposed)
         return
+    width, kind = kernel
+    taps = _weights(g, w, np.dtype(np.float32))
     key, outer0, outer1, phases, spread = _gather_plan(g, transposed, width)
-    kernels.gather_driver(*key)(src3.reshape(-1), taps.reshape(-1), out3.reshape(-1), np.array(src3.shape, np.int64),
+    kernels.gather_driver(width, kind, *key)(_bits(src3).reshape(-1), taps.reshape(-1), _bits(out3).reshape(-1),
+                                             np.array(src3.shape, np.int64),
                                 np.array(out3.shape, np.int64), np.array(taps.shape[:3], np.int64), outer0, outer1,
                                 phases, spread, _chunks(out3.shape[0] * out3.shape[1] * out3.shape[2]))
 
@@ -126,7 +131,7 @@ def _gather_plan(g: ConvGeometry, transposed: bool, width: int) -> tuple:
     phases, step, mul, period, spread = kernels.gather_phases(out_size[2], kernel[2], s2, d2, p2, transposed)
     taps = tuple(sorted(set(phases[:, 2].tolist())))
     rows = kernels.gather_rows(int(phases[:, 4].max()), taps[-1], width)
-    return (width, rows, taps, step, mul), *outer, phases, np.array([spread, period], np.int64)
+    return (rows, taps, step, mul), *outer, phases, np.array([spread, period], np.int64)
 
 
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
@@ -150,36 +155,53 @@ def parts(g: ConvGeometry) -> int:
     return _chunks(g.n * math.prod(g.out_size[:-1]))
 
 
-def _width(*arrays: np.ndarray) -> int | None:
-    """The vector width of the register-blocked kernels (:mod:`.depthwise_kernels`) for these
-    arrays: f32, C-contiguous (NXC: the channels contiguous), on a JIT kernel family; else None."""
-    if isa.family() not in isa.WIDTH or not all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays):
+_KINDS = {np.dtype(np.float32): kernels.F32, casts.BFLOAT16: kernels.BF16, np.dtype(np.float16): kernels.F16}
+
+
+def _kernel(*arrays: np.ndarray) -> tuple[int, int] | None:
+    """(vector width, element kind) of the register-blocked kernels (:mod:`.depthwise_kernels`)
+    for these data arrays: C-contiguous (NXC: the channels contiguous), f32 or one 16-bit dtype
+    (its kind; the others f32), on a JIT kernel family; else None."""
+    kinds = {_KINDS.get(a.dtype, -1) for a in arrays}
+    if isa.family() not in isa.WIDTH or -1 in kinds or len(kinds - {kernels.F32}) > 1 or \
+            not all(a.flags.c_contiguous for a in arrays):
         return None
-    return isa.WIDTH[isa.family()]
+    return isa.WIDTH[isa.family()], max(kinds)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """A 16-bit float array as its uint16 bits (the kernels' view); f32 as it is."""
+    return a.view(np.uint16) if a.dtype.itemsize == 2 else a
 
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
     """Add the weights gradient to ``dw`` (*K, 1, C)."""
     x3, dy3, kernel, count = spatial3(x), spatial3(dy), spatial(g.kernel, 1), parts(g)
-    width = _width(x, dy)
-    if width is None:
+    native = _kernel(x, dy) if x.dtype == dy.dtype else None
+    if native is None:
         _backward_weights(x3, dy3, dw.reshape(*kernel, g.ic), *params(g), count)
         return
+    width, kind = native
     taps = math.prod(kernel)
     acc = np.zeros((count, taps + 1, g.ic), np.float32)  # row ``taps``: the scratch row of taps in the padding
-    kernels.weights_driver(width, *kernels.reduce_block(kernel, g.ic, width))(
-        x3.reshape(-1), dy3.reshape(-1), acc.reshape(-1), np.array(x3.shape, np.int64), np.array(dy3.shape, np.int64),
+    kernels.weights_driver(width, kind, *kernels.reduce_block(kernel, g.ic, width))(
+        _bits(x3).reshape(-1), _bits(dy3).reshape(-1), acc.reshape(-1), np.array(x3.shape, np.int64), np.array(dy3.shape, np.int64),
         np.array(kernel, np.int64), *params(g), count)
     dw += acc[:, :taps].sum(axis=0).reshape(dw.shape)
 
 
-def run(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, acc: np.dtype) -> np.ndarray:
-    """``task`` on its canonical inputs (data converted to ``acc``), result in ``acc``: data
-    results in the memory order of the data."""
+def run(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, acc: np.dtype, rounded: bool = False) -> np.ndarray:
+    """``task`` on its canonical inputs, result in ``acc``: data results in the memory order of
+    the data, and with ``rounded`` in the data's dtype where the kernels read 16-bit data as it
+    lies (each value rounded once); data the kernels cannot read is converted to ``acc`` first."""
+    data = (a, b) if task == "backward_weights" else (a,)
+    native = _kernel(*data) is not None and len({v.dtype for v in data}) == 1
+    if not native:
+        a, b = casts.astype(a, acc), (casts.astype(b, acc) if task == "backward_weights" else b)
     if task == "backward_weights":
         dw = np.zeros((math.prod(g.kernel), 1, g.oc), acc)
-        backward_weights(g, casts.astype(a, acc), casts.astype(b, acc), dw)
+        backward_weights(g, a, b, dw)
         return dw.reshape(g.w_shape)
-    out = empty_like_data(g.y_shape if task == "forward" else g.x_shape, acc, a)
-    (forward if task == "forward" else backward_data)(g, casts.astype(a, acc), b, out)
+    out = empty_like_data(g.y_shape if task == "forward" else g.x_shape, a.dtype if rounded and native else acc, a)
+    (forward if task == "forward" else backward_data)(g, a, b, out)
     return out

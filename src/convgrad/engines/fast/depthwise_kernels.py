@@ -45,27 +45,35 @@ from numba.core import cgutils, errors
 from numba.extending import intrinsic
 
 from .geometry import tap
-from .microkernel import _constant, cached_njit
+from .microkernel import _constant, _rounded, cached_njit
 
 __all__ = ["reduce", "gather"]
 
-_I64, _I32, _F32 = ir.IntType(64), ir.IntType(32), ir.FloatType()
+_I64, _I32, _I16, _F32 = ir.IntType(64), ir.IntType(32), ir.IntType(16), ir.FloatType()
+#: Element kinds of the data arrays (``kind`` of the kernels): uint16 arrays hold bf16 or f16 bits.
+F32, BF16, F16 = 0, 1, 2
 
 
 class _Vectors:
-    """Loads, stores and FMAs of ``width`` f32 lanes, the lanes at and above ``lanes`` masked."""
+    """Loads, stores and FMAs of ``width`` f32 lanes, the lanes at and above ``lanes`` masked.
+    An array of 16-bit elements (``kind``: bf16 or f16 bits) is widened as it is loaded (exact)
+    and rounded to nearest even as it is stored (bf16: :func:`.microkernel._rounded`, a NaN made
+    quiet; f16: ``fptrunc``)."""
 
-    def __init__(self, builder: ir.IRBuilder, width: int, lanes: ir.Value):
-        self.b, self.width = builder, width
-        self.vec = ir.VectorType(_F32, width)
+    def __init__(self, builder: ir.IRBuilder, width: int, lanes: ir.Value, kind: int = F32):
+        self.b, self.width, self.kind = builder, width, kind
+        self.vec, self.half = ir.VectorType(_F32, width), ir.VectorType(_I16, width)
         module = builder.module
-        mask_t, ptr_t = ir.VectorType(ir.IntType(1), width), self.vec.as_pointer()
+        mask_t = ir.VectorType(ir.IntType(1), width)
         self.fma = cgutils.get_or_insert_function(module, ir.FunctionType(self.vec, [self.vec] * 3),
                                                   f"llvm.fma.v{width}f32")
-        self._load = cgutils.get_or_insert_function(
-            module, ir.FunctionType(self.vec, [ptr_t, _I32, mask_t, self.vec]), f"llvm.masked.load.v{width}f32.p0")
-        self._store = cgutils.get_or_insert_function(
-            module, ir.FunctionType(ir.VoidType(), [self.vec, ptr_t, _I32, mask_t]), f"llvm.masked.store.v{width}f32.p0")
+        self._load, self._store = {}, {}
+        for vec, name in ((self.vec, f"v{width}f32"), (self.half, f"v{width}i16")):
+            ptr_t = vec.as_pointer()
+            self._load[vec] = cgutils.get_or_insert_function(
+                module, ir.FunctionType(vec, [ptr_t, _I32, mask_t, vec]), f"llvm.masked.load.{name}.p0")
+            self._store[vec] = cgutils.get_or_insert_function(
+                module, ir.FunctionType(ir.VoidType(), [vec, ptr_t, _I32, mask_t]), f"llvm.masked.store.{name}.p0")
         iota = ir.Constant(ir.VectorType(_I64, width), list(range(width)))
         self.full = ir.Constant(mask_t, [1] * width)
         self.tail = builder.icmp_signed("<", iota, self.splat(lanes, ir.VectorType(_I64, width)))
@@ -76,21 +84,36 @@ class _Vectors:
         one = b.insert_element(ir.Constant(vec, None), value, ir.Constant(_I32, 0))
         return b.shuffle_vector(one, one, ir.Constant(ir.VectorType(_I32, vec.count), [0] * vec.count))
 
+    def _vec(self, base: ir.Value) -> ir.VectorType:
+        return self.half if base.type.pointee == _I16 else self.vec
+
     def _ptr(self, base: ir.Value, offset: ir.Value) -> ir.Value:
-        return self.b.bitcast(self.b.gep(base, [offset]), self.vec.as_pointer())
+        return self.b.bitcast(self.b.gep(base, [offset]), self._vec(base).as_pointer())
 
     def load(self, base: ir.Value, offset: ir.Value, tail: bool = True) -> ir.Value:
-        """The vector at ``base[offset:]`` (the masked lanes zero with ``tail``)."""
-        return self.b.call(self._load, [self._ptr(base, offset), ir.Constant(_I32, 4), self.tail if tail else self.full,
-                                        self.zero])
+        """The f32 vector at ``base[offset:]`` (the masked lanes zero with ``tail``)."""
+        vec, b = self._vec(base), self.b
+        value = b.call(self._load[vec], [self._ptr(base, offset), ir.Constant(_I32, 2 if vec is self.half else 4),
+                                         self.tail if tail else self.full, ir.Constant(vec, None)])
+        if vec is self.vec:
+            return value
+        if self.kind == F16:
+            return b.fpext(b.bitcast(value, ir.VectorType(ir.HalfType(), self.width)), self.vec)
+        wide = b.shl(b.zext(value, ir.VectorType(_I32, self.width)), ir.Constant(ir.VectorType(_I32, self.width),
+                                                                                [16] * self.width))
+        return b.bitcast(wide, self.vec)
 
     def store(self, value: ir.Value, base: ir.Value, offset: ir.Value, tail: bool = True,
               where: ir.Value | None = None) -> None:
         """Store ``value`` at ``base[offset:]`` (the masked lanes with ``tail``; nothing unless ``where``)."""
+        vec, b = self._vec(base), self.b
+        if vec is not self.vec:
+            value = (b.bitcast(b.fptrunc(value, ir.VectorType(ir.HalfType(), self.width)), vec) if self.kind == F16
+                     else _rounded(b, value, self.width))
         mask = self.tail if tail else self.full
         if where is not None:
-            mask = self.b.select(where, mask, ir.Constant(mask.type, [0] * self.width))
-        self.b.call(self._store, [value, self._ptr(base, offset), ir.Constant(_I32, 4), mask])
+            mask = b.select(where, mask, ir.Constant(mask.type, [0] * self.width))
+        b.call(self._store[vec], [value, self._ptr(base, offset), ir.Constant(_I32, 2 if vec is self.half else 4), mask])
 
 
 def _loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, init: list[ir.Value],
@@ -151,30 +174,34 @@ def _data(context, builder, signature, argv, j: int) -> ir.Value:
     return cgutils.create_struct_proxy(signature.args[j])(context, builder, value=argv[j]).data
 
 
-def _check(name: str, arrays: dict[str, types.Type]) -> None:
+def _check(name: str, arrays: dict[str, types.Type], data: tuple[str, ...]) -> None:
+    """Tables int64, ``data`` arrays float32 or uint16 (16-bit bits), the others float32."""
     for label, t in arrays.items():
-        want = types.int64 if label in ("tw", "ts", "tk") else types.float32
-        if not isinstance(t, types.Array) or t.dtype != want:
-            raise errors.TypingError(f"depthwise_kernels.{name}: {label} must be a {want} array, got {t}")
+        want = (types.int64,) if label in ("tw", "ts", "tk") else \
+            (types.float32, types.uint16) if label in data else (types.float32,)
+        if not isinstance(t, types.Array) or t.dtype not in want:
+            raise errors.TypingError(f"depthwise_kernels.{name}: {label} must be a {' or '.join(map(str, want))} "
+                                     f"array, got {t}")
 
 
 @intrinsic
 def reduce(typingctx, width, taps, vecs, acc, aoff, tw, x, xoff, ts, tk, xstep, dy, yoff, ystep, span, mul, size,
-           lanes):
+           lanes, kind):
     """The weights-gradient kernel (module docstring): ``taps`` x ``vecs`` accumulators of
     ``width`` lanes (the last vector's lanes from ``lanes`` on masked) over the positions
-    ``span = (p0, lo, hi, p1)``: masked in [p0, lo) and [hi, p1), every tap inside in [lo, hi)."""
-    _check("reduce", {"acc": acc, "tw": tw, "x": x, "ts": ts, "tk": tk, "dy": dy})
+    ``span = (p0, lo, hi, p1)``: masked in [p0, lo) and [hi, p1), every tap inside in [lo, hi).
+    ``x`` and ``dy`` of uint16 hold the bits of ``kind`` (a constant: :data:`BF16` or :data:`F16`)."""
+    _check("reduce", {"acc": acc, "tw": tw, "x": x, "ts": ts, "tk": tk, "dy": dy}, ("x", "dy"))
     i64 = types.int64
     sig = types.void(i64, i64, i64, acc, i64, tw, x, i64, ts, tk, i64, dy, i64, i64, types.UniTuple(i64, 4), i64, i64,
-                     i64)
+                     i64, i64)
 
     def codegen(context, b, signature, argv):
         w, n_taps, n_vecs = (_constant(argv[j], name) for j, name in enumerate(("width", "taps", "vecs")))
         accp, twp, xp, tsp, tkp, dyp = (_data(context, b, signature, argv, j) for j in (3, 5, 6, 8, 9, 11))
         aoff_, xoff_, xstep_, yoff_, ystep_, mul_, size_, lanes_ = (argv[j] for j in (4, 7, 10, 12, 13, 15, 16, 17))
         bounds = [b.extract_value(argv[14], j) for j in range(4)]
-        ops = _Vectors(b, w, lanes_)
+        ops = _Vectors(b, w, lanes_, _constant(argv[18], "kind"))
         last = n_vecs - 1
         table = [[b.load(b.gep(p, [ir.Constant(_I64, t)])) for t in range(n_taps)] for p in (twp, tsp, tkp)]
         slots = [b.add(aoff_, off) for off in table[0]]
@@ -209,16 +236,18 @@ def reduce(typingctx, width, taps, vecs, acc, aoff, tw, x, xoff, ts, tk, xstep, 
 
 @intrinsic
 def gather(typingctx, width, rows, taps, step, mul, out, ooff, ostep, src, soff, sstep, ts, w, woff, wstep, tw, nrows,
-           span, tk0, size, lanes):
+           span, tk0, size, lanes, kind):
     """The forward / backward-data kernel (module docstring): ``rows`` positions from ``p0`` of
     one vector of ``width`` lanes (lanes from ``lanes`` on masked), the ``taps`` taps of each of
     the ``nrows`` kernel rows unrolled, each distinct source vector loaded once; positions from
     ``count`` are not written (``span = (p0, count)``); ``nrows`` = 0 writes zeros. A block whose
-    reads all lie inside the source runs unmasked, any other one tests each source position."""
-    _check("gather", {"out": out, "src": src, "ts": ts, "w": w, "tw": tw})
+    reads all lie inside the source runs unmasked, any other one tests each source position.
+    ``src`` and ``out`` of uint16 hold the bits of ``kind`` (a constant: :data:`BF16` or
+    :data:`F16`): read exactly, and ``out`` rounded once as it is stored."""
+    _check("gather", {"out": out, "src": src, "ts": ts, "w": w, "tw": tw}, ("out", "src"))
     i64 = types.int64
     sig = types.void(i64, i64, i64, i64, i64, out, i64, i64, src, i64, i64, ts, w, i64, i64, tw, i64,
-                     types.UniTuple(i64, 2), i64, i64, i64)
+                     types.UniTuple(i64, 2), i64, i64, i64, i64)
 
     def codegen(context, b, signature, argv):
         width_, n_rows, n_taps, step_, mul_ = (_constant(argv[j], name) for j, name in
@@ -227,7 +256,7 @@ def gather(typingctx, width, rows, taps, step, mul, out, ooff, ostep, src, soff,
         ooff_, ostep_, soff_, sstep_, woff_, wstep_, nrows_, tk0_, size_, lanes_ = (
             argv[j] for j in (6, 7, 9, 10, 13, 14, 16, 18, 19, 20))
         p0_, count = (b.extract_value(argv[17], j) for j in range(2))
-        ops = _Vectors(b, width_, lanes_)
+        ops = _Vectors(b, width_, lanes_, _constant(argv[21], "kind"))
         const = functools.partial(ir.Constant, _I64)
         # source position (p0 + r)*mul + tk0 + j*step of tap j at position r: ``reads[e]`` the
         # (r, j) at offset e = r*mul + j*step from p0*mul + tk0
@@ -285,10 +314,11 @@ def reduce_block(kernel: tuple[int, int, int], channels: int, width: int) -> tup
 
 
 @functools.cache
-def weights_driver(width: int, taps: int, vecs: int) -> Callable:
+def weights_driver(width: int, kind: int, taps: int, vecs: int) -> Callable:
     """``drive(x, dy, acc, xshape, yshape, kshape, stride, dilation, pad, parts)``: adds to
     ``acc[part, k, c]`` (flat, (parts, K + 1, C); row K a scratch row) the weights gradient of the
-    rows ``part`` owns, for C-contiguous flat NXC ``x`` (xshape, 5-D) and ``dy`` (yshape)."""
+    rows ``part`` owns, for C-contiguous flat NXC ``x`` (xshape, 5-D) and ``dy`` (yshape): f32,
+    or uint16 bits of ``kind``."""
     block = width * vecs
 
     @cached_njit(parallel=True)
@@ -325,10 +355,10 @@ def weights_driver(width: int, taps: int, vecs: int) -> Callable:
                     for c in range(0, c_, width):
                         if c < full and c % block == 0:
                             reduce(width, taps, vecs, acc, aoff + c, tw, x, c, ts, tk, c_, dy, yoff + c, c_,
-                                   (0, lo, hi, o2_), stride[2], i2_, width)
+                                   (0, lo, hi, o2_), stride[2], i2_, width, kind)
                         elif c >= full:
                             reduce(width, taps, 1, acc, aoff + c, tw, x, c, ts, tk, c_, dy, yoff + c, c_,
-                                   (0, lo, hi, o2_), stride[2], i2_, min(width, c_ - c))
+                                   (0, lo, hi, o2_), stride[2], i2_, min(width, c_ - c), kind)
     return drive
 
 
@@ -372,13 +402,14 @@ def gather_rows(count: int, taps: int, width: int) -> int:
 
 
 @functools.cache
-def gather_driver(width: int, rows: int, taps: tuple[int, ...], step: int, mul: int) -> Callable:
+def gather_driver(width: int, kind: int, rows: int, taps: tuple[int, ...], step: int, mul: int) -> Callable:
     """``drive(src, w, out, sshape, oshape, kshape, outer0, outer1, phases, spread, chunks)``:
     fills ``out`` (flat, oshape 5-D) from ``src`` (flat, sshape) and ``w`` (flat (K0, K1, K2, C)):
     per row of ``out`` the kernel rows ``(k0, k1)`` that read the source (``outer0[a0, k0]``,
     ``outer1[a1, k1]``: :func:`axis_taps`), per phase (``phases``: :func:`gather_phases`, whose
     ``taps`` are among ``taps``) its positions ``r + P'*m`` (``spread = (P', P)``: phase count
-    and tap period) in blocks of ``rows``; rows in ``chunks`` parallel chunks."""
+    and tap period) in blocks of ``rows``; rows in ``chunks`` parallel chunks. ``src`` and
+    ``out`` f32, or uint16 bits of ``kind`` (``out`` rounded as it is stored); ``w`` f32."""
     wide, narrow = max(taps), min(taps)
 
     @cached_njit(parallel=True)
@@ -411,8 +442,8 @@ def gather_driver(width: int, rows: int, taps: tuple[int, ...], step: int, mul: 
                                 continue
                             if ntaps == wide:
                                 gather(width, rows, wide, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
-                                       kfirst * c_ + c, wstep, tw, nrows, (m, count), tk0, s2_, lanes)
+                                       kfirst * c_ + c, wstep, tw, nrows, (m, count), tk0, s2_, lanes, kind)
                             else:
                                 gather(width, rows, narrow, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
-                                       kfirst * c_ + c, wstep, tw, nrows, (m, count), tk0, s2_, lanes)
+                                       kfirst * c_ + c, wstep, tw, nrows, (m, count), tk0, s2_, lanes, kind)
     return drive

@@ -65,11 +65,12 @@ def options(f: Features) -> list[dict]:
 
 
 def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, rounded: bool = False) -> np.ndarray:
-    """``task`` on its two canonical inputs, result in the accumulation dtype (``rounded``, a
-    result in the data's dtype allowed, is not used)."""
+    """``task`` on its two canonical inputs, result in the accumulation dtype, or with
+    ``rounded`` (a result in the data's dtype allowed) in the data's dtype where the depthwise
+    kernels round as they store."""
     acc = compute_dtype(a.dtype)
     if plan.param("loops") == "depthwise":
-        return depthwise.run(g, a, b, task, acc)
+        return depthwise.run(g, a, b, task, acc, rounded)
     return {"forward": forward, "backward_data": backward_data, "backward_weights": backward_weights}[task](
         g, a, b, acc)
 
