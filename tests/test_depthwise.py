@@ -117,7 +117,7 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype_name", ["bf16", "f16"])
-@pytest.mark.parametrize("channels", [15, 16, 33])
+@pytest.mark.parametrize("channels", [15, 32, 33])
 @pytest.mark.parametrize("shape", ["3x3", "3x3 stride 2, asymmetric pads", "5x5 stride 2 dilation 2", "3-D"])
 def test_narrow_data_read_where_it_lies_and_rounded_once(shape, channels, dtype_name, rng, kernel_calls, monkeypatch):
     """bf16/f16 NXC data: the kernels read it without a widened copy (``casts.astype`` is never
@@ -239,7 +239,7 @@ LONG_ROWS = {
 
 
 @pytest.mark.parametrize("dtype_name", ["f32", "bf16", "f16"])
-@pytest.mark.parametrize("channels", [16, 17, 40])
+@pytest.mark.parametrize("channels", [16, 17, 32, 40])
 @pytest.mark.parametrize("shape", sorted(LONG_ROWS))
 def test_gather_blocks_of_long_rows(shape, channels, dtype_name, rng, kernel_calls):
     """Forward and data gradient on rows of several blocks (random non-zero inputs; bf16/f16
@@ -280,11 +280,15 @@ def test_gather_phases_are_the_taps(kernel, dilation, stride):
         assert got == want, (transposed, phases, step, mul, period)
 
 
+@pytest.mark.parametrize("channels", [1, 16, 32, 64])
 @pytest.mark.parametrize("count", [1, 7, 9, 14, 28, 56, 112])
 @pytest.mark.parametrize("taps,width", [(1, 16), (3, 16), (7, 16), (3, 8), (5, 8)])
-def test_gather_block_fits_the_registers(count, taps, width):
-    """Up to 16 positions per block, the fewest padded ones: the accumulators, a kernel row's
-    weights and a source vector within the vector registers."""
-    rows = depthwise_kernels.gather_rows(count, taps, width)
-    assert 4 <= rows <= 16 and rows + taps + 2 <= (32 if width == 16 else 16)
+def test_gather_block_fits_the_registers(count, taps, width, channels):
+    """Up to 16 positions per block, the fewest padded ones; two vectors of channels exactly
+    where the channels are two vectors (and 4 positions still fit): the accumulators, a kernel
+    row's weights and the source vectors within the vector registers."""
+    rows, vecs = depthwise_kernels.gather_block(count, taps, width, channels)
+    regs = 32 if width == 16 else 16
+    assert vecs == (2 if channels == 2 * width and 2 * 4 + 3 * taps + 3 <= regs else 1)
+    assert 4 <= rows <= 16 and vecs * (rows + taps + 1) + 1 <= regs
     assert -(-count // rows) * rows - count == min(-(-count // r) * r - count for r in range(4, rows + 1))

@@ -130,8 +130,8 @@ def _gather_plan(g: ConvGeometry, transposed: bool, width: int) -> tuple:
              for a, s, d, p in ((0, s0, d0, p0), (1, s1, d1, p1))]
     phases, step, mul, period, spread = kernels.gather_phases(out_size[2], kernel[2], s2, d2, p2, transposed)
     taps = tuple(sorted(set(phases[:, 2].tolist())))
-    rows = kernels.gather_rows(int(phases[:, 4].max()), taps[-1], width)
-    return (rows, taps, step, mul), *outer, phases, np.array([spread, period], np.int64)
+    rows, vecs = kernels.gather_block(int(phases[:, 4].max()), taps[-1], width, g.ic)
+    return (rows, vecs, taps, step, mul), *outer, phases, np.array([spread, period], np.int64)
 
 
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:

@@ -236,22 +236,24 @@ def reduce(typingctx, width, taps, vecs, acc, aoff, tw, x, xoff, ts, tk, xstep, 
 
 @intrinsic
 def gather(typingctx, width, rows, taps, step, mul, out, ooff, ostep, src, soff, sstep, ts, w, woff, wstep, tw, nrows,
-           span, tk0, size, lanes, kind):
+           span, tk0, size, lanes, kind, vecs):
     """The forward / backward-data kernel (module docstring): ``rows`` positions from ``p0`` of
-    one vector of ``width`` lanes (lanes from ``lanes`` on masked), the ``taps`` taps of each of
-    the ``nrows`` kernel rows unrolled, each distinct source vector loaded once; positions from
-    ``count`` are not written (``span = (p0, count)``); ``nrows`` = 0 writes zeros. A block whose
-    reads all lie inside the source runs unmasked, any other one tests each source position.
+    ``vecs`` adjacent vectors of ``width`` lanes (the last one's lanes from ``lanes`` on masked),
+    the ``taps`` taps of each of the ``nrows`` kernel rows unrolled, each distinct source vector
+    loaded once; positions from ``count`` are not written (``span = (p0, count)``); ``nrows`` = 0
+    writes zeros. A block whose reads all lie inside the source runs unmasked, any other one
+    tests each source position.
     ``src`` and ``out`` of uint16 hold the bits of ``kind`` (a constant: :data:`BF16` or
     :data:`F16`): read exactly, and ``out`` rounded once as it is stored."""
     _check("gather", {"out": out, "src": src, "ts": ts, "w": w, "tw": tw}, ("out", "src"))
     i64 = types.int64
     sig = types.void(i64, i64, i64, i64, i64, out, i64, i64, src, i64, i64, ts, w, i64, i64, tw, i64,
-                     types.UniTuple(i64, 2), i64, i64, i64, i64)
+                     types.UniTuple(i64, 2), i64, i64, i64, i64, i64)
 
     def codegen(context, b, signature, argv):
         width_, n_rows, n_taps, step_, mul_ = (_constant(argv[j], name) for j, name in
                                                enumerate(("width", "rows", "taps", "step", "mul")))
+        n_vecs, last = _constant(argv[22], "vecs"), _constant(argv[22], "vecs") - 1
         outp, srcp, tsp, wp, twp = (_data(context, b, signature, argv, j) for j in (5, 8, 11, 12, 15))
         ooff_, ostep_, soff_, sstep_, woff_, wstep_, nrows_, tk0_, size_, lanes_ = (
             argv[j] for j in (6, 7, 9, 10, 13, 14, 16, 18, 19, 20))
@@ -264,8 +266,8 @@ def gather(typingctx, width, rows, taps, step, mul, out, ooff, ostep, src, soff,
         for r in range(n_rows):
             for j in range(n_taps):
                 reads.setdefault(r * mul_ + j * step_, []).append((r, j))
-        first = b.add(b.mul(p0_, const(mul_)), tk0_)
         offsets = sorted(reads)
+        first = b.add(b.mul(p0_, const(mul_)), tk0_)
         lo, hi = (b.add(first, const(e)) for e in (offsets[0], offsets[-1])) if offsets else (first, first)
         inner = b.and_(b.icmp_signed(">=", lo, const(0)), b.icmp_signed("<", hi, size_))
 
@@ -275,27 +277,34 @@ def gather(typingctx, width, rows, taps, step, mul, out, ooff, ostep, src, soff,
             index = {e: b.add(first, const(e)) for e in offsets}
             inside = {e: b.icmp_unsigned("<", i, size_) for e, i in index.items()} if masked else {}
             where = {e: ops.splat(v, ops.tail.type) for e, v in inside.items()}
-            src_off = {e: b.mul(b.select(inside[e], i, const(0)) if masked else i, sstep_) for e, i in index.items()}
+            src_off = {e: b.mul(b.select(inside[e], i, const(0)) if masked else i, sstep_)
+                       for e, i in index.items()}
 
             def body(t: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                 row, wrow = b.add(soff_, b.load(b.gep(tsp, [t]))), b.add(woff_, b.load(b.gep(twp, [t])))
-                weights = [ops.load(wp, b.add(wrow, b.mul(const(j), wstep_)), tail) for j in range(n_taps)]
+                weights = [[ops.load(wp, b.add(b.add(wrow, b.mul(const(j), wstep_)), const(v * width_)),
+                                     tail and v == last) for v in range(n_vecs)] for j in range(n_taps)]
                 new = list(accs)
                 for e in offsets:
-                    source = ops.load(srcp, b.add(row, src_off[e]), tail)
-                    for r, j in reads[e]:
-                        f = b.call(ops.fma, [source, weights[j], new[r]])
-                        new[r] = b.select(where[e], f, new[r]) if masked else f
+                    for v in range(n_vecs):
+                        source = ops.load(srcp, b.add(b.add(row, src_off[e]), const(v * width_)), tail and v == last)
+                        for r, j in reads[e]:
+                            a = new[r * n_vecs + v]
+                            f = b.call(ops.fma, [source, weights[j][v], a])
+                            new[r * n_vecs + v] = b.select(where[e], f, a) if masked else f
                 return new
 
-            return _loop(b, const(0), nrows_, [ops.zero] * n_rows, body)
+            return _loop(b, const(0), nrows_, [ops.zero] * (n_rows * n_vecs), body)
 
         full = b.icmp_signed("==", lanes_, const(width_))
         sums = _choose(b, full, *(functools.partial(_choose, b, inner, functools.partial(block, False, tail),
-                                                    functools.partial(block, True, tail)) for tail in (False, True)))
-        for r, value in enumerate(sums):
+                                                    functools.partial(block, True, tail))
+                                  for tail in (False, True)))
+        for r in range(n_rows):
             p = b.add(p0_, const(r))
-            ops.store(value, outp, b.add(ooff_, b.mul(p, ostep_)), where=b.icmp_signed("<", p, count))
+            for v in range(n_vecs):
+                ops.store(sums[r * n_vecs + v], outp, b.add(b.add(ooff_, b.mul(p, ostep_)), const(v * width_)),
+                          v == last, where=b.icmp_signed("<", p, count))
         return context.get_dummy_value()
 
     return sig, codegen
@@ -392,17 +401,22 @@ def gather_phases(out_size: int, kernel: int, stride: int, dilation: int, pad: i
     return np.array(rows, np.int64), -(dilation // g), 1, period, stride
 
 
-def gather_rows(count: int, taps: int, width: int) -> int:
-    """Positions per :func:`gather` block for rows of ``count`` positions: the fewest padded
-    positions, then the largest block, with ``rows`` accumulators + ``taps`` weights + 2 within
-    the vector registers (32 zmm or 16 ymm) and at most 16."""
+def gather_block(count: int, taps: int, width: int, channels: int) -> tuple[int, int]:
+    """(rows, vecs) of a :func:`gather` block for rows of ``count`` positions: ``vecs`` adjacent
+    vectors of channels (2 where the channels are exactly two vectors, so that a block reads and
+    writes whole positions, and a block of at least 4 positions still fits; else 1: more
+    positions per block beat wider blocks on more channels, docs/engine.md), then ``rows``
+    positions: the fewest padded positions, then the largest block, with ``rows`` x ``vecs``
+    accumulators, ``taps`` x ``vecs`` weights and ``vecs`` + 1 more within the vector registers
+    (32 zmm or 16 ymm), at most 16 positions."""
     regs = 32 if width == 16 else 16
-    top = max(4, min(16, regs - taps - 2))
-    return min(range(4, top + 1), key=lambda r: (-(-count // r) * r, -r))
+    vecs = 2 if channels == 2 * width and (regs - 3 * taps - 3) // 2 >= 4 else 1
+    top = max(4, min(16, (regs - vecs * (taps + 1) - 1) // vecs))
+    return min(range(4, top + 1), key=lambda r: (-(-count // r) * r, -r)), vecs
 
 
 @functools.cache
-def gather_driver(width: int, kind: int, rows: int, taps: tuple[int, ...], step: int, mul: int) -> Callable:
+def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, ...], step: int, mul: int) -> Callable:
     """``drive(src, w, out, sshape, oshape, kshape, outer0, outer1, phases, spread, chunks)``:
     fills ``out`` (flat, oshape 5-D) from ``src`` (flat, sshape) and ``w`` (flat (K0, K1, K2, C)):
     per row of ``out`` the kernel rows ``(k0, k1)`` that read the source (``outer0[a0, k0]``,
@@ -419,6 +433,8 @@ def gather_driver(width: int, kind: int, rows: int, taps: tuple[int, ...], step:
         k0_, k1_, k2_ = kshape
         lines = n_ * a0_ * a1_
         ostep, wstep = spread[0] * c_, spread[1] * c_
+        block = width * vecs
+        full = c_ // block * block
         for chunk in numba.prange(chunks):
             ts, tw = np.empty(k0_ * k1_, np.int64), np.empty(k0_ * k1_, np.int64)
             for line in range(chunk * lines // chunks, (chunk + 1) * lines // chunks):
@@ -434,16 +450,24 @@ def gather_driver(width: int, kind: int, rows: int, taps: tuple[int, ...], step:
                 for m in range(0, phases[0, 4], rows):  # the phases' blocks in turn: the writes move along the row
                     for ph in range(phases.shape[0]):
                         r, kfirst, ntaps, tk0, count = phases[ph]
-                        nrows = used if ntaps else 0
+                        if m >= count:
+                            continue
+                        nrows, span = (used if ntaps else 0), (m, count)
                         ooff = (line * a2_ + r) * c_
-                        for c in range(0, c_, width):
-                            lanes = min(width, c_ - c)
-                            if m >= count:
-                                continue
-                            if ntaps == wide:
-                                gather(width, rows, wide, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
-                                       kfirst * c_ + c, wstep, tw, nrows, (m, count), tk0, s2_, lanes, kind)
-                            else:
-                                gather(width, rows, narrow, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
-                                       kfirst * c_ + c, wstep, tw, nrows, (m, count), tk0, s2_, lanes, kind)
+                        for c in range(0, c_, width):   # ``vecs`` vectors of channels at a time, then the rest
+                            if c < full and c % block == 0:
+                                if ntaps == wide:
+                                    gather(width, rows, wide, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
+                                           kfirst * c_ + c, wstep, tw, nrows, span, tk0, s2_, width, kind, vecs)
+                                else:
+                                    gather(width, rows, narrow, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
+                                           kfirst * c_ + c, wstep, tw, nrows, span, tk0, s2_, width, kind, vecs)
+                            elif c >= full:
+                                lanes = min(width, c_ - c)
+                                if ntaps == wide:
+                                    gather(width, rows, wide, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
+                                           kfirst * c_ + c, wstep, tw, nrows, span, tk0, s2_, lanes, kind, 1)
+                                else:
+                                    gather(width, rows, narrow, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
+                                           kfirst * c_ + c, wstep, tw, nrows, span, tk0, s2_, lanes, kind, 1)
     return drive
