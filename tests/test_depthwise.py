@@ -212,17 +212,23 @@ def test_every_result_is_written(shape, channels_first, dtype_name, rng):
             _check(got, getattr(REF, task)(g, *inputs[task]), 2e-6, f"{shape} {task}")
 
 
-@pytest.mark.parametrize("kernel,channels,width,want", [
-    ((1, 3, 3), 32, 16, (9, 2)), ((1, 3, 3), 1024, 16, (9, 3)), ((1, 3, 3), 64, 8, (9, 1)),
-    ((1, 5, 5), 64, 16, (25, 1)), ((3, 3, 3), 64, 16, (27, 1)), ((1, 1, 1), 17, 16, (1, 1)),
-    ((1, 1, 1), 256, 16, (1, 4)), ((1, 7, 7), 256, 8, (7, 1)), ((1, 1, 31), 64, 16, (1, 4)),
+@pytest.mark.parametrize("kernel,channels,width,slide,want", [
+    ((1, 3, 3), 32, 16, False, (9, 2, 0)), ((1, 3, 3), 1024, 16, False, (9, 3, 0)), ((1, 3, 3), 64, 8, False, (9, 1, 0)),
+    ((1, 5, 5), 64, 16, False, (25, 1, 0)), ((3, 3, 3), 64, 16, False, (27, 1, 0)), ((1, 1, 1), 17, 16, False, (1, 1, 0)),
+    ((1, 1, 1), 256, 16, False, (1, 4, 0)), ((1, 7, 7), 256, 8, False, (7, 1, 0)), ((1, 1, 31), 64, 16, False, (1, 4, 0)),
+    ((1, 3, 3), 32, 16, True, (9, 1, 3)), ((1, 3, 3), 1024, 16, True, (9, 1, 3)), ((1, 3, 3), 64, 8, True, (3, 2, 3)),
+    ((1, 5, 5), 64, 16, True, (5, 2, 5)), ((3, 3, 3), 64, 16, True, (3, 4, 3)), ((1, 1, 1), 17, 16, True, (1, 1, 0)),
+    ((1, 3, 1), 64, 16, True, (3, 4, 0)), ((1, 1, 31), 64, 16, True, (1, 4, 0)),
 ])
-def test_weights_block_fits_the_registers(kernel, channels, width, want):
-    """All taps' accumulators where they fit (with a dy vector per vector and an x vector), else a
-    kernel row's, else one tap's; vectors up to 4 and up to the channels' full vectors."""
-    taps, vecs = depthwise_kernels.reduce_block(kernel, channels, width)
-    assert (taps, vecs) == want
-    assert taps * vecs + vecs + 1 <= (32 if width == 16 else 16)
+def test_weights_block_fits_the_registers(kernel, channels, width, slide, want):
+    """Sliding (stride and dilation 1 along the row): all taps' accumulators and windows where
+    they fit (with a dy vector per vector), else a kernel row's. Otherwise all taps' accumulators
+    where they fit (with a dy vector per vector and an x vector), else a kernel row's, else one
+    tap's. Vectors up to 4 and up to the channels' full vectors."""
+    taps, vecs, window = depthwise_kernels.reduce_block(kernel, channels, width, slide)
+    assert (taps, vecs, window) == want
+    regs = 32 if width == 16 else 16
+    assert (2 * taps + 1) * vecs <= regs if window else taps * vecs + vecs + 1 <= regs
 
 
 #: Rows longer than one :func:`gather` block (up to 16 positions): unmasked interior blocks,
@@ -252,6 +258,21 @@ def test_gather_blocks_of_long_rows(shape, channels, dtype_name, rng, kernel_cal
         want = getattr(REF, task)(g, *(v.astype(np.float64) for v in inputs[task]))
         _check(got, want, 2e-6, f"{shape} C={channels} {dtype_name} {task}")
     assert kernel_calls["gather"] == 2 or isa.family() == "portable"
+
+
+@pytest.mark.parametrize("dtype_name", ["f32", "bf16"])
+@pytest.mark.parametrize("channels", [16, 17, 40])
+@pytest.mark.parametrize("shape", sorted(LONG_ROWS))
+def test_weights_of_long_rows(shape, channels, dtype_name, rng, kernel_calls):
+    """The weights gradient on rows of many positions (the sliding windows of stride-1 rows: the
+    masked edges, the windows' first vectors, many steps), against the reference."""
+    in_size, kernel, strides, dilations, pb, pe = LONG_ROWS[shape]
+    g, dtype = geometry(2, channels, 1, 1, in_size, kernel, strides, dilations, pb, pe), DATA_DTYPES[dtype_name]
+    x, dy = task_inputs(g, rng, dtype, False)["backward_weights"]
+    got = depthwise.run(g, x, dy, "backward_weights", np.dtype(np.float32))
+    _check(got, REF.backward_weights(g, x.astype(np.float64), dy.astype(np.float64)), 2e-6,
+           f"{shape} C={channels} {dtype_name}")
+    assert kernel_calls["weights"] == 1 or isa.family() == "portable"
 
 
 @pytest.mark.parametrize("stride", [1, 2, 3, 4])

@@ -186,18 +186,23 @@ def _check(name: str, arrays: dict[str, types.Type], data: tuple[str, ...]) -> N
 
 @intrinsic
 def reduce(typingctx, width, taps, vecs, acc, aoff, tw, x, xoff, ts, tk, xstep, dy, yoff, ystep, span, mul, size,
-           lanes, kind):
+           lanes, kind, window):
     """The weights-gradient kernel (module docstring): ``taps`` x ``vecs`` accumulators of
     ``width`` lanes (the last vector's lanes from ``lanes`` on masked) over the positions
     ``span = (p0, lo, hi, p1)``: masked in [p0, lo) and [hi, p1), every tap inside in [lo, hi).
-    ``x`` and ``dy`` of uint16 hold the bits of ``kind`` (a constant: :data:`BF16` or :data:`F16`)."""
+    ``x`` and ``dy`` of uint16 hold the bits of ``kind`` (a constant: :data:`BF16` or :data:`F16`).
+    ``window`` (a constant) > 1: the taps are groups of ``window`` taps of one kernel row reading
+    consecutive positions (``tk[g*window + j] = tk[g*window] + j``, ``mul`` = 1), and [lo, hi)
+    slides a window of x vectors along the row: one x load (and widening) per group and
+    position, not one per tap."""
     _check("reduce", {"acc": acc, "tw": tw, "x": x, "ts": ts, "tk": tk, "dy": dy}, ("x", "dy"))
     i64 = types.int64
     sig = types.void(i64, i64, i64, acc, i64, tw, x, i64, ts, tk, i64, dy, i64, i64, types.UniTuple(i64, 4), i64, i64,
-                     i64, i64)
+                     i64, i64, i64)
 
     def codegen(context, b, signature, argv):
         w, n_taps, n_vecs = (_constant(argv[j], name) for j, name in enumerate(("width", "taps", "vecs")))
+        span = _constant(argv[19], "window")
         accp, twp, xp, tsp, tkp, dyp = (_data(context, b, signature, argv, j) for j in (3, 5, 6, 8, 9, 11))
         aoff_, xoff_, xstep_, yoff_, ystep_, mul_, size_, lanes_ = (argv[j] for j in (4, 7, 10, 12, 13, 15, 16, 17))
         bounds = [b.extract_value(argv[14], j) for j in range(4)]
@@ -224,8 +229,38 @@ def reduce(typingctx, width, taps, vecs, acc, aoff, tw, x, xoff, ts, tk, xstep, 
                 return new
             return step
 
-        for j in range(3):
-            accs = _loop(b, bounds[j], bounds[j + 1], accs, body(j != 1))
+        def sliding(p: ir.Value, state: list[ir.Value]) -> list[ir.Value]:
+            """One position of [lo, hi): per group its window's next x vectors, then the FMAs."""
+            accs, held = state[:n_taps * n_vecs], state[n_taps * n_vecs:]
+            ybase = b.add(yoff_, b.mul(p, ystep_))
+            dys = [ops.load(dyp, b.add(ybase, vec_off[v]), v == last) for v in range(n_vecs)]
+            new, carry = list(accs), []
+            for g in range(n_taps // span):
+                t0 = g * span
+                xbase = b.add(rows[t0], b.mul(b.add(b.add(p, table[2][t0]), ir.Constant(_I64, span - 1)), xstep_))
+                seen = held[g * (span - 1) * n_vecs:(g + 1) * (span - 1) * n_vecs] + \
+                    [ops.load(xp, b.add(xbase, vec_off[v]), v == last) for v in range(n_vecs)]
+                for j in range(span):
+                    for v in range(n_vecs):
+                        i = (t0 + j) * n_vecs + v
+                        new[i] = b.call(ops.fma, [seen[j * n_vecs + v], dys[v], new[i]])
+                carry += seen[n_vecs:]
+            return new + carry
+
+        accs = _loop(b, bounds[0], bounds[1], accs, body(True))
+        if span > 1:   # the window's first vectors, read at lo (a position inside the source, or 0 if [lo, hi) is empty)
+            held = []
+            for g in range(n_taps // span):
+                for j in range(span - 1):
+                    index = b.select(b.icmp_signed("<", bounds[1], bounds[2]),
+                                     b.add(b.add(bounds[1], table[2][g * span]), ir.Constant(_I64, j)),
+                                     ir.Constant(_I64, 0))
+                    xbase = b.add(rows[g * span], b.mul(index, xstep_))
+                    held += [ops.load(xp, b.add(xbase, vec_off[v]), v == last) for v in range(n_vecs)]
+            accs = _loop(b, bounds[1], bounds[2], accs + held, sliding)[:n_taps * n_vecs]
+        else:
+            accs = _loop(b, bounds[1], bounds[2], accs, body(False))
+        accs = _loop(b, bounds[2], bounds[3], accs, body(True))
         for t in range(n_taps):
             for v in range(n_vecs):
                 ops.store(accs[t * n_vecs + v], accp, b.add(slots[t], vec_off[v]), v == last)
@@ -311,23 +346,32 @@ def gather(typingctx, width, rows, taps, step, mul, out, ooff, ostep, src, soff,
 
 
 # -- drivers: numba loops (parallel in numba's pool) around the kernels ---------------------------------
-def reduce_block(kernel: tuple[int, int, int], channels: int, width: int) -> tuple[int, int]:
-    """(taps, vecs) of the weights-gradient kernel: all the taps of the kernel if their
-    accumulators fit the vector registers (32 zmm or 16 ymm, ``vecs`` dy vectors and one x vector
-    beside them), else one kernel row of taps, else one tap; then as many vectors (up to 4, and
-    up to the channels' full vectors) as fit."""
+def reduce_block(kernel: tuple[int, int, int], channels: int, width: int, slide: bool = False) -> tuple[int, int, int]:
+    """(taps, vecs, window) of the weights-gradient kernel. With ``slide`` (stride and dilation 1
+    along the innermost axis, a kernel wider than 1 there): all the taps, else one kernel row of
+    taps, whose accumulators and sliding windows (a vector per tap each, and a dy vector) fit the
+    vector registers (32 zmm or 16 ymm), ``window`` the kernel's width. Otherwise (``window`` 0)
+    all the taps if their accumulators fit (``vecs`` dy vectors and one x vector beside them),
+    else one kernel row of taps, else one tap. Then as many vectors (up to 4, and up to the
+    channels' full vectors) as fit."""
     regs = 32 if width == 16 else 16
     k0, k1, k2 = kernel
+    fit = min(4, max(1, channels // width))
+    if slide and k2 > 1:
+        taps = next((t for t in (k0 * k1 * k2, k2) if 2 * t + 1 <= regs), None)
+        if taps is not None:
+            return taps, max(1, min(fit, regs // (2 * taps + 1))), k2
     taps = next(t for t in (k0 * k1 * k2, k2, 1) if t + 2 <= regs or t == 1)
-    return taps, max(1, min(4, (regs - 1) // (taps + 1), channels // width))
+    return taps, max(1, min(fit, (regs - 1) // (taps + 1))), 0
 
 
 @functools.cache
-def weights_driver(width: int, kind: int, taps: int, vecs: int) -> Callable:
+def weights_driver(width: int, kind: int, taps: int, vecs: int, window: int) -> Callable:
     """``drive(x, dy, acc, xshape, yshape, kshape, stride, dilation, pad, parts)``: adds to
     ``acc[part, k, c]`` (flat, (parts, K + 1, C); row K a scratch row) the weights gradient of the
     rows ``part`` owns, for C-contiguous flat NXC ``x`` (xshape, 5-D) and ``dy`` (yshape): f32,
-    or uint16 bits of ``kind``."""
+    or uint16 bits of ``kind``; ``window`` > 1: the kernel's width, with stride and dilation 1
+    along the innermost axis (:func:`reduce`)."""
     block = width * vecs
 
     @cached_njit(parallel=True)
@@ -364,10 +408,10 @@ def weights_driver(width: int, kind: int, taps: int, vecs: int) -> Callable:
                     for c in range(0, c_, width):
                         if c < full and c % block == 0:
                             reduce(width, taps, vecs, acc, aoff + c, tw, x, c, ts, tk, c_, dy, yoff + c, c_,
-                                   (0, lo, hi, o2_), stride[2], i2_, width, kind)
+                                   (0, lo, hi, o2_), stride[2], i2_, width, kind, window)
                         elif c >= full:
                             reduce(width, taps, 1, acc, aoff + c, tw, x, c, ts, tk, c_, dy, yoff + c, c_,
-                                   (0, lo, hi, o2_), stride[2], i2_, min(width, c_ - c), kind)
+                                   (0, lo, hi, o2_), stride[2], i2_, min(width, c_ - c), kind, window)
     return drive
 
 
