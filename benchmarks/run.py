@@ -204,9 +204,11 @@ class Row:
 def measure(d: ConvDescriptor, suite: str, task: str, dtype: str, with_ncx: bool, budget: float,
             reps: int, rng: np.random.Generator) -> Row:
     """One row: ours (NXC; NCX with ``with_ncx``; for bf16/f16 also our f32; for f32 the GEMM
-    bound), timed in turns by :func:`best_times`, then each peer on its own (after a call of
-    another library, the first runs of the next are slowed by the first one's still spinning
-    threads: 1.3-1.7x measured, so libraries are never interleaved), and our peak extra memory."""
+    bound), then each peer, every callable in a block of its own (:func:`block_times`: after a
+    call of another library, the first runs of the next are slowed by the first one's still
+    spinning threads, 1.3-1.7x measured; and calls of our other variants in turns would evict
+    the timed call's data from the caches, which no peer's block suffers), and our peak extra
+    memory."""
     gflop = d.flops / 1e9
     fn, io_bytes = ours(d, task, DATA_DTYPES[dtype], "NXC", rng)
     fn()  # loads (or compiles) numba's code outside the memory measurement
@@ -225,7 +227,7 @@ def measure(d: ConvDescriptor, suite: str, task: str, dtype: str, with_ncx: bool
     if bound is not None:
         timed["gemm"], work["gemm"] = bound
     gemm_fn = timed.pop("gemm", None)  # NumPy's BLAS: a library of its own
-    speed = {name: work[name] / t for name, t in zip(timed, block_times(list(timed.values()), budget, reps))}
+    speed = {name: work[name] / block_times([fn], budget, reps)[0] for name, fn in timed.items()}
     if gemm_fn is not None:
         speed["gemm"] = work["gemm"] / block_times([gemm_fn], budget, reps)[0]
     peers = {}
