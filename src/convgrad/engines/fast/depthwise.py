@@ -186,7 +186,8 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dw: np.ndar
     acc = np.zeros((count, taps + 1, g.ic), np.float32)  # row ``taps``: the scratch row of taps in the padding
     slide = spatial(g.strides, 1)[2] == 1 and spatial(g.dilations, 1)[2] == 1
     kernels.weights_driver(width, kind, *kernels.reduce_block(kernel, g.ic, width, slide))(
-        _bits(x3).reshape(-1), _bits(dy3).reshape(-1), acc.reshape(-1), np.array(x3.shape, np.int64), np.array(dy3.shape, np.int64),
+        _bits(x3).reshape(-1), _bits(dy3).reshape(-1), acc.reshape(-1), np.array(x3.shape, np.int64),
+        np.array(dy3.shape, np.int64),
         np.array(kernel, np.int64), *params(g), count)
     dw += acc[:, :taps].sum(axis=0).reshape(dw.shape)
 

@@ -113,7 +113,8 @@ class _Vectors:
         mask = self.tail if tail else self.full
         if where is not None:
             mask = b.select(where, mask, ir.Constant(mask.type, [0] * self.width))
-        b.call(self._store[vec], [value, self._ptr(base, offset), ir.Constant(_I32, 2 if vec is self.half else 4), mask])
+        align = ir.Constant(_I32, 2 if vec is self.half else 4)
+        b.call(self._store[vec], [value, self._ptr(base, offset), align, mask])
 
 
 def _loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, init: list[ir.Value],
@@ -248,7 +249,7 @@ def reduce(typingctx, width, taps, vecs, acc, aoff, tw, x, xoff, ts, tk, xstep, 
             return new + carry
 
         accs = _loop(b, bounds[0], bounds[1], accs, body(True))
-        if span > 1:   # the window's first vectors, read at lo (a position inside the source, or 0 if [lo, hi) is empty)
+        if span > 1:   # the windows' first vectors, read at lo (inside the source; at 0 if [lo, hi) is empty)
             held = []
             for g in range(n_taps // span):
                 for j in range(span - 1):

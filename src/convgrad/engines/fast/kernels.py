@@ -142,10 +142,19 @@ def _clusters(taps: Taps, window: int) -> list[list[int]]:
     return clusters
 
 
+def spread_bytes(block_bytes: int, data_bytes: int) -> int:
+    """Bytes of a row block of the narrow-output sums (:func:`_spread`, :func:`spread_scattered`):
+    ``TUNING.spread_blocks`` blocks, but no more than the ``data_bytes`` they read (and at least
+    one block): on one small image the wide block alone took 5.9x the call's inputs and output
+    (mb 1, the first layer's data gradient), at the same speed as a block of the image's size."""
+    return min(TUNING.spread_blocks * block_bytes, max(block_bytes, data_bytes))
+
+
 def _spread(out: np.ndarray, srcs: Sequence[np.ndarray], taps: Taps, weights: np.ndarray, block_bytes: int) -> None:
     """:func:`accumulate` for narrow outputs: per cluster of taps one wide GEMM, then shifted sums."""
     rows, (_, groups, ci, co) = out.shape[0], weights.shape
-    step = block_rows(groups * max(ci, len(taps) * co) * out.itemsize, rows, TUNING.spread_blocks * block_bytes)
+    step = block_rows(groups * max(ci, len(taps) * co) * out.itemsize, rows,
+                      spread_bytes(block_bytes, sum(s.nbytes for s in srcs)))
     clusters = _clusters(taps, step // 4)
     mats = [np.ascontiguousarray(casts.astype(weights[idx], out.dtype).transpose(1, 2, 0, 3)).reshape(groups, ci, -1)
             for idx in clusters]
@@ -291,7 +300,7 @@ def spread_scattered(phases: np.ndarray, weights: np.ndarray, taps: Taps, grid: 
     all phases."""
     (_, groups, ci, co), total = weights.shape, math.prod(dy.shape[:-1])
     mat = np.ascontiguousarray(casts.astype(weights, phases.dtype).transpose(1, 0, 3, 2)).reshape(groups, -1, ci)
-    step = block_rows(groups * max(ci, len(taps) * co) * phases.itemsize, total, TUNING.spread_blocks * block_bytes)
+    step = block_rows(groups * max(ci, len(taps) * co) * phases.itemsize, total, spread_bytes(block_bytes, dy.nbytes))
     col = np.empty(groups * len(taps) * co * step, phases.dtype)
     for a, b, rows in _dy_blocks(dy, phases.dtype, step):
         z = col[:groups * len(taps) * co * (b - a)].reshape(groups, len(taps) * co, b - a)
