@@ -1,10 +1,10 @@
 """MobileNet's depthwise layers (benchmarks/shapes/shapes_mobilenet_dw), NXC f32: convgrad's data
 and weights gradients against PyTorch's ``aten.convolution_backward`` on channels_last tensors
-(only that gradient asked for), both in one process, and NCHW, calls taking turns (a pause
-and one untimed call before each timed one), the median of ``--repeats`` timed calls; GFLOP/s and the ratio to
-PyTorch's better layout.
+(only that gradient asked for), both in one process, and NCHW, each callable in a block of
+its own (a pause, two untimed calls, then ``--repeats`` timed calls back to back; the median);
+GFLOP/s and the ratio to PyTorch's better layout.
 
-    python benchmarks/depthwise.py [--mb 16] [--threads 2] [--repeats 7] [--tasks bwd_d,bwd_w] [--layers 0,3]
+    python benchmarks/depthwise.py [--mb 16] [--threads 2] [--repeats 15] [--tasks bwd_d,bwd_w] [--layers 0,3]
 """
 
 from __future__ import annotations
@@ -27,17 +27,22 @@ TASKS = {"bwd_d": "ConvolutionBackwardData", "bwd_w": "ConvolutionBackwardWeight
 
 
 def _median_seconds(fns: list[Callable[[], object]], repeats: int) -> list[float]:
-    """Median seconds per call of each of ``fns``, taking turns: each turn a pause (the other
-    library's threads stop spinning), one untimed call and one timed call."""
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats + 1):
-        for fn, spent in zip(fns, times):
-            time.sleep(PAUSE)
-            fn()
+    """Median seconds per call of each of ``fns``, each in a block of its own: a pause (the other
+    library's threads stop spinning), two untimed calls (after an idle spell the first calls of
+    either library wait for a sleeping core: 4-8 ms on this shared virtual machine, whoever
+    calls), then ``repeats`` timed calls back to back, as a training step makes them."""
+    times = []
+    for fn in fns:
+        time.sleep(PAUSE)
+        fn()
+        fn()
+        spent = []
+        for _ in range(repeats):
             start = time.perf_counter()
             fn()
             spent.append(time.perf_counter() - start)
-    return [statistics.median(t[1:]) for t in times]
+        times.append(statistics.median(spent))
+    return times
 
 
 def _calls(d: ConvDescriptor, task: str, rng: np.random.Generator) -> list[Callable[[], object]]:
@@ -66,7 +71,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--tasks", default="bwd_d,bwd_w")
     ap.add_argument("--layers", default="", help="comma-separated layer indices (default: all)")
     args = ap.parse_args()
