@@ -358,13 +358,17 @@ def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, de
     ``depth`` 2: bf16 bits (uint16) ``(G, blocks, T, red/2, vw, 2)``, red padded to pairs, each
     pair of reduction values interleaved per lane."""
     t = math.prod(g.kernel)
-    taps = tap_weights(g, w, transpose).transpose(1, 0, 2, 3)  # (G, T, red, width)
+    taps = tap_weights(g, w, transpose).transpose(1, 0, 2, 3)  # (G, T, red, width), a view
+    if depth == 2:
+        taps = taps.view(np.uint16)
     red, width = taps.shape[2:]
     blocks, rpad = -(-width // vw), -(-red // depth) * depth
-    out = np.zeros((g.groups, t, rpad, blocks * vw), np.uint16 if depth == 2 else F32)
-    out[:, :, :red, :width] = taps.view(np.uint16) if depth == 2 else taps
-    out = out.reshape(g.groups, t, rpad // depth, depth, blocks, vw)
-    return np.ascontiguousarray(out.transpose(0, 4, 1, 2, 5, 3))
+    out = np.zeros((g.groups, blocks, t, rpad // depth, vw, depth), np.uint16 if depth == 2 else F32)
+    for block in range(blocks):        # written in place (converted as assigned): no second copy
+        cols = slice(block * vw, min(width, (block + 1) * vw))
+        for d in range(depth):
+            out[:, block, :, :len(range(d, red, depth)), :cols.stop - cols.start, d] = taps[:, :, d::depth, cols]
+    return out
 
 
 def _strides(shape: tuple[int, ...]) -> np.ndarray:
