@@ -242,3 +242,25 @@ def test_forcing_an_isa_the_cpu_cannot_run_is_a_clear_error(name, message):
     assert out.stdout.startswith("ISAError") and message in out.stdout, out.stdout
     with pytest.raises(isa.ISAError, match=message):
         isa.set_family(name)
+
+
+@pytest.mark.parametrize("positions", [1, 3, 5, 4001])
+@pytest.mark.parametrize("strides", [(1, 1), (2, 2)])
+def test_widened_pointwise_weights_gradient_in_chunks(positions, strides, rng):
+    """f16 1x1 weights gradient (widened to f32 for the kernels) over chunks of positions: equal
+    to the f64 sum within f32 rounding for any count of positions (fewer than the chunks
+    included), and its extra memory at most the f16 inputs' size (whole f32 copies took 2x)."""
+    g = _geometry(1, 1, 24, 40, (positions, 1), (1, 1), strides)
+    x = rng.uniform(-1, 1, g.x_shape).astype(np.float16)
+    dy = rng.uniform(-1, 1, g.y_shape).astype(np.float16)
+    jit.pointwise(g, x, dy, "backward_weights")
+    tracemalloc.start()
+    dw = jit.pointwise(g, x, dy, "backward_weights")
+    peak = tracemalloc.get_traced_memory()[1] - dw.nbytes
+    tracemalloc.stop()
+    xs = x[:, ::strides[0], ::strides[1]].reshape(-1, g.ic).astype(np.float64)
+    want = (xs.T @ dy.reshape(-1, g.oc).astype(np.float64)).reshape(g.w_shape)
+    np.testing.assert_allclose(dw, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()))
+    assert dw.dtype == np.float32 and dw.shape == g.w_shape
+    if positions > 1000:
+        assert peak <= x.nbytes + dy.nbytes + MUTATION_SLACK, peak
