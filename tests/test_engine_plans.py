@@ -300,3 +300,29 @@ def test_first_layer_data_gradient_of_one_image_stays_within_twice_the_arrays(pl
         tracemalloc.stop()
     assert peak <= 2 * (dy.nbytes + w.nbytes + result.nbytes) + MUTATION_SLACK, peak
     _close(result, REF.backward_data(g, dy, w.reshape(g.w_shape)), TOLERANCE[dtype_name], dtype_name)
+
+
+@pytest.mark.parametrize("dtype_name", ["bf16", "f16"])
+@pytest.mark.parametrize("case", ["1-D grouped strided dilated", "2-D tails", "3-D", "larger"])
+def test_general_loops_read_16_bit_data_in_place(case, dtype_name, rng):
+    """``direct`` general loops on bf16/f16 data read its bits and widen each value as they read
+    it: the f32 results equal, bit for bit, the loops run on the data widened first (the same
+    sums in the same order), and no f32 copy of the data is made (f16 where the CPU converts
+    halves; elsewhere the copy stays)."""
+    g = CASES.get(case) or _geometry(2, 1, 16, 24, (20, 20), (3, 3), (1, 1), (2, 2), (2, 2), (2, 2))
+    dtype = DATA_DTYPES[dtype_name]
+    inputs = task_inputs(g, rng, dtype, False)
+    plan = Plan.of("direct", loops="general")
+    for task in TASKS:
+        a, b = inputs[task]
+        with forced_plan(plan):
+            want = getattr(FAST, task)(g, a.astype(np.float32), b.astype(np.float32))
+            getattr(FAST, task)(g, a, b)
+            tracemalloc.start()
+            got = getattr(FAST, task)(g, a, b)
+            peak = tracemalloc.get_traced_memory()[1] - got.nbytes
+            tracemalloc.stop()
+        np.testing.assert_array_equal(got, want, err_msg=f"{case} {task} {dtype_name}")
+        data = a.nbytes + (b.nbytes if task == "backward_weights" else 0)
+        if case == "larger" and (dtype_name == "bf16" or cg.casts.HARDWARE):   # an f32 copy: 2x the data
+            assert peak < data, f"{task}: {peak} bytes, the data {data}"

@@ -33,7 +33,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 __all__ = ["HARDWARE", "to_f32", "from_f32", "astype", "copy_into"]
 
@@ -46,6 +46,44 @@ def _half_to_single(typingctx, bits):  # pragma: no cover - compiled
     def codegen(context, builder, signature, args):
         return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
     return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def _bf16_to_single(typingctx, bits):  # pragma: no cover - compiled
+    """The bf16 with these 16 bits, as a float32 (exact: they are the float32's upper half)."""
+    def codegen(context, builder, signature, args):
+        wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(wide, ir.FloatType())
+    return types.float32(types.uint16), codegen
+
+
+#: ``kind`` of :func:`widened`: the 16 bits are a bf16's, or an IEEE half's.
+BF16_BITS, F16_BITS = 1, 2
+
+
+def widened(value, kind):  # pragma: no cover - replaced in compiled code by its overload
+    """In compiled loops: a data value as they compute with it: a float as it is; uint16 bits of
+    a bf16 (``kind`` :data:`BF16_BITS`) or of a half (:data:`F16_BITS`) widened to float32,
+    exactly (the loops read 16-bit data where it lies: :func:`in_place`)."""
+    raise NotImplementedError("convgrad.casts.widened runs only in compiled code")
+
+
+@overload(widened, inline="always")
+def _widened(value, kind):  # pragma: no cover - compiled
+    if value == types.uint16:
+        return lambda value, kind: _half_to_single(value) if kind == F16_BITS else _bf16_to_single(value)
+    return lambda value, kind: value
+
+
+def in_place(a: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """(the uint16 bits of 16-bit float data, its :func:`widened` kind) where compiled loops can
+    widen it value by value (bf16 always; f16 where the CPU converts halves: :data:`HARDWARE`),
+    else None."""
+    if a.dtype == BFLOAT16:
+        return a.view(np.uint16), BF16_BITS
+    if a.dtype == np.float16 and HARDWARE:
+        return a.view(np.uint16), F16_BITS
+    return None
 
 
 @intrinsic

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 import numba
 import numpy as np
 
+from ... import casts
+from ...casts import widened
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
 from . import depthwise
@@ -96,19 +98,20 @@ FORWARD, BACKWARD_DATA, BACKWARD_WEIGHTS = 0, 1, 2
 
 
 @numba.njit(fastmath=FASTMATH, cache=True)
-def _loops(src, grid, other, out, stride, dilation, pad, problem):  # pragma: no cover - compiled
+def _loops(src, grid, other, out, stride, dilation, pad, problem, kind):  # pragma: no cover - compiled
     """Over every output position o of ``grid`` (its shape) and tap k, with ``b = tap(o, k)`` in
     ``src`` (forward, backward weights) or ``out`` (backward data)::
 
         FORWARD:           out[n, o, g, j] += src[n, b, g, i] * other[k, g, i, j]
         BACKWARD_DATA:     out[n, b, g, i] += src[n, o, g, j] * other[k, g, j, i]
         BACKWARD_WEIGHTS:  out[k, g, i, j] += src[n, b, g, i] * other[n, o, g, j]
-    """
+
+    ``src`` (and the weights gradient's ``other``, dy) may hold 16-bit float bits of ``kind``
+    (:func:`convgrad.casts.widened`), widened as they are read."""
     n_, o0_, o1_, o2_ = grid.shape[:4]
-    tapped = out if problem == BACKWARD_DATA else src
-    _, s0_, s1_, s2_ = tapped.shape[:4]
+    _, s0_, s1_, s2_ = out.shape[:4] if problem == BACKWARD_DATA else src.shape[:4]
     g_, i_ = src.shape[4:]
-    k0_, k1_, k2_ = (out if problem == BACKWARD_WEIGHTS else other).shape[:3]
+    k0_, k1_, k2_ = out.shape[:3] if problem == BACKWARD_WEIGHTS else other.shape[:3]
     j_ = out.shape[5]
     out[...] = 0
     for n in range(n_):
@@ -130,17 +133,18 @@ def _loops(src, grid, other, out, stride, dilation, pad, problem):  # pragma: no
                                 for g in range(g_):
                                     for i in range(i_):
                                         if problem == FORWARD:
-                                            v = src[n, b0, b1, b2, g, i]
+                                            v = widened(src[n, b0, b1, b2, g, i], kind)
                                             for j in range(j_):
                                                 out[n, o0, o1, o2, g, j] += v * other[k0, k1, k2, g, i, j]
                                         elif problem == BACKWARD_DATA:
-                                            v = src[n, o0, o1, o2, g, i]
+                                            v = widened(src[n, o0, o1, o2, g, i], kind)
                                             for j in range(j_):
                                                 out[n, b0, b1, b2, g, j] += v * other[k0, k1, k2, g, i, j]
                                         else:
-                                            v = src[n, b0, b1, b2, g, i]
+                                            v = widened(src[n, b0, b1, b2, g, i], kind)
                                             for j in range(j_):
-                                                out[k0, k1, k2, g, i, j] += v * other[n, o0, o1, o2, g, j]
+                                                d = widened(other[n, o0, o1, o2, g, j], kind)
+                                                out[k0, k1, k2, g, i, j] += v * d
 
 
 @functools.lru_cache(maxsize=256)
@@ -154,12 +158,24 @@ def _shapes(g: ConvGeometry) -> tuple[tuple[int, ...], ...]:
             (*kernel, g.groups, g.ocg, g.icg))
 
 
+def _data(arrays: tuple[np.ndarray, ...], dtype: np.dtype) -> tuple[list[np.ndarray], int]:
+    """Contiguous data arrays for the loops, and their :func:`convgrad.casts.widened` kind:
+    16-bit floats as their bits where the loops widen them as they read them (no f32 copy: the
+    bf16 dilated layers took 2.0-2.7x their inputs and output in copies), else in ``dtype``."""
+    if arrays[0].dtype != dtype and len({a.dtype for a in arrays}) == 1:
+        bits = [casts.in_place(np.ascontiguousarray(a)) for a in arrays]
+        if all(b is not None for b in bits):
+            return [v for v, _ in bits], bits[0][1]
+    return [np.ascontiguousarray(a, dtype) for a in arrays], 0
+
+
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """y = conv(x, w) in ``dtype``, canonical (N, *O, OC)."""
     xs, ys, ws, _ = _shapes(g)
     y = np.empty(g.y_shape, dtype)
     taps = np.ascontiguousarray(tap_weights(g, w), dtype).reshape(ws)
-    _loops(np.ascontiguousarray(x, dtype).reshape(xs), y.reshape(ys), taps, y.reshape(ys), *params(g), FORWARD)
+    (src,), kind = _data((x,), dtype)
+    _loops(src.reshape(xs), y.reshape(ys), taps, y.reshape(ys), *params(g), FORWARD, kind)
     return y
 
 
@@ -167,9 +183,10 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
     """dx in ``dtype``, canonical (N, *I, IC)."""
     xs, ys, _, wt = _shapes(g)
     dx = np.empty(g.x_shape, dtype)
-    grid = np.ascontiguousarray(dy, dtype).reshape(ys)
+    (src,), kind = _data((dy,), dtype)
+    grid = src.reshape(ys)
     _loops(grid, grid, np.ascontiguousarray(tap_weights(g, w, True), dtype).reshape(wt), dx.reshape(xs), *params(g),
-           BACKWARD_DATA)
+           BACKWARD_DATA, kind)
     return dx
 
 
@@ -177,6 +194,7 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.d
     """dw in ``dtype``, canonical (*K, ICg, OC)."""
     xs, ys, ws, _ = _shapes(g)
     dw = np.empty((*ws[:3], g.groups, g.icg, g.ocg), dtype)
-    grid = np.ascontiguousarray(dy, dtype).reshape(ys)
-    _loops(np.ascontiguousarray(x, dtype).reshape(xs), grid, grid, dw, *params(g), BACKWARD_WEIGHTS)
+    (src, dys), kind = _data((x, dy), dtype)
+    grid = dys.reshape(ys)
+    _loops(src.reshape(xs), grid, grid, dw, *params(g), BACKWARD_WEIGHTS, kind)
     return np.ascontiguousarray(dw.transpose(0, 1, 2, 4, 3, 5)).reshape(g.w_shape)
