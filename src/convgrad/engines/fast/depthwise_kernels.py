@@ -332,10 +332,12 @@ def gather(typingctx, width, rows, taps, step, mul, out, ooff, ostep, src, soff,
 
             return _loop(b, const(0), nrows_, [ops.zero] * (n_rows * n_vecs), body)
 
-        full = b.icmp_signed("==", lanes_, const(width_))
-        sums = _choose(b, full, *(functools.partial(_choose, b, inner, functools.partial(block, False, tail),
-                                                    functools.partial(block, True, tail))
-                                  for tail in (False, True)))
+        versions = [functools.partial(_choose, b, inner, functools.partial(block, False, tail),
+                                      functools.partial(block, True, tail)) for tail in (False, True)]
+        if n_vecs > 1:   # whole vectors only (the drivers' contract): no channel tail to compile
+            sums = versions[0]()
+        else:
+            sums = _choose(b, b.icmp_signed("==", lanes_, const(width_)), *versions)
         for r in range(n_rows):
             p = b.add(p0_, const(r))
             for v in range(n_vecs):
@@ -467,9 +469,11 @@ def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, 
     per row of ``out`` the kernel rows ``(k0, k1)`` that read the source (``outer0[a0, k0]``,
     ``outer1[a1, k1]``: :func:`axis_taps`), per phase (``phases``: :func:`gather_phases`, whose
     ``taps`` are among ``taps``) its positions ``r + P'*m`` (``spread = (P', P)``: phase count
-    and tap period) in blocks of ``rows``; rows in ``chunks`` parallel chunks. ``src`` and
+    and tap period) in blocks of ``rows``; rows in ``chunks`` parallel chunks; ``vecs`` > 1 only
+    where the channels are ``vecs`` whole vectors (:func:`gather_block`). ``src`` and
     ``out`` f32, or uint16 bits of ``kind`` (``out`` rounded as it is stored); ``w`` f32."""
     wide, narrow = max(taps), min(taps)
+    single = wide == narrow   # one kernel to compile
 
     @cached_njit(parallel=True)
     def drive(src, w, out, sshape, oshape, kshape, outer0, outer1, phases, spread, chunks):  # pragma: no cover
@@ -478,8 +482,6 @@ def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, 
         k0_, k1_, k2_ = kshape
         lines = n_ * a0_ * a1_
         ostep, wstep = spread[0] * c_, spread[1] * c_
-        block = width * vecs
-        full = c_ // block * block
         for chunk in numba.prange(chunks):
             ts, tw = np.empty(k0_ * k1_, np.int64), np.empty(k0_ * k1_, np.int64)
             for line in range(chunk * lines // chunks, (chunk + 1) * lines // chunks):
@@ -499,20 +501,12 @@ def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, 
                             continue
                         nrows, span = (used if ntaps else 0), (m, count)
                         ooff = (line * a2_ + r) * c_
-                        for c in range(0, c_, width):   # ``vecs`` vectors of channels at a time, then the rest
-                            if c < full and c % block == 0:
-                                if ntaps == wide:
-                                    gather(width, rows, wide, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
-                                           kfirst * c_ + c, wstep, tw, nrows, span, tk0, s2_, width, kind, vecs)
-                                else:
-                                    gather(width, rows, narrow, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
-                                           kfirst * c_ + c, wstep, tw, nrows, span, tk0, s2_, width, kind, vecs)
-                            elif c >= full:
-                                lanes = min(width, c_ - c)
-                                if ntaps == wide:
-                                    gather(width, rows, wide, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
-                                           kfirst * c_ + c, wstep, tw, nrows, span, tk0, s2_, lanes, kind, 1)
-                                else:
-                                    gather(width, rows, narrow, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
-                                           kfirst * c_ + c, wstep, tw, nrows, span, tk0, s2_, lanes, kind, 1)
+                        for c in range(0, c_, width * vecs):   # ``vecs`` vectors of channels at a time
+                            lanes = min(width, c_ - c - (vecs - 1) * width)
+                            if single or ntaps == wide:
+                                gather(width, rows, wide, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
+                                       kfirst * c_ + c, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs)
+                            else:
+                                gather(width, rows, narrow, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
+                                       kfirst * c_ + c, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs)
     return drive
