@@ -242,12 +242,13 @@ LONG_ROWS = {
 }
 
 
-@pytest.mark.parametrize("dtype_name", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("dtype_name", ["f32", "bf16"])
 @pytest.mark.parametrize("channels", [16, 17, 32, 40])
 @pytest.mark.parametrize("shape", sorted(LONG_ROWS))
 def test_gather_blocks_of_long_rows(shape, channels, dtype_name, rng, kernel_calls):
-    """Forward and data gradient on rows of several blocks (random non-zero inputs; bf16/f16
-    widened to f32), against the reference: every block kind and the channel tail."""
+    """Forward and data gradient on rows of several blocks (random non-zero inputs; bf16 read in
+    place, widened in the registers), against the reference: every block kind and the channel
+    tail (f16's loads: the tests above)."""
     in_size, kernel, strides, dilations, pb, pe = LONG_ROWS[shape]
     g, dtype = geometry(2, channels, 1, 1, in_size, kernel, strides, dilations, pb, pe), DATA_DTYPES[dtype_name]
     inputs = task_inputs(g, rng, dtype, False)
