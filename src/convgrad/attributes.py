@@ -162,6 +162,7 @@ def fits_rank(spec: AttrSpec, value: int | tuple[int, ...], rank: int) -> bool:
 
 
 _SCALARS = (int, bool, float, str, type(None))
+_INT = frozenset({int})
 
 
 def value_key(value: Any) -> Any:
@@ -172,6 +173,8 @@ def value_key(value: Any) -> Any:
     if t is list or t is tuple:
         if len(value) > MAX_NDIMS:
             return None
+        if _INT.issuperset(map(type, value)):  # the common case, cheaply (keys of other items are pairs)
+            return t, tuple(value)
         items = tuple(_scalar_key(v) for v in value)
         return None if None in items else (t, items)
     return _scalar_key(value)
@@ -185,5 +188,8 @@ def _scalar_key(value: Any) -> Any:
 def attributes_key(attrs: Mapping[str, Any]) -> tuple[Any, ...] | None:
     """The (name, :func:`value_key`) pairs of ``attrs`` in the order given; ``None`` where a value
     has no key."""
-    key = tuple((k, value_key(v)) for k, v in attrs.items())
-    return None if any(k[1] is None for k in key) else key
+    key = tuple([(k, value_key(v)) for k, v in attrs.items()])
+    for _, value in key:
+        if value is None:
+            return None
+    return key

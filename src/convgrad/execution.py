@@ -56,6 +56,8 @@ def round_result(problem: Problem, result: np.ndarray, bias: np.ndarray | None =
                  out_dtype: np.dtype | None = None) -> np.ndarray:
     """A canonical result plus bias, rounded once to the problem's dtype (then to ``out_dtype``
     where given)."""
+    if bias is None and result.dtype == problem.dtype and out_dtype in (None, result.dtype):
+        return result  # nothing to add or round (and no errstate to pay for)
     with np.errstate(all="ignore"):
         if bias is not None:
             result = result + bias.astype(result.dtype)

@@ -238,18 +238,20 @@ def _fixed() -> tuple[object, ...]:
     return "torch" in sys.modules, isa.family(), numba.get_num_threads(), plan_cache.state()
 
 
-@contextlib.contextmanager
-def one_call() -> Iterator[None]:
+class one_call:  # noqa: N801 - used as a function: ``with one_call():``
     """One API call (its memory estimate and its run) on this thread: :func:`context` reads the
-    process's state (files, environment, threads) once for all of it."""
-    if getattr(_call, "fixed", None) is not None:
-        yield
-        return
-    _call.fixed = _fixed()
-    try:
-        yield
-    finally:
-        _call.fixed = None
+    process's state (files, environment, threads) once for all of it (nested: the outer one's)."""
+
+    __slots__ = ("outer",)
+
+    def __enter__(self) -> None:
+        self.outer = getattr(_call, "fixed", None) is None
+        if self.outer:
+            _call.fixed = _fixed()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.outer:
+            _call.fixed = None
 
 
 def planned(g: ConvGeometry, task: str, dtype: np.dtype, channels_first: bool, *, tune: bool = False,

@@ -63,7 +63,11 @@ class Entry:
 
 def enabled() -> bool:
     """Whether plans are looked up at all (``CONVGRAD_PLANS`` is not ``off``)."""
-    return (env("CONVGRAD_PLANS") or "").strip().lower() not in ("off", "0", "false", "no")
+    return _on(env("CONVGRAD_PLANS"))
+
+
+def _on(plans: str | None) -> bool:
+    return (plans or "").strip().lower() not in ("off", "0", "false", "no")
 
 
 def autotune_enabled() -> bool:
@@ -75,9 +79,10 @@ def state() -> tuple[Any, ...] | None:
     """What :func:`lookup` answers from besides the problem, now: ``None`` with plans off, else
     the file's (path, mtime, size), this process's write count and ``CONVGRAD_AUTOTUNE`` (a memo
     of lookups is valid while this is unchanged)."""
-    if not enabled():
+    plans = env("CONVGRAD_PLANS")
+    if not _on(plans):
         return None
-    return _current()["stamp"], _writes[0], autotune_enabled()
+    return _stamp(str(_cache_file(plans, env("XDG_CACHE_HOME"), env("HOME")))), _writes[0], autotune_enabled()
 
 
 def cache_file() -> Path:
@@ -184,15 +189,19 @@ def _empty() -> dict[str, Any]:
     return {"format": FORMAT, "version": VERSION, "machines": {}}
 
 
-def _current() -> dict[str, Any]:
-    """The cache as on disk now (re-read only when the file changed)."""
-    path = cache_file()
-    name = str(path)
-    stamp = (name, None, None)
+def _stamp(name: str) -> tuple[str, int | None, int | None]:
+    """The file's (name, mtime in ns, size), (name, None, None) where there is none."""
     if os.access(name, os.F_OK):  # no exception to pay for where there is no file (most calls)
         with contextlib.suppress(OSError):
             st = os.stat(name)
-            stamp = (name, st.st_mtime_ns, st.st_size)
+            return name, st.st_mtime_ns, st.st_size
+    return name, None, None
+
+
+def _current() -> dict[str, Any]:
+    """The cache as on disk now (re-read only when the file changed)."""
+    path = cache_file()
+    stamp = _stamp(str(path))
     if _loaded.get("stamp") != stamp:
         _loaded.update(stamp=stamp, data=_read(path), plans={})
     return _loaded

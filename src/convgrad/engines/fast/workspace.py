@@ -13,9 +13,7 @@ Outside a call, and for small arrays, these are ``np.empty``/``np.zeros``.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 
 import numpy as np
 
@@ -33,17 +31,21 @@ def _taken() -> list[np.ndarray] | None:
     return getattr(_state, "taken", None)
 
 
-@contextlib.contextmanager
-def call() -> Iterator[None]:
+class call:  # noqa: N801 - used as a function: ``with call():``
     """One engine call: blocks taken inside return to the cache when the outermost one ends."""
-    outer = _taken() is None
-    if outer:
-        _state.taken = []
-    try:
-        yield
-    finally:
-        if outer:
-            taken, _state.taken = _state.taken, None
+
+    __slots__ = ("outer",)
+
+    def __enter__(self) -> None:
+        self.outer = _taken() is None
+        if self.outer:
+            _state.taken = []
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.outer:
+            return
+        taken, _state.taken = _state.taken, None
+        if taken:
             with _lock:
                 _free.extend(taken)
                 _free.sort(key=lambda block: block.nbytes)
