@@ -139,6 +139,29 @@ def bf16_bits(u):  # pragma: no cover - compiled
     return np.uint16((((u >> 16) | 0x40) if nan else ((u + 0x7FFF + ((u >> 16) & 1)) >> 16)) & 0xFFFF)
 
 
+@intrinsic
+def _single_bits(typingctx, value):  # pragma: no cover - compiled
+    """The bits of a float32 as a uint32."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.uint32(types.float32), codegen
+
+
+def narrowed(value, kind):  # pragma: no cover - replaced in compiled code by its overload
+    """In compiled loops, :func:`widened`'s inverse: the bits of the bf16 (``kind``
+    :data:`BF16_BITS`) or half (:data:`F16_BITS`, where the CPU converts halves) nearest to
+    ``value`` as float32, ties to even (a NaN quiet): a result rounded once, as it is stored."""
+    raise NotImplementedError("convgrad.casts.narrowed runs only in compiled code")
+
+
+@overload(narrowed, inline="always")
+def _narrowed(value, kind):  # pragma: no cover - compiled
+    def impl(value, kind):
+        single = np.float32(value)
+        return _single_to_half(single) if kind == F16_BITS else bf16_bits(_single_bits(single))
+    return impl
+
+
 @numba.njit(cache=True)
 def _narrow_bf16(bits, out):  # pragma: no cover - compiled
     nan = False

@@ -29,7 +29,7 @@ import numba
 import numpy as np
 
 from ... import casts
-from ...casts import widened
+from ...casts import narrowed, widened
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
 from . import depthwise
@@ -68,13 +68,14 @@ def options(f: Features) -> list[dict]:
 
 def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, rounded: bool = False) -> np.ndarray:
     """``task`` on its two canonical inputs, result in the accumulation dtype, or with
-    ``rounded`` (a result in the data's dtype allowed) in the data's dtype where the depthwise
-    kernels round as they store."""
+    ``rounded`` (a result in the data's dtype allowed) in the data's dtype where the loops
+    round as they store (the depthwise kernels; the general loops' data results, image by image)."""
     acc = compute_dtype(a.dtype)
     if plan.param("loops") == "depthwise":
         return depthwise.run(g, a, b, task, acc, rounded)
-    return {"forward": forward, "backward_data": backward_data, "backward_weights": backward_weights}[task](
-        g, a, b, acc)
+    if task == "backward_weights":
+        return backward_weights(g, a, b, acc)
+    return (forward if task == "forward" else backward_data)(g, a, b, acc, rounded)
 
 
 def workspace_bytes(f: Features, plan: Plan) -> int:
@@ -98,23 +99,29 @@ FORWARD, BACKWARD_DATA, BACKWARD_WEIGHTS = 0, 1, 2
 
 
 @numba.njit(fastmath=FASTMATH, cache=True)
-def _loops(src, grid, other, out, stride, dilation, pad, problem, kind):  # pragma: no cover - compiled
-    """Over every output position o of ``grid`` (its shape) and tap k, with ``b = tap(o, k)`` in
-    ``src`` (forward, backward weights) or ``out`` (backward data)::
+def _loops(src, grid, other, out, rounded, stride, dilation, pad, problem, kind):  # pragma: no cover - compiled
+    """Over every output position o of ``grid`` (the shape (N, O0, O1, O2, G, J)) and tap k, with
+    ``b = tap(o, k)`` in ``src`` (forward, backward weights) or ``out`` (backward data)::
 
         FORWARD:           out[n, o, g, j] += src[n, b, g, i] * other[k, g, i, j]
         BACKWARD_DATA:     out[n, b, g, i] += src[n, o, g, j] * other[k, g, j, i]
         BACKWARD_WEIGHTS:  out[k, g, i, j] += src[n, b, g, i] * other[n, o, g, j]
 
     ``src`` (and the weights gradient's ``other``, dy) may hold 16-bit float bits of ``kind``
-    (:func:`convgrad.casts.widened`), widened as they are read."""
-    n_, o0_, o1_, o2_ = grid.shape[:4]
+    (:func:`convgrad.casts.widened`), widened as they are read. With ``rounded`` not empty (a
+    data result of such data), ``out`` holds the sums of one image (first axis 1), and image n
+    is rounded once into ``rounded[n]`` (bits of ``kind``, :func:`convgrad.casts.narrowed`) when
+    its sums are done: f32 sums for one image at a time, not for the whole result."""
+    n_, o0_, o1_, o2_ = grid[:4]
     _, s0_, s1_, s2_ = out.shape[:4] if problem == BACKWARD_DATA else src.shape[:4]
     g_, i_ = src.shape[4:]
     k0_, k1_, k2_ = out.shape[:3] if problem == BACKWARD_WEIGHTS else other.shape[:3]
     j_ = out.shape[5]
+    by_image = rounded.size > 0
+    sums = out.reshape(-1)
     out[...] = 0
     for n in range(n_):
+        m = 0 if by_image else n
         for o0 in range(o0_):
             for o1 in range(o1_):
                 for o2 in range(o2_):
@@ -135,16 +142,21 @@ def _loops(src, grid, other, out, stride, dilation, pad, problem, kind):  # prag
                                         if problem == FORWARD:
                                             v = widened(src[n, b0, b1, b2, g, i], kind)
                                             for j in range(j_):
-                                                out[n, o0, o1, o2, g, j] += v * other[k0, k1, k2, g, i, j]
+                                                out[m, o0, o1, o2, g, j] += v * other[k0, k1, k2, g, i, j]
                                         elif problem == BACKWARD_DATA:
                                             v = widened(src[n, o0, o1, o2, g, i], kind)
                                             for j in range(j_):
-                                                out[n, b0, b1, b2, g, j] += v * other[k0, k1, k2, g, i, j]
+                                                out[m, b0, b1, b2, g, j] += v * other[k0, k1, k2, g, i, j]
                                         else:
                                             v = widened(src[n, b0, b1, b2, g, i], kind)
                                             for j in range(j_):
                                                 d = widened(other[n, o0, o1, o2, g, j], kind)
                                                 out[k0, k1, k2, g, i, j] += v * d
+        if by_image:
+            image = rounded[n].reshape(-1)
+            for e in range(sums.size):
+                image[e] = narrowed(sums[e], kind)
+            sums[:] = 0
 
 
 @functools.lru_cache(maxsize=256)
@@ -169,24 +181,39 @@ def _data(arrays: tuple[np.ndarray, ...], dtype: np.dtype) -> tuple[list[np.ndar
     return [np.ascontiguousarray(a, dtype) for a in arrays], 0
 
 
-def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """y = conv(x, w) in ``dtype``, canonical (N, *O, OC)."""
+_UNROUNDED = np.empty((0,) * 6, np.uint16)   # the loops' ``rounded`` where they sum into the whole result
+
+
+def _outputs(shape: tuple[int, ...], grouped: tuple[int, ...], dtype: np.dtype, kind: int, rounded: bool,
+             data_dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the loops' sums, their ``rounded`` target, the result): with ``rounded`` and 16-bit data
+    read as bits (``kind``), one image of ``dtype`` sums and the result in the data's dtype
+    (the loops round each image into it); else the whole result in ``dtype``."""
+    if rounded and kind:
+        result = np.empty(shape, data_dtype)
+        return np.empty((1, *grouped[1:]), dtype), result.view(np.uint16).reshape(grouped), result
+    result = np.empty(shape, dtype)
+    return result.reshape(grouped), _UNROUNDED, result
+
+
+def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, dtype: np.dtype, rounded: bool = False) -> np.ndarray:
+    """y = conv(x, w) in ``dtype`` (or, ``rounded``, in x's 16-bit dtype: :func:`_outputs`),
+    canonical (N, *O, OC)."""
     xs, ys, ws, _ = _shapes(g)
-    y = np.empty(g.y_shape, dtype)
     taps = np.ascontiguousarray(tap_weights(g, w), dtype).reshape(ws)
     (src,), kind = _data((x,), dtype)
-    _loops(src.reshape(xs), y.reshape(ys), taps, y.reshape(ys), *params(g), FORWARD, kind)
+    sums, bits, y = _outputs(g.y_shape, ys, dtype, kind, rounded, x.dtype)
+    _loops(src.reshape(xs), ys, taps, sums, bits, *params(g), FORWARD, kind)
     return y
 
 
-def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """dx in ``dtype``, canonical (N, *I, IC)."""
+def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype, rounded: bool = False) -> np.ndarray:
+    """dx in ``dtype`` (or, ``rounded``, in dy's 16-bit dtype: :func:`_outputs`), canonical (N, *I, IC)."""
     xs, ys, _, wt = _shapes(g)
-    dx = np.empty(g.x_shape, dtype)
+    taps = np.ascontiguousarray(tap_weights(g, w, True), dtype).reshape(wt)
     (src,), kind = _data((dy,), dtype)
-    grid = src.reshape(ys)
-    _loops(grid, grid, np.ascontiguousarray(tap_weights(g, w, True), dtype).reshape(wt), dx.reshape(xs), *params(g),
-           BACKWARD_DATA, kind)
+    sums, bits, dx = _outputs(g.x_shape, xs, dtype, kind, rounded, dy.dtype)
+    _loops(src.reshape(ys), ys, taps, sums, bits, *params(g), BACKWARD_DATA, kind)
     return dx
 
 
@@ -195,6 +222,5 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.d
     xs, ys, ws, _ = _shapes(g)
     dw = np.empty((*ws[:3], g.groups, g.icg, g.ocg), dtype)
     (src, dys), kind = _data((x, dy), dtype)
-    grid = dys.reshape(ys)
-    _loops(src.reshape(xs), grid, grid, dw, *params(g), BACKWARD_WEIGHTS, kind)
+    _loops(src.reshape(xs), ys, dys.reshape(ys), dw, _UNROUNDED, *params(g), BACKWARD_WEIGHTS, kind)
     return np.ascontiguousarray(dw.transpose(0, 1, 2, 4, 3, 5)).reshape(g.w_shape)
