@@ -238,10 +238,11 @@ def test_kernel_rejects_mixed_operands():
 @pytest.mark.parametrize("channels, width, rows, block", [
     (8, 8, None, (8, 1)), (16, 8, None, (6, 2)), (24, 8, None, (4, 3)), (40, 8, None, (4, 3)), (64, 8, 64, (6, 2)),
     (16, 16, None, (16, 1)), (30, 16, None, (14, 2)), (48, 16, None, (8, 3)), (64, 16, None, (6, 4)),
-    (64, 16, 64, (6, 4)), (80, 16, None, (8, 3)), (24, 8, 8, (4, 3))])
+    (64, 16, 64, (6, 4)), (80, 16, None, (8, 3)), (24, 8, 8, (4, 3)),
+    (256, 16, 50176, (6, 4)), (64, 16, 12544, (6, 4))])    # a partial last block of thousands of rows: no idle rows
 def test_block_choice(channels, width, rows, block):
-    """Fewest idle lanes (and rows), then most accumulators, then fewest loads per FMA; all fit
-    the register file."""
+    """Fewest idle lanes (and rows, to the percent), then fewest loads per FMA, then most
+    accumulators; all fit the register file."""
     assert microkernel.block_for(channels, width, rows) == block
     registers = {8: 16, 16: 31}[width]    # 16 ymm; 32 zmm less one for the compiler's use
     assert all(r * v + v + 1 <= registers for r, v in microkernel.BLOCKS[width])

@@ -25,14 +25,13 @@ import functools
 import math
 from typing import TYPE_CHECKING
 
-import numba
 import numpy as np
 
 from ... import casts
 from ...casts import narrowed, widened
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
-from . import depthwise
+from . import depthwise, microkernel
 from .depthwise import FASTMATH
 from .features import Features
 from .geometry import params, spatial, tap, tap_weights
@@ -98,7 +97,7 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
 FORWARD, BACKWARD_DATA, BACKWARD_WEIGHTS = 0, 1, 2
 
 
-@numba.njit(fastmath=FASTMATH, cache=True)
+@microkernel.cached_njit(fastmath=FASTMATH)    # its disk cache also keyed on casts' source (widened, narrowed)
 def _loops(src, grid, other, out, rounded, stride, dilation, pad, problem, kind):  # pragma: no cover - compiled
     """Over every output position o of ``grid`` (the shape (N, O0, O1, O2, G, J)) and tap k, with
     ``b = tap(o, k)`` in ``src`` (forward, backward weights) or ``out`` (backward data)::

@@ -75,15 +75,16 @@ SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes() + Path(casts.__file__
 def block_for(channels: int, width: int, rows: int | None = None) -> tuple[int, int]:
     """The block (R, V) for ``channels`` output channels in vectors of ``width`` (and, if given,
     ``rows`` rows to cut into blocks of R): one vector only where that is all there is; else the
-    fewest idle lanes and rows, then the fewest loads per FMA, then the most accumulators
-    (measured on a Zen 4, docs/engine.md: 3x3 layers of 64-128 channels ran 1-20 % faster on 6x4
-    than on 14x2)."""
+    fewest idle lanes and rows (to the percent: a last partial block of thousands of rows is
+    noise), then the fewest loads per FMA, then the most accumulators (measured on a Zen 4,
+    docs/engine.md: 3x3 layers of 64-128 channels ran 1-20 % faster on 6x4 than on 14x2, and
+    so did the bf16 1x1 GEMMs over thousands of positions)."""
     vectors = -(-channels // width)
 
     def cost(block: tuple[int, int]) -> tuple[float, int, float]:
         r, v = block
         used = vectors / (-(-vectors // v) * v) * (rows / (-(-rows // r) * r) if rows else 1.0)
-        return -used, (r + v) / (r * v), -r * v
+        return -round(used, 2), (r + v) / (r * v), -r * v
 
     return min((b for b in BLOCKS[width] if b[1] <= vectors and (b[1] > 1 or vectors == 1)), key=cost)
 
