@@ -174,3 +174,18 @@ def test_deep_reductions_run_transposed_and_agree(m, k, n, rng):
     want = a.astype(np.float64) @ b.astype(np.float64)
     assert got.shape == (m, n)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+@pytest.mark.parametrize("m, k, n", [(5, 200, 17), (16, 1000, 64), (3, 197, 40)])
+def test_bf16_deep_reductions_run_transposed_and_agree(m, k, n, rng):
+    """bf16 too: a deep reduction with N > M runs as (b^T a^T)^T (the smaller operand packed in
+    pairs), plain and rounded, from a transposed A as the weights gradient passes it."""
+    from convgrad import casts
+    a = rng.standard_normal((k, m)).astype(BF16).T
+    b = rng.standard_normal((k, n)).astype(BF16)
+    got = blis.gemm(a.view(np.uint16), b.view(np.uint16))
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    assert got.shape == (m, n)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    rounded = blis.gemm(a.view(np.uint16), b.view(np.uint16), rounded=True)
+    np.testing.assert_array_equal(rounded, casts.from_f32(np.ascontiguousarray(got), BF16).view(np.uint16))

@@ -320,16 +320,16 @@ def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, rou
     read where it lies when its elements are evenly spaced in memory (any 2-D strided view of
     f32; bf16 with adjacent values along an even K), else copied once (bf16: into pairs); B is
     packed, but for an f32 deep reduction (:func:`deep`) whose B has whole nr-panels of adjacent
-    columns (read in place: packing it was a pass over the larger operand). An f32 deep
-    reduction with N > M (a weights gradient) runs as ``(b^T a^T)^T``, packing the smaller
-    operand, on the block :func:`blocks` picks for it (not ``block``, which is for the
-    untransposed product): measured on a Zen 4, dW of 64 x 256 over 50176
-    positions 66 -> 113 GFLOP/s, 128 x 512 over 12544 78 -> 140 (docs/engine.md)."""
+    columns (read in place: packing it was a pass over the larger operand). A deep reduction
+    with N > M (a weights gradient) runs as ``(b^T a^T)^T``, packing the smaller operand, on the
+    block :func:`blocks` picks for it (not ``block``, which is for the untransposed product):
+    measured on a Zen 4, dW of 64 x 256 over 50176 positions f32 66 -> 113 GFLOP/s, bf16 209 ->
+    239; 128 x 512 over 12544 f32 78 -> 140, bf16 298 -> 333 (docs/engine.md)."""
     bf16 = a.dtype == np.uint16
     m, k = a.shape
     n = b.shape[1]
-    if not bf16 and n > m and deep(m, k, n):
-        return gemm(b.T, a.T).T    # a deep reduction (a weights gradient): pack the smaller operand
+    if n > m and deep(m, k, n):
+        return gemm(b.T, a.T, rounded=rounded).T    # a deep reduction (a weights gradient): pack the smaller operand
     depth = 2 if bf16 else 1
     bl = blocks(m, k, n, a.dtype.itemsize, block)
     rounding = rounded and bf16 and bl.k_chunks == 1
