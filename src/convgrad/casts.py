@@ -57,8 +57,17 @@ def _bf16_to_single(typingctx, bits):  # pragma: no cover - compiled
     return types.float32(types.uint16), codegen
 
 
-#: ``kind`` of :func:`widened`: the 16 bits are a bf16's, or an IEEE half's.
-BF16_BITS, F16_BITS = 1, 2
+#: ``kind`` of :func:`widened` and of the compiled kernels' data arrays: f32 values as they are,
+#: or 16 bits that are a bf16's, or an IEEE half's.
+F32_VALUES, BF16_BITS, F16_BITS = 0, 1, 2
+#: The kind of each data dtype the kernels read.
+KINDS: dict[np.dtype, int] = {np.dtype(np.float32): F32_VALUES, np.dtype(ml_dtypes.bfloat16): BF16_BITS,
+                              np.dtype(np.float16): F16_BITS}
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    """A 16-bit float array as its uint16 bits (the compiled kernels' view of it); others as they are."""
+    return a.view(np.uint16) if a.dtype.itemsize == 2 else a
 
 
 def widened(value, kind):  # pragma: no cover - replaced in compiled code by its overload

@@ -111,7 +111,7 @@ def _gather_into(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarra
     width, kind = kernel
     taps = _weights(g, w, np.dtype(np.float32))
     key, outer0, outer1, phases, spread = _gather_plan(g, transposed, width)
-    kernels.gather_driver(width, kind, *key)(_bits(src3).reshape(-1), taps.reshape(-1), _bits(out3).reshape(-1),
+    kernels.gather_driver(width, kind, *key)(casts.bits(src3).reshape(-1), taps.reshape(-1), casts.bits(out3).reshape(-1),
                                              np.array(src3.shape, np.int64),
                                 np.array(out3.shape, np.int64), np.array(taps.shape[:3], np.int64), outer0, outer1,
                                 phases, spread, _chunks(out3.shape[0] * out3.shape[1] * out3.shape[2]))
@@ -155,23 +155,15 @@ def parts(g: ConvGeometry) -> int:
     return _chunks(g.n * math.prod(g.out_size[:-1]))
 
 
-_KINDS = {np.dtype(np.float32): kernels.F32, casts.BFLOAT16: kernels.BF16, np.dtype(np.float16): kernels.F16}
-
-
 def _kernel(*arrays: np.ndarray) -> tuple[int, int] | None:
     """(vector width, element kind) of the register-blocked kernels (:mod:`.depthwise_kernels`)
     for these data arrays: C-contiguous (NXC: the channels contiguous), f32 or one 16-bit dtype
     (its kind; the others f32), on a JIT kernel family; else None."""
-    kinds = {_KINDS.get(a.dtype, -1) for a in arrays}
-    if isa.family() not in isa.WIDTH or -1 in kinds or len(kinds - {kernels.F32}) > 1 or \
+    kinds = {casts.KINDS.get(a.dtype, -1) for a in arrays}
+    if isa.family() not in isa.WIDTH or -1 in kinds or len(kinds - {casts.F32_VALUES}) > 1 or \
             not all(a.flags.c_contiguous for a in arrays):
         return None
     return isa.WIDTH[isa.family()], max(kinds)
-
-
-def _bits(a: np.ndarray) -> np.ndarray:
-    """A 16-bit float array as its uint16 bits (the kernels' view); f32 as it is."""
-    return a.view(np.uint16) if a.dtype.itemsize == 2 else a
 
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
@@ -186,7 +178,7 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dw: np.ndar
     acc = np.zeros((count, taps + 1, g.ic), np.float32)  # row ``taps``: the scratch row of taps in the padding
     slide = spatial(g.strides, 1)[2] == 1 and spatial(g.dilations, 1)[2] == 1
     kernels.weights_driver(width, kind, *kernels.reduce_block(kernel, g.ic, width, slide))(
-        _bits(x3).reshape(-1), _bits(dy3).reshape(-1), acc.reshape(-1), np.array(x3.shape, np.int64),
+        casts.bits(x3).reshape(-1), casts.bits(dy3).reshape(-1), acc.reshape(-1), np.array(x3.shape, np.int64),
         np.array(dy3.shape, np.int64),
         np.array(kernel, np.int64), *params(g), count)
     dw += acc[:, :taps].sum(axis=0).reshape(dw.shape)

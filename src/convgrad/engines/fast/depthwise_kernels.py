@@ -44,14 +44,13 @@ from numba import types
 from numba.core import cgutils, errors
 from numba.extending import intrinsic
 
+from ...casts import F16_BITS, F32_VALUES
 from .geometry import tap
 from .microkernel import _constant, _rounded, cached_njit
 
 __all__ = ["reduce", "gather"]
 
 _I64, _I32, _I16, _F32 = ir.IntType(64), ir.IntType(32), ir.IntType(16), ir.FloatType()
-#: Element kinds of the data arrays (``kind`` of the kernels): uint16 arrays hold bf16 or f16 bits.
-F32, BF16, F16 = 0, 1, 2
 
 
 class _Vectors:
@@ -60,7 +59,7 @@ class _Vectors:
     and rounded to nearest even as it is stored (bf16: :func:`.microkernel._rounded`, a NaN made
     quiet; f16: ``fptrunc``)."""
 
-    def __init__(self, builder: ir.IRBuilder, width: int, lanes: ir.Value, kind: int = F32):
+    def __init__(self, builder: ir.IRBuilder, width: int, lanes: ir.Value, kind: int = F32_VALUES):
         self.b, self.width, self.kind = builder, width, kind
         self.vec, self.half = ir.VectorType(_F32, width), ir.VectorType(_I16, width)
         module = builder.module
@@ -97,7 +96,7 @@ class _Vectors:
                                          self.tail if tail else self.full, ir.Constant(vec, None)])
         if vec is self.vec:
             return value
-        if self.kind == F16:
+        if self.kind == F16_BITS:
             return b.fpext(b.bitcast(value, ir.VectorType(ir.HalfType(), self.width)), self.vec)
         wide = b.shl(b.zext(value, ir.VectorType(_I32, self.width)), ir.Constant(ir.VectorType(_I32, self.width),
                                                                                 [16] * self.width))
@@ -108,7 +107,7 @@ class _Vectors:
         """Store ``value`` at ``base[offset:]`` (the masked lanes with ``tail``; nothing unless ``where``)."""
         vec, b = self._vec(base), self.b
         if vec is not self.vec:
-            value = (b.bitcast(b.fptrunc(value, ir.VectorType(ir.HalfType(), self.width)), vec) if self.kind == F16
+            value = (b.bitcast(b.fptrunc(value, ir.VectorType(ir.HalfType(), self.width)), vec) if self.kind == F16_BITS
                      else _rounded(b, value, self.width))
         mask = self.tail if tail else self.full
         if where is not None:
@@ -191,7 +190,7 @@ def reduce(typingctx, width, taps, vecs, acc, aoff, tw, x, xoff, ts, tk, xstep, 
     """The weights-gradient kernel (module docstring): ``taps`` x ``vecs`` accumulators of
     ``width`` lanes (the last vector's lanes from ``lanes`` on masked) over the positions
     ``span = (p0, lo, hi, p1)``: masked in [p0, lo) and [hi, p1), every tap inside in [lo, hi).
-    ``x`` and ``dy`` of uint16 hold the bits of ``kind`` (a constant: :data:`BF16` or :data:`F16`).
+    ``x`` and ``dy`` of uint16 hold the bits of ``kind`` (a constant: :data:`convgrad.casts.BF16_BITS` or :data:`~convgrad.casts.F16_BITS`).
     ``window`` (a constant) > 1: the taps are groups of ``window`` taps of one kernel row reading
     consecutive positions (``tk[g*window + j] = tk[g*window] + j``, ``mul`` = 1), and [lo, hi)
     slides a window of x vectors along the row: one x load (and widening) per group and
@@ -279,8 +278,8 @@ def gather(typingctx, width, rows, taps, step, mul, out, ooff, ostep, src, soff,
     loaded once; positions from ``count`` are not written (``span = (p0, count)``); ``nrows`` = 0
     writes zeros. A block whose reads all lie inside the source runs unmasked, any other one
     tests each source position.
-    ``src`` and ``out`` of uint16 hold the bits of ``kind`` (a constant: :data:`BF16` or
-    :data:`F16`): read exactly, and ``out`` rounded once as it is stored."""
+    ``src`` and ``out`` of uint16 hold the bits of ``kind`` (a constant: :data:`convgrad.casts.BF16_BITS` or
+    :data:`~convgrad.casts.F16_BITS`): read exactly, and ``out`` rounded once as it is stored."""
     _check("gather", {"out": out, "src": src, "ts": ts, "w": w, "tw": tw}, ("out", "src"))
     i64 = types.int64
     sig = types.void(i64, i64, i64, i64, i64, out, i64, i64, src, i64, i64, ts, w, i64, i64, tw, i64,
