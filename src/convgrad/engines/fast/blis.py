@@ -334,12 +334,12 @@ def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, rou
     bl = blocks(m, k, n, a.dtype.itemsize, block)
     rounding = rounded and bf16 and bl.k_chunks == 1
     mpad = -(-m // bl.rows) * bl.rows
-    out = np.empty((m, n) if rounding else (0, 0), np.uint16)
+    out = workspace.result((m, n) if rounding else (0, 0), np.uint16)
     several = rounding and -(-k // depth) > bl.kc // depth                 # tiles kept over several K steps
     panels = -(-n // bl.nr)
     shape = (numba.get_num_threads(), bl.mc, -(-panels // bl.shares) * bl.nr) if several else (0, 0, 0)
     scratch = workspace.empty(math.prod(shape), np.float32).reshape(shape)
-    c = np.empty((bl.k_chunks * mpad, -(-n // bl.nr) * bl.nr) if not rounding else (0, 0), np.float32)
+    c = workspace.result((bl.k_chunks * mpad, -(-n // bl.nr) * bl.nr) if not rounding else (0, 0), np.float32)
     if not (m and k and n):
         return np.zeros((m, n), np.uint16 if rounded and bf16 else np.float32)
     bflat, ldb, bcol = _flat(b)

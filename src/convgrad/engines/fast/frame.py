@@ -42,6 +42,7 @@ import numpy as np
 
 from ... import casts, layout
 from ...problem import ConvGeometry
+from . import workspace
 from .geometry import stride_phase
 
 __all__ = ["Frame", "empty_like_data"]
@@ -50,11 +51,12 @@ _ALL = slice(None)
 
 
 def empty_like_data(shape: tuple[int, ...], dtype: np.dtype, like: np.ndarray, fill: bool = False) -> np.ndarray:
-    """A new canonical (N, *X, C) array of ``shape`` in the memory order of the data ``like``
-    (so NCX results need no transposition later), zeroed if ``fill``."""
-    make = np.zeros if fill else np.empty
-    return np.moveaxis(make((shape[0], shape[-1], *shape[1:-1]), dtype), 1, -1) if layout.channels_first(like) \
-        else make(shape, dtype)
+    """A new canonical (N, *X, C) result array of ``shape`` in the memory order of the data
+    ``like`` (so NCX results need no transposition later), zeroed if ``fill``
+    (:func:`.workspace.result`: large ones on memory the engine has used before)."""
+    if layout.channels_first(like):
+        return np.moveaxis(workspace.result((shape[0], shape[-1], *shape[1:-1]), dtype, fill), 1, -1)
+    return workspace.result(shape, dtype, fill)
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ import numpy as np
 from ... import casts, layout
 from ...dtypes import bfloat16, compute_dtype
 from ...problem import ConvGeometry
-from . import blas, direct, kernels, output_rows, pointwise
+from . import blas, direct, kernels, output_rows, pointwise, workspace
 from .features import Features
 from .frame import Frame, empty_like_data
 from .geometry import tap_weights
@@ -165,7 +165,7 @@ def _pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, acc: np
                rounded: bool) -> np.ndarray:
     out = a.dtype if rounded else acc
     if task == "forward":
-        y = np.empty(g.y_shape, out)
+        y = workspace.result(g.y_shape, out)
         pointwise.product(pointwise.sampled(g, a), casts.astype(b, acc).reshape(g.ic, g.oc), y, block)
         return y
     if task == "backward_data":

@@ -411,7 +411,7 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = N
                        for k0 in range(kernel[0]) for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
     taps_b = np.arange(len(taps_a), dtype=np.int64) * icg * vw
     rounded = rounded and depth == 2
-    y = np.empty(g.y_shape, np.uint16 if rounded else F32)
+    y = workspace.result(g.y_shape, np.uint16 if rounded else F32)
     o = spatial(g.out_size, 1)
     _run_outputs(rows, vecs, xp, np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64), taps_a,
                  y, 0, _strides((g.n, *o, g.oc))[:4], (g.n, *o), _packed_weights(g, w, vw, False, depth).reshape(-1),
@@ -439,7 +439,7 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | N
     ds = _strides(dyp.shape)
     wp = _packed_weights(g, w, vw, True, depth).reshape(-1)
     rounded = rounded and depth == 2
-    dx = np.empty(g.x_shape, np.uint16 if rounded else F32)
+    dx = workspace.result(g.x_shape, np.uint16 if rounded else F32)
     xs = _strides((g.n, *i_size, g.ic))
     steps = np.array(ds[:4], np.int64)
     for r0, t0 in enumerate(phases[0]):

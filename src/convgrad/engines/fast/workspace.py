@@ -1,30 +1,71 @@
-"""The engine's temporaries, kept from call to call: a padded copy, packed panels, position pairs.
+"""The engine's large arrays, kept from call to call: temporaries (a padded copy, packed panels,
+position pairs) and the memory of results.
 
 A fresh array of tens of MB costs its pages: glibc maps large blocks anew (and returns them when
 freed), and the first touch of each 4 KiB page faults, two threads faulting at once slowest
 (a 51 MB GEMM result: 25-80 ms instead of 9; ResNet-50's bf16 gradients in sequence 491 ->
-364 ms with glibc told to keep freed memory, docs/engine.md "Fourth round"). Within one engine
-call (:func:`call`), :func:`empty` and :func:`zeros` hand out blocks that the previous calls
-used, which go back to the cache when the outermost call ends; at most
-``TUNING.workspace_cache_bytes`` stay cached between calls. Only temporaries come from here: a
-strategy's result (or a view of it) never does, since its memory is reused after the call.
-Outside a call, and for small arrays, these are ``np.empty``/``np.zeros``.
+364 ms with glibc told to keep freed memory, docs/engine.md "Fourth round"). So:
+
+- :func:`empty` and :func:`zeros`: within one engine call (:func:`call`), temporaries on blocks
+  that earlier calls used, which go back to the cache when the outermost call ends;
+- :func:`result`: a result on a cached block, *lent* to its caller: the block goes back to the
+  cache only when the last array on its memory is freed (the result, its views, a tensor made
+  from it), never while any of them lives.
+
+At most ``TUNING.workspace_cache_bytes`` stay cached while unused. Small arrays, and temporaries
+outside a call, are plain ``np.empty``/``np.zeros``.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
 
 from .tuning import TUNING
 
-__all__ = ["call", "empty", "zeros", "cached_bytes", "clear"]
+__all__ = ["call", "empty", "zeros", "result", "cached_bytes", "clear"]
 
 _state = threading.local()   # this thread's call depth and blocks taken
 _free: list[np.ndarray] = []  # uint8 blocks, free between calls (shared: calls hold the pool's lock)
+_returned: list[np.ndarray] = []  # blocks of freed results, moved to _free under the lock
 _lock = threading.Lock()
 _PAGE = 1 << 21              # blocks are whole 2 MiB (huge page) multiples
+
+
+class _Lease:
+    """A block lent out as a result's memory: arrays on it hold this object (their base), whose
+    end gives the block back. Only a list append here (atomic): it runs wherever the last array
+    is freed, even inside this module's locked sections."""
+
+    __slots__ = ("block", "__array_interface__")
+
+    def __init__(self, block: np.ndarray, nbytes: int) -> None:
+        self.block = block
+        self.__array_interface__ = {"data": (block.ctypes.data, False), "shape": (nbytes,), "typestr": "|u1",
+                                    "version": 3}
+
+    def __del__(self) -> None:
+        _returned.append(self.block)
+
+
+def _take(nbytes: int) -> np.ndarray:
+    """The smallest free block that holds ``nbytes`` (at most twice as large), else a new one."""
+    with _lock:
+        _settle()
+        at = next((i for i, block in enumerate(_free) if nbytes <= block.nbytes <= 2 * nbytes + _PAGE), None)
+        block = _free.pop(at) if at is not None else None
+    return block if block is not None else np.empty(-(-nbytes // _PAGE) * _PAGE, np.uint8)
+
+
+def _settle() -> None:
+    """(Under the lock) freed results' blocks into the cache, then the cache within its bound."""
+    while _returned:
+        _free.append(_returned.pop())
+    _free.sort(key=lambda block: block.nbytes)
+    while sum(block.nbytes for block in _free) > TUNING.workspace_cache_bytes:
+        _free.pop()          # the largest first
 
 
 def _taken() -> list[np.ndarray] | None:
@@ -48,9 +89,7 @@ class call:  # noqa: N801 - used as a function: ``with call():``
         if taken:
             with _lock:
                 _free.extend(taken)
-                _free.sort(key=lambda block: block.nbytes)
-                while sum(block.nbytes for block in _free) > TUNING.workspace_cache_bytes:
-                    _free.pop()          # the largest first
+                _settle()
 
 
 def empty(count: int, dtype: np.dtype) -> np.ndarray:
@@ -61,11 +100,7 @@ def empty(count: int, dtype: np.dtype) -> np.ndarray:
     taken = _taken()
     if taken is None or nbytes < TUNING.workspace_min_bytes:
         return np.empty(count, dtype)
-    with _lock:
-        at = next((i for i, block in enumerate(_free) if nbytes <= block.nbytes <= 2 * nbytes + _PAGE), None)
-        block = _free.pop(at) if at is not None else None
-    if block is None:
-        block = np.empty(-(-nbytes // _PAGE) * _PAGE, np.uint8)
+    block = _take(nbytes)
     taken.append(block)
     return block[:nbytes].view(dtype)
 
@@ -77,13 +112,29 @@ def zeros(count: int, dtype: np.dtype) -> np.ndarray:
     return out
 
 
+def result(shape: tuple[int, ...], dtype: np.dtype, fill: bool = False) -> np.ndarray:
+    """A C-contiguous array of ``shape`` for a result (zeroed if ``fill``): large ones on a
+    cached block lent to it (:class:`_Lease`: back in the cache when the last array on it is
+    freed, so a result kept by its caller is never written again), small ones plain."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < TUNING.workspace_min_bytes:
+        return (np.zeros if fill else np.empty)(shape, dtype)
+    out = np.asarray(_Lease(_take(nbytes), nbytes)).view(dtype).reshape(shape)
+    if fill:
+        out.fill(0)
+    return out
+
+
 def cached_bytes() -> int:
-    """Bytes held in the cache between calls."""
+    """Bytes held in the cache while unused."""
     with _lock:
+        _settle()
         return sum(block.nbytes for block in _free)
 
 
 def clear() -> None:
     """Drop the cached blocks (their memory goes back to the allocator)."""
     with _lock:
+        _settle()
         _free.clear()
