@@ -15,7 +15,8 @@ them alike; each library runs in its own block, after a pause and warm-up calls,
 library's spinning threads slow the first runs after a switch: PyTorch channels_last measured
 80 instead of 218 GFLOP/s timed call by call in turns with us).
 "extra mem" is the peak of convgrad's allocations (tracemalloc, after a
-warm-up call) less its result, as a multiple of inputs + output. The GEMM ceiling (numpy sgemm
+warm-up call, on an empty cache of temporaries: what a first call takes, the engine's blocks
+rounded to 2 MiB included) less its result, as a multiple of inputs + output. The GEMM ceiling (numpy sgemm
 4096^2) is measured in the same run, and per f32 layer its "GEMM bound": the layer's gradient as
 one GEMM on operands already laid out (:func:`gemm_bound`), the most a GEMM-based engine on this
 BLAS can reach there ("ours / bound" shows what the gathers, scatters and blocking cost).
@@ -61,6 +62,7 @@ import convgrad as cg  # noqa: E402
 from convgrad.descriptor import ConvDescriptor, parse_descriptor_file  # noqa: E402
 from convgrad.dtypes import DATA_DTYPES  # noqa: E402
 from convgrad.report import gemm_ceiling  # noqa: E402
+from convgrad.engines.fast import workspace  # noqa: E402
 
 SUITES = {"resnet_50": "shapes_resnet_50", "mobilenet_dw": "shapes_mobilenet_dw",
           "dilated": "shapes_dilated", "3d_unet": "shapes_3d_unet"}
@@ -212,6 +214,7 @@ def measure(d: ConvDescriptor, suite: str, task: str, dtype: str, with_ncx: bool
     gflop = d.flops / 1e9
     fn, io_bytes = ours(d, task, DATA_DTYPES[dtype], "NXC", rng)
     fn()  # loads (or compiles) numba's code outside the memory measurement
+    workspace.clear()  # a cold call: its temporaries and result on fresh blocks, all counted
     tracemalloc.start()
     result = fn()
     peak = tracemalloc.get_traced_memory()[1] - result.nbytes

@@ -46,8 +46,8 @@ class _Lease:
         self.__array_interface__ = {"data": (block.ctypes.data, False), "shape": (nbytes,), "typestr": "|u1",
                                     "version": 3}
 
-    def __del__(self) -> None:
-        _returned.append(self.block)
+    def __del__(self, returned: list[np.ndarray] = _returned) -> None:   # bound now: no global lookup at exit
+        returned.append(self.block)
 
 
 def _take(nbytes: int) -> np.ndarray:
