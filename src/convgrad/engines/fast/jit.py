@@ -39,6 +39,7 @@ import numba
 import numpy as np
 
 from ... import casts, layout
+from ...casts import narrowed
 from ...dtypes import bfloat16
 from ...problem import ConvGeometry
 from . import blis, geometry, isa, microkernel, workspace
@@ -113,9 +114,10 @@ def _plan(g: ConvGeometry, task: str, plan: Plan | None) -> Plan:
 
 def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, rounded: bool = False) -> np.ndarray:
     """``task`` on its two canonical inputs, f32 result: a pointwise problem (1x1, unpadded, one
-    group) as one GEMM (:func:`pointwise`), the others by their drivers. With ``rounded``, bf16
-    data on the dot product gives a bf16 result where the driver stores each value once (the
-    GEMM's, forward and data gradient), rounded as it stores it."""
+    group) as one GEMM (:func:`pointwise`), the others by their drivers. With ``rounded``, a
+    16-bit result where the driver stores each value once, rounded as it stores it: bf16 on the
+    dot product (the GEMM's, forward and data gradient), and any bf16/f16 data's forward and
+    data gradient of several taps (:func:`_rounding`)."""
     if geometry.pointwise(g):
         return pointwise(g, a, b, task, plan, rounded)
     if task == "backward_weights":
@@ -266,6 +268,14 @@ def _depth(dtype: np.dtype) -> int:
     return 2 if dtype == bfloat16 and isa.family() == "avx512_bf16" else 1
 
 
+def _rounding(dtype: np.dtype, rounded: bool) -> int:
+    """The :func:`convgrad.casts.narrowed` kind a driver rounds its result to as it stores it:
+    with ``rounded``, bf16 data, and f16 where the CPU converts halves (:data:`convgrad.casts.HARDWARE`);
+    else 0 (an f32 result)."""
+    kind = casts.KINDS.get(np.dtype(dtype), casts.F32_VALUES) if rounded else casts.F32_VALUES
+    return kind if kind != casts.F16_BITS or casts.HARDWARE else casts.F32_VALUES
+
+
 def _source(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], slack: int, groups: int = 1,
             depth: int = 1) -> np.ndarray:
     """The zero-padded copy of canonical (N, *X, C) data a driver reads (:func:`.geometry.padded`):
@@ -292,8 +302,8 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
     """The driver of forward and backward data for one kernel variant (compiled for it alone;
     ``native``: :func:`.microkernel.run`'s flag)."""
     @microkernel.cached_njit(parallel=True)
-    def outputs(src, steps, taps_a, out, out16, out_base, out_steps, out_grid, pitch, valid, wp, per_block, taps_b,
-                groups, kred, depth, channels, blocks_outer):  # pragma: no cover - compiled
+    def outputs(src, steps, taps_a, out, out16, kind, out_base, out_steps, out_grid, pitch, valid, wp, per_block,
+                taps_b, groups, kred, depth, channels, blocks_outer):  # pragma: no cover - compiled
         """``out[out_base + n*os0 + q0*os1 + (m // pitch)*os2 + (m % pitch)*os3 + g*channels + j] =
         sum over taps t and i < kred*depth of src[n*s0 + q0*s1 + q1*s2 + m*s3 + ta[t] + g*kred*depth + i]
         * wp[(g*NB + nb)*per_block + tb[t] + i*VW + j]`` (``depth`` 2: bf16 pairs, ``wp``'s pairs
@@ -301,7 +311,8 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
         (``pitch`` > ``valid``: rows of a source flattened with their padding columns, computed and
         dropped). Items (n, q0, q1, g, nb) run in parallel, channel blocks innermost, or outermost
         with ``blocks_outer`` (each block's weights then stay in cache while the rows stream by).
-        A non-empty ``out16`` takes the sums instead, as bf16 bits rounded as they are stored."""
+        A non-empty ``out16`` takes the sums instead, as 16-bit bits of ``kind`` (bf16 or f16:
+        :func:`convgrad.casts.narrowed`) rounded as they are stored."""
         vw = vecs * width
         rounding = out16.shape[0] > 0
         nblocks = -(-channels // vw)
@@ -321,7 +332,6 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
             q0 = place // q1_ % q0_
             n = place // (q1_ * q0_)
             c = np.empty(rows * vw, np.float32)
-            cbits = c.view(np.uint32)
             lanes = min(vw, channels - nb * vw)
             boff = (g * nblocks + nb) * per_block
             src_row = n * steps[0] + q0 * steps[1] + q1 * steps[2] + g * kred * depth
@@ -334,12 +344,13 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
                     a2 = m + r - a1 * pitch
                     if a2 < valid:
                         at = base + a1 * out_steps[2] + a2 * out_steps[3]
+                        cr = c[r * vw:r * vw + lanes]
                         if rounding:                  # row slices: the copy vectorises
-                            o16, cb = out16[at:at + lanes], cbits[r * vw:r * vw + lanes]
+                            o16 = out16[at:at + lanes]
                             for j in range(lanes):
-                                o16[j] = casts.bf16_bits(cb[j])
+                                o16[j] = narrowed(cr[j], kind)
                         else:
-                            o, cr = out[at:at + lanes], c[r * vw:r * vw + lanes]
+                            o = out[at:at + lanes]
                             for j in range(lanes):
                                 o[j] = cr[j]
     return outputs
@@ -347,13 +358,13 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
 
 def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_a: np.ndarray, out: np.ndarray,
                  out_base: int, out_steps: np.ndarray, grid: tuple[int, ...], wp: np.ndarray, taps: int,
-                 taps_b: np.ndarray, groups: int, kred: int, channels: int, cache_bytes: int) -> None:
+                 taps_b: np.ndarray, groups: int, kred: int, channels: int, cache_bytes: int, kind: int = 0) -> None:
     """:func:`_outputs` on ``src`` (a padded array of :func:`_source`: f32, or bf16 pairs) for the
     output ``grid`` (N, Q0, Q1, Q2): the last two axes flattened into rows of the source's width
     where the source steps by one position along both and that computes fewer junk positions than
     blocks cut at every output row; the channel blocks outermost where the packed weights exceed
     ``cache_bytes``. ``kred``: kernel steps per tap (channel pairs for bf16). ``out``: f32, or
-    uint16 for bf16 bits rounded as they are stored."""
+    uint16 for 16-bit bits of ``kind`` rounded as they are stored."""
     width = _width()
     vw, depth = vecs * width, 2 if src.dtype == np.uint16 else 1
     n, q0, q1, q2 = grid
@@ -367,7 +378,7 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_
     flat_out, none = out.reshape(-1), np.empty(0, np.uint16 if out.dtype == F32 else F32)
     f32_out, bits_out = (flat_out, none) if out.dtype == F32 else (none, flat_out)
     _outputs(width, rows, vecs, depth == 2 and isa.bf16_native())(geometry.flat(src), steps, taps_a, f32_out, bits_out,
-                                                                  out_base, out_steps,
+                                                                  kind, out_base, out_steps,
                                 np.array(shape, np.int64), pitch, q2, wp, taps * kred * depth * vw, taps_b, groups,
                                 kred, depth, channels, wp.nbytes > cache_bytes)
 
@@ -398,7 +409,8 @@ def _strides(shape: tuple[int, ...]) -> np.ndarray:
 
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = None, rounded: bool = False) -> np.ndarray:
     """y (N, *O, OC) in f32 (see the module docstring), by ``plan`` (default: :func:`complete`'s);
-    with ``rounded``, bf16 data on the dot product gives y in bf16, rounded as it is stored."""
+    with ``rounded``, 16-bit data gives y in its dtype, each value rounded once as it is stored
+    (:func:`_rounding`)."""
     plan = _plan(g, "forward", plan)
     rows, vecs, vw = _block(plan)
     depth = _depth(x.dtype)
@@ -410,20 +422,20 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = N
     taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3]
                        for k0 in range(kernel[0]) for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
     taps_b = np.arange(len(taps_a), dtype=np.int64) * icg * vw
-    rounded = rounded and depth == 2
-    y = workspace.result(g.y_shape, np.uint16 if rounded else F32)
+    kind = _rounding(x.dtype, rounded)
+    y = workspace.result(g.y_shape, np.uint16 if kind else F32)
     o = spatial(g.out_size, 1)
     _run_outputs(rows, vecs, xp, np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64), taps_a,
                  y, 0, _strides((g.n, *o, g.oc))[:4], (g.n, *o), _packed_weights(g, w, vw, False, depth).reshape(-1),
-                 len(taps_a), taps_b, g.groups, icg // depth, g.ocg, plan.param("cache_bytes"))
-    return y.view(x.dtype) if rounded else y
+                 len(taps_a), taps_b, g.groups, icg // depth, g.ocg, plan.param("cache_bytes"), kind)
+    return y.view(x.dtype) if kind else y
 
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | None = None,
                   rounded: bool = False) -> np.ndarray:
     """dx (N, *I, IC) in f32: one stride-1 convolution of padded dy per stride phase (each value
-    written once: with ``rounded``, bf16 data on the dot product gives dx in bf16, rounded as it
-    is stored)."""
+    written once: with ``rounded``, 16-bit data gives dx in its dtype, rounded as it is stored,
+    :func:`_rounding`)."""
     plan = _plan(g, "backward_data", plan)
     rows, vecs, vw = _block(plan)
     depth = _depth(dy.dtype)
@@ -438,8 +450,8 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | N
     dyp = _source(dy, tuple(lo), size, _tail(rows, g.groups * ocg), g.groups, depth)
     ds = _strides(dyp.shape)
     wp = _packed_weights(g, w, vw, True, depth).reshape(-1)
-    rounded = rounded and depth == 2
-    dx = workspace.result(g.x_shape, np.uint16 if rounded else F32)
+    kind = _rounding(dy.dtype, rounded)
+    dx = workspace.result(g.x_shape, np.uint16 if kind else F32)
     xs = _strides((g.n, *i_size, g.ic))
     steps = np.array(ds[:4], np.int64)
     for r0, t0 in enumerate(phases[0]):
@@ -453,8 +465,8 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | N
                 base = r0 * xs[1] + r1 * xs[2] + r2 * xs[3]
                 out_steps = np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64)
                 _run_outputs(rows, vecs, dyp, steps, taps_a, dx, base, out_steps, grid, wp, math.prod(kernel), taps_b,
-                             g.groups, ocg // depth, g.icg, plan.param("cache_bytes"))
-    return dx.view(dy.dtype) if rounded else dx
+                             g.groups, ocg // depth, g.icg, plan.param("cache_bytes"), kind)
+    return dx.view(dy.dtype) if kind else dx
 
 
 def _channel_blocks(a: np.ndarray, groups: int, rows: int, lo: tuple[int, ...], size: tuple[int, ...]) -> np.ndarray:
