@@ -122,7 +122,8 @@ def workspace_bytes(m: int, k: int, n: int, itemsize: int) -> int:
     each) and of a rounded result's tiles (mc x N, f32), and one packed tail panel per item."""
     b = blocks(m, k, n, itemsize)
     kp, npad, mpad = -(-k // 2) * 2, -(-n // b.nr) * b.nr, -(-m // b.rows) * b.rows
-    a_blocks = numba.get_num_threads() * ((b.kc // 2) + npad) * b.mc * 4 if itemsize == 2 else 0
+    a_blocks = numba.get_num_threads() * ((b.kc // 2) + npad) * b.mc * 4 if itemsize == 2 else \
+        numba.get_num_threads() * b.kc * b.mc * 4
     return kp * npad * itemsize + b.k_chunks * mpad * npad * 4 + a_blocks \
         + -(-m // b.mc) * b.shares * b.rows * b.kc * itemsize + 4096
 
@@ -145,9 +146,10 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
         tile rounded once it is complete: one K step, by the kernel's rounded stores (a tile at
         out's edges: from a tile in L1); more, from the item's block of ``scratch[thread]`` (mc,
         the share's columns) at its end.
-        A non-empty ``apack`` (threads, kc/2 * mc pairs, as uint32): bf16 A whose pairs along K are
-        not adjacent (a weights gradient's x^T) is packed per K step and block of rows into the
-        thread's (kc/2, mc, 2), the BLIS way (zero past M and K), and the kernel reads it there."""
+        A non-empty ``apack`` (threads, kc/depth * mc values or pairs, as uint32): A whose values
+        (bf16: pairs) along K are not adjacent (a weights gradient's x^T) is packed per K step and
+        block of rows into the thread's (kc/depth, mc, depth), the BLIS way (zero past M and K),
+        and the kernel reads it there."""
         nr = vecs * width
         pack_a = apack.shape[0] > 0
         rounding = out.shape[0] > 0
@@ -176,7 +178,22 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
             mp = row_panels * rows
             for s0 in range(k_lo, k_hi, steps):
                 ks = min(steps, k_hi - s0)
-                if pack_a:                                        # A's block as (ks, mp, 2) pairs
+                if pack_a and depth == 1:                         # A's block as (ks, mp) values
+                    pf = apack[numba.get_thread_id()].view(a.dtype)
+                    valid = min(mc, m - m0)
+                    for i2 in range(ks):
+                        kk = s0 + i2
+                        dst = pf[i2 * mp:(i2 + 1) * mp]
+                        if lda == 1:
+                            row = a[kk * astep + m0:kk * astep + m0 + valid]
+                            for r in range(valid):
+                                dst[r] = row[r]
+                        else:
+                            for r in range(valid):
+                                dst[r] = a[(m0 + r) * lda + kk * astep]
+                        for r in range(valid, mp):
+                            dst[r] = 0
+                elif pack_a:                                      # A's block as (ks, mp, 2) pairs
                     pk = apack[numba.get_thread_id()]
                     valid = min(mc, m - m0)
                     for i2 in range(ks):
@@ -212,7 +229,8 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
                     for rp in range(row_panels):
                         row0 = m0 + rp * rows
                         if pack_a:                                # A: the thread's packed block
-                            src, aoff, alda, astp = apack[numba.get_thread_id()].view(a.dtype), rp * rows * 2, 2, mp * 2
+                            src, aoff, alda, astp = (apack[numba.get_thread_id()].view(a.dtype), rp * rows * depth,
+                                                     depth, mp * depth)
                         elif rp == tail:                          # A: the packed tail panel
                             src, aoff, alda, astp = ap, 0, depth, rows * depth
                         else:                                     # A where it lies
@@ -350,12 +368,14 @@ def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, rou
         kd, poff, bstep = bp.shape[1], bp.shape[1] * bp.shape[2], bl.nr * depth
         bp = bp.reshape(-1)
     flat, lda, astep = _flat(a)
-    pack_a = bf16 and not (astep == 1 and k % 2 == 0)                      # pairs not adjacent: packed per block
-    apack = workspace.empty(numba.get_num_threads() * (bl.kc // 2) * bl.mc if pack_a else 0, np.uint32)
+    # bf16 pairs not adjacent, or an f32 deep reduction's A far apart along K (x^T of many channels): packed per block
+    pack_a = not (astep == 1 and k % 2 == 0) if bf16 else \
+        astep >= TUNING.gemm_pack_stride and lda == 1 and bl.k_chunks > 1
+    per_thread = (bl.kc // depth) * bl.mc
+    apack = workspace.empty(numba.get_num_threads() * per_thread if pack_a else 0, np.uint32)
     _driver(bl.width, bl.rows, bl.vecs, bf16 and isa.bf16_native())(
         flat, lda, astep, m, k, bp, panels, kd, poff, bstep, c, bl.kc, bl.mc, depth,
-        bl.shares, bl.k_chunks, out, scratch, apack.reshape(-1, (bl.kc // 2) * bl.mc) if pack_a else
-        apack.reshape(0, 0))
+        bl.shares, bl.k_chunks, out, scratch, apack.reshape(-1, per_thread) if pack_a else apack.reshape(0, 0))
     if rounding:
         return out
     if bl.k_chunks > 1:

@@ -101,6 +101,9 @@ class Tuning:
     gemm_panel_l1: float = 2.0
     #: A GEMM reducing over K > this times (M + N) (a weights gradient) splits K among the threads.
     gemm_deep: float = 4.0
+    #: An f32 deep reduction whose A steps at least this many values per K step (x^T of as many
+    #: channels) packs A per block of rows and K step, as bf16 does (rows nearer read as they lie).
+    gemm_pack_stride: int = 64
 
     # -- inside the ``gemm`` strategy -----------------------------------------------------------
     #: Reduction depth (taps x channels) from which one GEMM runs near BLAS speed: below it the
