@@ -114,3 +114,15 @@ def test_engine_results_recycle_their_memory() -> None:
     second = cg.convolution(x, w)
     assert second.__array_interface__["data"][0] == address
     np.testing.assert_array_equal(second, want)
+
+
+def test_freed_results_stay_within_the_cache_bound(monkeypatch) -> None:
+    """Results freed while no engine call runs are held only up to the cache's bound (the rest
+    goes back to the allocator, as plain arrays would), not all of them until the next call."""
+    workspace.clear()
+    monkeypatch.setattr(workspace, "TUNING", dataclasses.replace(workspace.TUNING, workspace_cache_bytes=8 * MB))
+    results = [workspace.result((MB,), np.float32) for _ in range(6)]   # 6 blocks of 4 MiB
+    del results
+    assert sum(b.nbytes for b in workspace._returned) <= 8 * MB
+    assert workspace.cached_bytes() <= 8 * MB
+    workspace.clear()

@@ -36,8 +36,9 @@ _PAGE = 1 << 21              # blocks are whole 2 MiB (huge page) multiples
 
 class _Lease:
     """A block lent out as a result's memory: arrays on it hold this object (their base), whose
-    end gives the block back. Only a list append here (atomic): it runs wherever the last array
-    is freed, even inside this module's locked sections."""
+    end gives the block back, while the blocks given back and not yet settled stay within the
+    cache's bound. Only a list append here (atomic): it runs wherever the last array is freed,
+    even inside this module's locked sections."""
 
     __slots__ = ("block", "__array_interface__")
 
@@ -46,8 +47,11 @@ class _Lease:
         self.__array_interface__ = {"data": (block.ctypes.data, False), "shape": (nbytes,), "typestr": "|u1",
                                     "version": 3}
 
-    def __del__(self, returned: list[np.ndarray] = _returned) -> None:   # bound now: no global lookup at exit
-        returned.append(self.block)
+    def __del__(self, returned: list[np.ndarray] = _returned, names: dict = globals()) -> None:
+        tuning = names.get("TUNING")        # the module's (bound now: at exit its names may be gone)
+        if tuning is not None and sum(block.nbytes for block in returned) + self.block.nbytes \
+                <= tuning.workspace_cache_bytes:
+            returned.append(self.block)     # else its memory goes back to the allocator, as a plain array's would
 
 
 def _take(nbytes: int) -> np.ndarray:
