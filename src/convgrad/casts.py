@@ -61,7 +61,7 @@ def _bf16_to_single(typingctx, bits):  # pragma: no cover - compiled
 #: or 16 bits that are a bf16's, or an IEEE half's.
 F32_VALUES, BF16_BITS, F16_BITS = 0, 1, 2
 #: The kind of each data dtype the kernels read.
-KINDS: dict[np.dtype, int] = {np.dtype(np.float32): F32_VALUES, np.dtype(ml_dtypes.bfloat16): BF16_BITS,
+KINDS: dict[np.dtype, int] = {np.dtype(np.float32): F32_VALUES, BFLOAT16: BF16_BITS,
                               np.dtype(np.float16): F16_BITS}
 
 
@@ -84,15 +84,19 @@ def _widened(value, kind):  # pragma: no cover - compiled
     return lambda value, kind: value
 
 
+def bits_kind(dtype: np.dtype) -> int:
+    """The kind compiled loops read (:func:`widened`) and write (:func:`narrowed`) 16-bit
+    ``dtype`` data as, value by value: bf16 always, f16 where the CPU converts halves
+    (:data:`HARDWARE`); else :data:`F32_VALUES` (the data needs f32 copies)."""
+    kind = KINDS.get(np.dtype(dtype), F32_VALUES)
+    return kind if kind != F16_BITS or HARDWARE else F32_VALUES
+
+
 def in_place(a: np.ndarray) -> tuple[np.ndarray, int] | None:
-    """(the uint16 bits of 16-bit float data, its :func:`widened` kind) where compiled loops can
-    widen it value by value (bf16 always; f16 where the CPU converts halves: :data:`HARDWARE`),
-    else None."""
-    if a.dtype == BFLOAT16:
-        return a.view(np.uint16), BF16_BITS
-    if a.dtype == np.float16 and HARDWARE:
-        return a.view(np.uint16), F16_BITS
-    return None
+    """(the uint16 bits of 16-bit float data, its :func:`bits_kind`) where compiled loops can
+    widen it value by value, else None."""
+    kind = bits_kind(a.dtype)
+    return (bits(a), kind) if kind != F32_VALUES else None
 
 
 @intrinsic

@@ -270,10 +270,9 @@ def _depth(dtype: np.dtype) -> int:
 
 def _rounding(dtype: np.dtype, rounded: bool) -> int:
     """The :func:`convgrad.casts.narrowed` kind a driver rounds its result to as it stores it:
-    with ``rounded``, bf16 data, and f16 where the CPU converts halves (:data:`convgrad.casts.HARDWARE`);
-    else 0 (an f32 result)."""
-    kind = casts.KINDS.get(np.dtype(dtype), casts.F32_VALUES) if rounded else casts.F32_VALUES
-    return kind if kind != casts.F16_BITS or casts.HARDWARE else casts.F32_VALUES
+    with ``rounded``, :func:`convgrad.casts.bits_kind` of the data (bf16; f16 where the CPU
+    converts halves); else 0 (an f32 result)."""
+    return casts.bits_kind(dtype) if rounded else casts.F32_VALUES
 
 
 def _source(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], slack: int, groups: int = 1,
