@@ -104,6 +104,9 @@ class Tuning:
     #: An f32 deep reduction whose A steps at least this many values per K step (x^T of as many
     #: channels) packs A per block of rows and K step, as bf16 does (rows nearer read as they lie).
     gemm_pack_stride: int = 64
+    #: The threads' split of a GEMM may leave the busiest thread this much more work than the
+    #: best split would, for fewer (larger) items of work.
+    gemm_balance: float = 0.01
 
     # -- inside the ``gemm`` strategy -----------------------------------------------------------
     #: Reduction depth (taps x channels) from which one GEMM runs near BLAS speed: below it the
