@@ -34,8 +34,19 @@ def test_blocks_within_a_call_are_distinct_and_reused_by_the_next_call() -> None
         assert c.__array_interface__["data"][0] in first and not c.any()   # reused, zeroed
         d = workspace.empty(3 * MB, np.uint8)
         assert not np.shares_memory(c, d)
-    small = workspace.empty(16, np.float32)                        # outside a call: a plain array
-    assert small.base is None and workspace.empty(2 * MB, np.uint8).base is None
+    for outside in (workspace.empty(16, np.float32), workspace.empty(2 * MB, np.uint8)):   # outside a call: fresh
+        assert not any(np.shares_memory(outside, block) for block in workspace._free)
+
+
+@pytest.mark.parametrize("nbytes", [4096, 5000, 3 * MB + 12])
+def test_arrays_start_on_a_cache_line(nbytes: int) -> None:
+    """Temporaries and results from 4 KiB start on a 64-byte boundary (kernels load 64-byte vectors)."""
+    workspace.clear()
+    with workspace.call():
+        made = [workspace.empty(nbytes // 4, np.float32), workspace.zeros(nbytes, np.uint8),
+                workspace.result((nbytes // 2,), np.uint16), workspace.result((nbytes // 4,), np.float32, fill=True)]
+    made.append(workspace.empty(nbytes, np.uint8))
+    assert all(a.__array_interface__["data"][0] % workspace.ALIGN == 0 for a in made)
 
 
 def test_the_cache_keeps_at_most_its_bound(monkeypatch) -> None:
@@ -77,6 +88,13 @@ def test_no_result_lies_in_a_cached_block(strategy: str | None, dtype, kernel: i
         np.testing.assert_array_equal(got, want, err_msg=f"{task} {strategy} seed={seed}")
 
 
+def _lent(a: np.ndarray) -> bool:
+    """Whether ``a``'s memory is a block lent by the cache."""
+    while isinstance(a, np.ndarray):
+        a = a.base
+    return isinstance(a, workspace._Lease)
+
+
 def test_results_are_lent_and_come_back_when_freed() -> None:
     """A large result lies on a cached block lent to it: the block is not reused while the result
     or any view of it (a tensor made from it, a slice) lives, and is back in the cache once the
@@ -95,7 +113,7 @@ def test_results_are_lent_and_come_back_when_freed() -> None:
     c = workspace.result((1024, 1024), np.uint16)
     assert c.__array_interface__["data"][0] == address         # the freed block, reused
     small = workspace.result((4, 4), np.float32)
-    assert small.base is None                                  # below workspace_min_bytes: plain
+    assert not _lent(small) and _lent(c)                       # below workspace_min_bytes: fresh
     del b, c
 
 

@@ -120,6 +120,7 @@ def _fill_padded(a3, out, lo0, lo1, lo2):  # pragma: no cover - compiled
 def flat(a: np.ndarray) -> np.ndarray:
     """The flat buffer under an array made by :func:`padded` (its slack included, and for a block
     of the engine's :mod:`.workspace` what follows it there): its base, the one array NumPy
-    records under every view of it, in ``a``'s dtype."""
-    base = a.base
-    return base if base.dtype == a.dtype else base.view(a.dtype)
+    records under every view of it, from ``a``'s first value, in ``a``'s dtype."""
+    base = a.base.view(np.uint8)
+    start = a.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    return base[start:start + (base.nbytes - start) // a.itemsize * a.itemsize].view(a.dtype)

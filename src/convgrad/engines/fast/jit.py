@@ -393,7 +393,8 @@ def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, de
         taps = taps.view(np.uint16)
     red, width = taps.shape[2:]
     blocks, rpad = -(-width // vw), -(-red // depth) * depth
-    out = np.zeros((g.groups, blocks, t, rpad // depth, vw, depth), np.uint16 if depth == 2 else F32)
+    shape = (g.groups, blocks, t, rpad // depth, vw, depth)
+    out = workspace.zeros(math.prod(shape), np.uint16 if depth == 2 else F32).reshape(shape)   # aligned: vector loads
     for block in range(blocks):        # written in place (converted as assigned): no second copy
         cols = slice(block * vw, min(width, (block + 1) * vw))
         for d in range(depth):

@@ -13,7 +13,9 @@ freed), and the first touch of each 4 KiB page faults, two threads faulting at o
   from it), never while any of them lives.
 
 At most ``TUNING.workspace_cache_bytes`` stay cached while unused. Small arrays, and temporaries
-outside a call, are plain ``np.empty``/``np.zeros``.
+outside a call, are fresh ones. Every array from 4 KiB starts on a cache line (:data:`ALIGN`): NumPy's own
+large arrays start 16 bytes past a page, and a kernel's 64-byte vector loads from them each
+touched two lines (docs/engine.md, "Aligned operands").
 """
 
 from __future__ import annotations
@@ -32,6 +34,18 @@ _free: list[np.ndarray] = []  # uint8 blocks, free between calls (shared: calls 
 _returned: list[np.ndarray] = []  # blocks of freed results, moved to _free under the lock
 _lock = threading.Lock()
 _PAGE = 1 << 21              # blocks are whole 2 MiB (huge page) multiples
+#: Bytes every array of this module from 4 KiB is aligned to: a cache line, an AVX-512 vector.
+ALIGN = 64
+
+
+def _aligned(nbytes: int) -> np.ndarray:
+    """A fresh uint8 array of ``nbytes``, from 4 KiB starting on an :data:`ALIGN` boundary
+    (smaller ones as NumPy places them: aligning costs a microsecond, a tiny call's budget)."""
+    if nbytes < 4096:
+        return np.empty(nbytes, np.uint8)
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes]
 
 
 class _Lease:
@@ -60,7 +74,7 @@ def _take(nbytes: int) -> np.ndarray:
         _settle()
         at = next((i for i, block in enumerate(_free) if nbytes <= block.nbytes <= 2 * nbytes + _PAGE), None)
         block = _free.pop(at) if at is not None else None
-    return block if block is not None else np.empty(-(-nbytes // _PAGE) * _PAGE, np.uint8)
+    return block if block is not None else _aligned(-(-nbytes // _PAGE) * _PAGE)
 
 
 def _settle() -> None:
@@ -97,13 +111,13 @@ class call:  # noqa: N801 - used as a function: ``with call():``
 
 
 def empty(count: int, dtype: np.dtype) -> np.ndarray:
-    """A 1-D array of ``count`` values of ``dtype``, uninitialised: from the cache within a call
-    (the smallest free block that holds it, at most twice its size), else new."""
+    """A 1-D array of ``count`` values of ``dtype``, uninitialised, aligned: from the cache within
+    a call (the smallest free block that holds it, at most twice its size), else new."""
     dtype = np.dtype(dtype)
     nbytes = count * dtype.itemsize
     taken = _taken()
     if taken is None or nbytes < TUNING.workspace_min_bytes:
-        return np.empty(count, dtype)
+        return _aligned(nbytes).view(dtype)
     block = _take(nbytes)
     taken.append(block)
     return block[:nbytes].view(dtype)
@@ -117,14 +131,15 @@ def zeros(count: int, dtype: np.dtype) -> np.ndarray:
 
 
 def result(shape: tuple[int, ...], dtype: np.dtype, fill: bool = False) -> np.ndarray:
-    """A C-contiguous array of ``shape`` for a result (zeroed if ``fill``): large ones on a
-    cached block lent to it (:class:`_Lease`: back in the cache when the last array on it is
-    freed, so a result kept by its caller is never written again), small ones plain."""
+    """A C-contiguous aligned array of ``shape`` for a result (zeroed if ``fill``): large ones on
+    a cached block lent to it (:class:`_Lease`: back in the cache when the last array on it is
+    freed, so a result kept by its caller is never written again), small ones fresh."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < TUNING.workspace_min_bytes:
-        return (np.zeros if fill else np.empty)(shape, dtype)
-    out = np.asarray(_Lease(_take(nbytes), nbytes)).view(dtype).reshape(shape)
+        out = _aligned(nbytes).view(dtype).reshape(shape)
+    else:
+        out = np.asarray(_Lease(_take(nbytes), nbytes)).view(dtype).reshape(shape)
     if fill:
         out.fill(0)
     return out
