@@ -39,7 +39,7 @@ import numba
 import numpy as np
 
 from ... import casts, layout
-from ...casts import narrowed
+from ...casts import F16_BITS, narrowed
 from ...dtypes import bfloat16
 from ...problem import ConvGeometry
 from . import blis, geometry, isa, microkernel, workspace
@@ -311,7 +311,9 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
         dropped). Items (n, q0, q1, g, nb) run in parallel, channel blocks innermost, or outermost
         with ``blocks_outer`` (each block's weights then stay in cache while the rows stream by).
         A non-empty ``out16`` takes the sums instead, as 16-bit bits of ``kind`` (bf16 or f16:
-        :func:`convgrad.casts.narrowed`) rounded as they are stored."""
+        :func:`convgrad.casts.narrowed`) rounded as they are stored. The kernel stores a whole
+        tile (its rows one output row's, every lane a channel) in place, bf16 rounded in
+        registers; the others, and f16, go through a tile in L1."""
         vw = vecs * width
         rounding = out16.shape[0] > 0
         nblocks = -(-channels // vw)
@@ -336,6 +338,17 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
             src_row = n * steps[0] + q0 * steps[1] + q1 * steps[2] + g * kred * depth
             base = out_base + n * out_steps[0] + q0 * out_steps[1] + q1 * out_steps[2] + g * channels + nb * vw
             for m in range(0, m_, rows):
+                a1 = m // pitch
+                a2 = m - a1 * pitch
+                if m + rows <= m_ and a2 + rows <= valid and lanes == vw and kind != F16_BITS:
+                    at = base + a1 * out_steps[2] + a2 * out_steps[3]        # a whole tile: stored in place
+                    if rounding:
+                        microkernel.run(width, rows, vecs, native, out16, at, out_steps[3], src, src_row + m * steps[3],
+                                        steps[3], depth, wp, boff, vw * depth, taps_a, taps_b, ntaps, kred, 0)
+                    else:
+                        microkernel.run(width, rows, vecs, native, out, at, out_steps[3], src, src_row + m * steps[3],
+                                        steps[3], depth, wp, boff, vw * depth, taps_a, taps_b, ntaps, kred, 0)
+                    continue
                 microkernel.run(width, rows, vecs, native, c, 0, vw, src, src_row + m * steps[3], steps[3], depth, wp, boff,
                                 vw * depth, taps_a, taps_b, ntaps, kred, 0)
                 for r in range(min(rows, m_ - m)):
