@@ -79,7 +79,7 @@ def split(m: int, rows: int, panels: int, mc_max: int, threads: int) -> tuple[in
     shares of the ``panels`` nr-panels per block, such that the items (block, share), dealt to
     ``threads`` in contiguous runs as OpenMP's static schedule deals them, give the busiest
     thread at most ``TUNING.gemm_balance`` more work (rows x panels) than the least any split
-    gives, in the fewest items (an exact optimum of one-block items cost more in per-item
+    gives, in the fewest items, then the largest blocks (an exact optimum of one-block items cost more in per-item
     work than the last percent of balance: a bf16 GEMM of 50176 x 64 x 256 ran at 222 GFLOP/s
     in 6-row items against 300 in 738-row ones)."""
     row_panels = -(-m // rows)
@@ -96,8 +96,8 @@ def split(m: int, rows: int, panels: int, mc_max: int, threads: int) -> tuple[in
             runs = np.add.reduceat(np.append(work, 0), np.concatenate(([0], ends[:-1])))[:threads]
             found.append((int(runs.max()), work.size, (per * rows, shares)))
     least = min(busiest for busiest, _, _ in found)
-    return min((items, busiest, split) for busiest, items, split in found
-               if busiest <= least * (1 + TUNING.gemm_balance))[2]
+    return min((items, busiest, -split[0], split) for busiest, items, split in found
+               if busiest <= least * (1 + TUNING.gemm_balance))[3]
 
 
 def blocks(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None = None) -> Blocks:
