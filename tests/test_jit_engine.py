@@ -10,6 +10,7 @@ oracle is the float64 reference engine.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 
 import convgrad as cg
+from convgrad import casts
 from convgrad.engines import get_engine
 from convgrad.engines.fast import Features, Plan, forced_strategy, isa, jit, microkernel, select
 from convgrad.problem import ConvGeometry
@@ -244,23 +246,45 @@ def test_forcing_an_isa_the_cpu_cannot_run_is_a_clear_error(name, message):
         isa.set_family(name)
 
 
-@pytest.mark.parametrize("positions", [1, 3, 5, 4001])
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("positions", [1, 3, 5, 37, 4001])
 @pytest.mark.parametrize("strides", [(1, 1), (2, 2)])
-def test_widened_pointwise_weights_gradient_in_chunks(positions, strides, rng):
-    """f16 1x1 weights gradient (widened to f32 for the kernels) over chunks of positions: equal
-    to the f64 sum within f32 rounding for any count of positions (fewer than the chunks
-    included), and its extra memory at most the f16 inputs' size (whole f32 copies took 2x)."""
+@pytest.mark.parametrize("rounded", [False, True])
+def test_widened_pointwise_gemms_in_chunks(task, positions, strides, rounded, rng):
+    """f16 1x1 layers (widened to f32 for the kernels) in chunks (``jit._widened_gemm``: of K for
+    a deep weights gradient, else of the larger of M and N, fewer values than chunks included):
+    each result value the f32 sum (f16 when ``rounded``: that sum rounded once), and the extra
+    memory at most the inputs and output (whole f32 copies and an f32 result took 2.3-3.1x)."""
     g = _geometry(1, 1, 24, 40, (positions, 1), (1, 1), strides)
-    x = rng.uniform(-1, 1, g.x_shape).astype(np.float16)
-    dy = rng.uniform(-1, 1, g.y_shape).astype(np.float16)
-    jit.pointwise(g, x, dy, "backward_weights")
+    args = {k: tuple(rng.uniform(-1, 1, a.shape).astype(np.float16) for a in v) for k, v in _inputs(g, rng, np.float16).items()}
+    jit.pointwise(g, *args[task], task, rounded=rounded)
     tracemalloc.start()
-    dw = jit.pointwise(g, x, dy, "backward_weights")
-    peak = tracemalloc.get_traced_memory()[1] - dw.nbytes
+    got = jit.pointwise(g, *args[task], task, rounded=rounded)
+    peak = tracemalloc.get_traced_memory()[1] - got.nbytes
     tracemalloc.stop()
-    xs = x[:, ::strides[0], ::strides[1]].reshape(-1, g.ic).astype(np.float64)
-    want = (xs.T @ dy.reshape(-1, g.oc).astype(np.float64)).reshape(g.w_shape)
-    np.testing.assert_allclose(dw, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()))
-    assert dw.dtype == np.float32 and dw.shape == g.w_shape
+    want = getattr(get_engine("reference"), task)(g, *(a.astype(np.float64) for a in args[task]))
+    assert got.dtype == (np.float16 if rounded else np.float32) and got.shape == want.shape
+    if rounded:
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float16).astype(np.float64),
+                                   rtol=2e-3, atol=2e-3 * max(1.0, np.abs(want).max()))
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()))
     if positions > 1000:
-        assert peak <= x.nbytes + dy.nbytes + MUTATION_SLACK, peak
+        assert peak <= sum(a.nbytes for a in args[task]) + got.nbytes + MUTATION_SLACK, peak
+
+
+@pytest.mark.parametrize("task", TASKS[:2])
+@pytest.mark.parametrize("groups, channels", [(1, 70), (2, 9)])
+@pytest.mark.parametrize("rounded", [False, True])
+def test_widened_drivers_in_chunks_of_images_and_channels(task, groups, channels, rounded, monkeypatch, rng):
+    """f16 forward and backward data of several taps with their f32 copies cut to one image and
+    one vector of output channels at a time (``TUNING.widened_bytes`` of 1 byte; grouped: all
+    channels): the same result as the reference, rounded once where asked."""
+    monkeypatch.setattr(jit, "TUNING", dataclasses.replace(jit.TUNING, widened_bytes=1))
+    g = _geometry(3, groups, channels, channels + 5, (6, 5), (3, 3), (2, 1), pb=(1, 1), pe=(1, 0))
+    args = _inputs(g, rng, np.float16)[task]
+    assert len(jit._chunks(g, np.dtype(np.float16), 1, 1, 1, channels, 16)[0]) == 3
+    got = getattr(jit, task)(g, *args, None, rounded)
+    want = getattr(get_engine("reference"), task)(g, *(a.astype(np.float64) for a in args))
+    _close(got, want, TOLERANCE["f16"], f"{task} groups={groups}")
+    assert got.dtype in ((np.float16,) if rounded and casts.bits_kind(np.dtype(np.float16)) else (np.float32,))

@@ -144,3 +144,25 @@ def test_freed_results_stay_within_the_cache_bound(monkeypatch) -> None:
     assert sum(b.nbytes for b in workspace._returned) <= 8 * MB
     assert workspace.cached_bytes() <= 8 * MB
     workspace.clear()
+
+
+def test_a_part_of_a_call_gives_its_blocks_to_the_next_part() -> None:
+    """Temporaries of one part of a call (one GEMM of several) go back to the cache when the part
+    ends: the call's next part takes the same block, not a second one; outside a part they stay
+    taken until the call ends."""
+    workspace.clear()
+    with workspace.call():
+        with workspace.part():
+            first = workspace.empty(3 * MB, np.uint8)
+            address = first.__array_interface__["data"][0]
+        del first
+        with workspace.part():
+            again = workspace.empty(3 * MB, np.uint8)
+            assert again.__array_interface__["data"][0] == address
+            held = workspace.empty(3 * MB, np.uint8)
+            assert not np.shares_memory(again, held)
+        kept = workspace.empty(3 * MB, np.uint8)      # outside a part: its own block until the call ends
+        with workspace.part():
+            inner = workspace.empty(3 * MB, np.uint8)
+            assert not np.shares_memory(inner, kept)
+    assert workspace.cached_bytes() >= 6 * MB

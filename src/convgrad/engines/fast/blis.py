@@ -333,6 +333,13 @@ def _packed(b: np.ndarray, nr: int, depth: int) -> np.ndarray:
 
 
 def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, rounded: bool = False) -> np.ndarray:
+    """:func:`_gemm`, its temporaries (packed panels, tiles) back in the engine's cache when it
+    returns (:func:`.workspace.part`: a caller's next GEMM takes them)."""
+    with workspace.part():
+        return _gemm(a, b, block, rounded)
+
+
+def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, rounded: bool = False) -> np.ndarray:
     """``a @ b`` in f32 for f32 ``a`` (M, K) and ``b`` (K, N), or bf16 bits (uint16) of both
     (the dot-product kernel on pairs along K): a (M, N) view of a padded f32 array; with
     ``rounded`` (bf16 operands) a (M, N) array of bf16 bits instead, each value rounded once (to

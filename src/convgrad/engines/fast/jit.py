@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -137,49 +138,73 @@ def pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Pl
     backward data ``dx_s = dy @ w^T`` (zero elsewhere), backward weights ``dw = x_s^T @ dy``
     (IC x M x OC: reduced over the positions, bf16 packed in pairs of positions). NCX data runs
     one GEMM per image with the roles exchanged (:func:`_pointwise_ncx`), results in NCX memory.
-    With ``rounded``, bf16 NXC data on the dot product gives a bf16 result (:func:`.blis.gemm`'s)."""
+    16-bit data the kernels read as f32 runs in chunks (:func:`_widened_gemm`). With
+    ``rounded``, 16-bit NXC data gives its dtype's result, each value rounded once."""
     if layout.channels_first(a):
         return _pointwise_ncx(g, a, b, task, plan)
     block = _block(plan)[:2] if plan is not None else None
-    rounded = rounded and _depth(a.dtype) == 2
-    out = a.dtype if rounded else F32
+    widened = a.dtype != F32 and _depth(a.dtype) == 1      # f16, or bf16 off the dot product: f32 per chunk
+    out = a.dtype if rounded and (widened or _depth(a.dtype) == 2) else F32
 
     def gemm(lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-        result = blis.gemm(lhs, rhs, block, rounded)
-        return result.view(out) if rounded else result
+        if widened:
+            return _widened_gemm(lhs, rhs, block, out)
+        result = blis.gemm(lhs, rhs, block, out != F32)
+        return result.view(out) if out != F32 else result
 
+    operand = (lambda v: v) if widened else _operand
     keep = (slice(None), *(slice(None, o * s, s) for o, s in zip(g.out_size, g.strides)), slice(None))
     if task == "backward_data":
-        rows = gemm(_operand(a).reshape(-1, g.oc), _operand(b).reshape(g.ic, g.oc).T)
+        rows = gemm(operand(a).reshape(-1, g.oc), operand(b).reshape(g.ic, g.oc).T)
         if all(s == 1 for s in g.strides) and tuple(g.out_size) == tuple(g.in_size):
             return np.ascontiguousarray(rows).reshape(g.x_shape)
         dx = empty_like_data(g.x_shape, out, a, fill=True)
         dx[keep] = rows.reshape(g.y_shape[:-1] + (g.ic,))
         return dx
-    if task == "backward_weights" and a.dtype != F32 and _depth(a.dtype) == 1:
-        return _widened_weights_gradient(g, a[keep].reshape(-1, g.ic), b.reshape(-1, g.oc), block)
-    xs = _operand(a)[keep].reshape(-1, g.ic)
+    xs = operand(a)[keep].reshape(-1, g.ic)
     if task == "forward":
-        return np.ascontiguousarray(gemm(xs, _operand(b).reshape(g.ic, g.oc))).reshape(g.y_shape)
-    return np.ascontiguousarray(gemm(xs.T, _operand(b).reshape(-1, g.oc))).reshape(g.w_shape)
+        return np.ascontiguousarray(gemm(xs, operand(b).reshape(g.ic, g.oc))).reshape(g.y_shape)
+    return np.ascontiguousarray(gemm(xs.T, operand(b).reshape(-1, g.oc))).reshape(g.w_shape)
 
 
-#: Chunks of positions of a widened 16-bit pointwise weights gradient (:func:`_widened_weights_gradient`).
+#: Chunks of a widened 16-bit pointwise GEMM (:func:`_widened_gemm`).
 WIDENED_CHUNKS = 4
 
 
-def _widened_weights_gradient(g: ConvGeometry, xs: np.ndarray, dy: np.ndarray, block: tuple[int, int] | None
-                              ) -> np.ndarray:
-    """``dw = xs^T @ dy`` for 16-bit data the kernels read as f32 (f16; bf16 off the dot
-    product): the positions in :data:`WIDENED_CHUNKS` chunks, each widened just before its GEMM,
-    so the f32 copies take a quarter of both inputs' f32 size, not all of it (whole copies took
-    2.0-2.2x the inputs and output of extra memory on ResNet-50's 1x1 layers)."""
-    rows = xs.shape[0]
-    step = max(1, -(-rows // WIDENED_CHUNKS))
-    dw = np.zeros((g.ic, g.oc), F32)
-    for lo in range(0, rows, step):
-        dw += blis.gemm(casts.astype(xs[lo:lo + step], F32).T, casts.astype(dy[lo:lo + step], F32), block)
-    return dw.reshape(g.w_shape)
+def _widened_gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None, dtype: np.dtype) -> np.ndarray:
+    """``a @ b`` of 16-bit operands the kernels read as f32 (f16; bf16 off the dot product), in
+    ``dtype`` (the data's, each value rounded once, or f32), in :data:`WIDENED_CHUNKS` chunks,
+    each chunk of an operand widened just before its GEMM and its result stored at once: f32
+    copies of a chunk, never of a whole operand, and no f32 result where ``dtype`` is 16-bit
+    (whole f32 copies and the f32 result took 2.3-3.1x the inputs and output on ResNet-50's f16
+    1x1 layers). A deep reduction (:func:`.blis.deep`: a weights gradient over many positions)
+    is chunked along K, its chunks' products summed; others along the larger of M and N."""
+    m, k = a.shape
+    n = b.shape[1]
+    if blis.deep(m, k, n):
+        step = max(1, -(-k // WIDENED_CHUNKS))
+        total = np.zeros((m, n), F32)
+        for lo in range(0, k, step):
+            total += blis.gemm(_f32(a[:, lo:lo + step]), _f32(b[lo:lo + step]), block)
+        return total if dtype == F32 else casts.from_f32(total, dtype)
+    out = workspace.result((m, n), dtype)
+    if m >= n:
+        whole, step = _f32(b), max(1, -(-m // WIDENED_CHUNKS))
+        for lo in range(0, m, step):
+            casts.copy_into(out[lo:lo + step], blis.gemm(_f32(a[lo:lo + step]), whole, block))
+    else:
+        whole, step = _f32(a), max(1, -(-n // WIDENED_CHUNKS))
+        for lo in range(0, n, step):
+            casts.copy_into(out[:, lo:lo + step], blis.gemm(whole, _f32(b[:, lo:lo + step]), block))
+    return out
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    """A 16-bit matrix (or a strided chunk of one) widened to f32 along its memory (rows, or
+    columns of a transposed one)."""
+    if a.T.flags.c_contiguous and not a.flags.c_contiguous:
+        return casts.astype(a.T, F32).T
+    return casts.astype(np.ascontiguousarray(a), F32)
 
 
 def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Plan | None) -> np.ndarray:
@@ -395,13 +420,14 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_
                                 kred, depth, channels, wp.nbytes > cache_bytes)
 
 
-def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, depth: int = 1) -> np.ndarray:
+def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, depth: int = 1,
+                    columns: slice = slice(None)) -> np.ndarray:
     """Canonical (*K, ICg, OC) weights as f32 ``(G, blocks, T, red, vw)``: red = ICg and blocks
-    of OCg (forward), or with ``transpose`` red = OCg and blocks of ICg; zero past the channels.
-    ``depth`` 2: bf16 bits (uint16) ``(G, blocks, T, red/2, vw, 2)``, red padded to pairs, each
-    pair of reduction values interleaved per lane."""
+    of OCg (forward), or with ``transpose`` red = OCg and blocks of ICg (those of ``columns``
+    only); zero past the channels. ``depth`` 2: bf16 bits (uint16) ``(G, blocks, T, red/2, vw,
+    2)``, red padded to pairs, each pair of reduction values interleaved per lane."""
     t = math.prod(g.kernel)
-    taps = tap_weights(g, w, transpose).transpose(1, 0, 2, 3)  # (G, T, red, width), a view
+    taps = tap_weights(g, w, transpose).transpose(1, 0, 2, 3)[..., columns]  # (G, T, red, width), a view
     if depth == 2:
         taps = taps.view(np.uint16)
     red, width = taps.shape[2:]
@@ -430,18 +456,41 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = N
     s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
     size = spatial(g.padded_size, 1)
     icg = -(-g.icg // depth) * depth                               # bf16: channels padded to pairs
-    xp = _source(x, spatial(g.pads_begin, 0), size, _tail(rows, s[2] * g.groups * icg), g.groups, depth)
-    xs = _strides(xp.shape)
-    taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3]
-                       for k0 in range(kernel[0]) for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
-    taps_b = np.arange(len(taps_a), dtype=np.int64) * icg * vw
     kind = _rounding(x.dtype, rounded)
     y = workspace.result(g.y_shape, np.uint16 if kind else F32)
     o = spatial(g.out_size, 1)
-    _run_outputs(rows, vecs, xp, np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64), taps_a,
-                 y, 0, _strides((g.n, *o, g.oc))[:4], (g.n, *o), _packed_weights(g, w, vw, False, depth).reshape(-1),
-                 len(taps_a), taps_b, g.groups, icg // depth, g.ocg, plan.param("cache_bytes"), kind)
+    taps, taps_b = math.prod(kernel), np.arange(math.prod(kernel), dtype=np.int64) * icg * vw
+    ys = _strides((g.n, *o, g.oc))
+    images, channels = _chunks(g, x.dtype, depth, 4 * math.prod(size) * g.ic, 4 * taps * g.icg, g.ocg, vw)
+    for n0, n1 in images:
+        with workspace.part():
+            xp = _source(x[n0:n1], spatial(g.pads_begin, 0), size, _tail(rows, s[2] * g.groups * icg), g.groups, depth)
+            xs = _strides(xp.shape)
+            taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3] for k0 in range(kernel[0])
+                               for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
+            for c0, c1 in channels:
+                with workspace.part():
+                    wp = _packed_weights(g, w, vw, False, depth, slice(c0, c1)).reshape(-1)
+                    _run_outputs(rows, vecs, xp, np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64),
+                                 taps_a, y, n0 * ys[0] + c0, ys[:4], (n1 - n0, *o), wp, taps, taps_b, g.groups,
+                                 icg // depth, c1 - c0, plan.param("cache_bytes"), kind)
     return y.view(x.dtype) if kind else y
+
+
+def _chunks(g: ConvGeometry, dtype: np.dtype, depth: int, image_bytes: int, channel_bytes: int, channels: int,
+            vw: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The (first, stop) images and output channels a driver runs at a time: all of them, but
+    for 16-bit data read as f32 (f16; bf16 off the dot product), whose padded f32 copy of the
+    source (``image_bytes`` an image) and f32 packed weights (``channel_bytes`` an output
+    channel; one group only) take at most ``TUNING.widened_bytes`` per chunk (at least one
+    image, one vector of channels): whole f32 copies took 2.1-2.5x the inputs and output of
+    f16 3x3 layers (ResNet-50 res4-5)."""
+    def cut(total: int, per: int) -> list[tuple[int, int]]:
+        return [(lo, min(total, lo + per)) for lo in range(0, total, per)]
+    if dtype == F32 or depth == 2:
+        return cut(g.n, g.n), cut(channels, channels)
+    per_channels = channels if g.groups > 1 else max(vw, TUNING.widened_bytes // channel_bytes // vw * vw)
+    return cut(g.n, max(1, TUNING.widened_bytes // image_bytes)), cut(channels, per_channels)
 
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | None = None,
@@ -460,25 +509,30 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | N
     lo = [max(0, -min(offsets[a])) for a in range(3)]
     size = tuple(lo[a] + max(o_size[a], counts[a] + max(offsets[a])) for a in range(3))
     ocg = -(-g.ocg // depth) * depth                               # bf16: channels padded to pairs
-    dyp = _source(dy, tuple(lo), size, _tail(rows, g.groups * ocg), g.groups, depth)
-    ds = _strides(dyp.shape)
-    wp = _packed_weights(g, w, vw, True, depth).reshape(-1)
     kind = _rounding(dy.dtype, rounded)
     dx = workspace.result(g.x_shape, np.uint16 if kind else F32)
     xs = _strides((g.n, *i_size, g.ic))
-    steps = np.array(ds[:4], np.int64)
-    for r0, t0 in enumerate(phases[0]):
-        for r1, t1 in enumerate(phases[1]):
-            for r2, t2 in enumerate(phases[2]):
-                grid = (g.n, *(-(-(i_size[a] - r) // s[a]) for a, r in enumerate((r0, r1, r2))))
-                taps = [(a, b, c) for a in t0 for b in t1 for c in t2]
-                taps_a = np.array([sum((tap[a][1] + lo[a]) * ds[a + 1] for a in range(3)) for tap in taps], np.int64)
-                taps_b = np.array([((a[0] * kernel[1] + b[0]) * kernel[2] + c[0]) * ocg * vw for a, b, c in taps],
-                                  np.int64)
-                base = r0 * xs[1] + r1 * xs[2] + r2 * xs[3]
-                out_steps = np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64)
-                _run_outputs(rows, vecs, dyp, steps, taps_a, dx, base, out_steps, grid, wp, math.prod(kernel), taps_b,
-                             g.groups, ocg // depth, g.icg, plan.param("cache_bytes"), kind)
+    out_steps = np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64)
+    images, channels = _chunks(g, dy.dtype, depth, 4 * math.prod(size) * g.oc, 4 * math.prod(kernel) * g.ocg, g.icg,
+                               vw)
+    for n0, n1 in images:                                  # f32 chunks of 16-bit data (:func:`_chunks`)
+        with workspace.part():
+            dyp = _source(dy[n0:n1], tuple(lo), size, _tail(rows, g.groups * ocg), g.groups, depth)
+            ds = _strides(dyp.shape)
+            steps = np.array(ds[:4], np.int64)
+            for c0, c1 in channels:
+                with workspace.part():
+                    wp = _packed_weights(g, w, vw, True, depth, slice(c0, c1)).reshape(-1)
+                    for (r0, t0), (r1, t1), (r2, t2) in itertools.product(*(enumerate(axis) for axis in phases)):
+                        grid = (n1 - n0, *(-(-(i_size[a] - r) // s[a]) for a, r in enumerate((r0, r1, r2))))
+                        taps = [(a, b, c) for a in t0 for b in t1 for c in t2]
+                        taps_a = np.array([sum((tap[a][1] + lo[a]) * ds[a + 1] for a in range(3)) for tap in taps],
+                                          np.int64)
+                        taps_b = np.array([((a[0] * kernel[1] + b[0]) * kernel[2] + c[0]) * ocg * vw
+                                           for a, b, c in taps], np.int64)
+                        base = n0 * xs[0] + r0 * xs[1] + r1 * xs[2] + r2 * xs[3] + c0
+                        _run_outputs(rows, vecs, dyp, steps, taps_a, dx, base, out_steps, grid, wp, math.prod(kernel),
+                                     taps_b, g.groups, ocg // depth, c1 - c0, plan.param("cache_bytes"), kind)
     return dx.view(dy.dtype) if kind else dx
 
 

@@ -70,6 +70,10 @@ class Tuning:
     #: ``jit``: bytes of the bf16 pair copies of x and dy (the weights gradient on the dot
     #: instruction) per call, a few images at a time (keeps the extra memory under 2x).
     pair_bytes: int = 4 << 20
+    #: ``jit``: bytes of the padded f32 copy of 16-bit data read as f32 (f16; bf16 off the dot
+    #: product) in forward and backward data, a few images at a time (keeps the extra memory
+    #: under 2x).
+    widened_bytes: int = 2 << 20
     #: ``jit``: the weights gradient splits dw's blocks among the threads (each over all
     #: positions) where dw has more than this times the values of x and dy together, else the
     #: output positions (a partial dw per thread, then summed).

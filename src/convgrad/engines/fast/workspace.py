@@ -7,7 +7,8 @@ freed), and the first touch of each 4 KiB page faults, two threads faulting at o
 364 ms with glibc told to keep freed memory, docs/engine.md "Fourth round"). So:
 
 - :func:`empty` and :func:`zeros`: within one engine call (:func:`call`), temporaries on blocks
-  that earlier calls used, which go back to the cache when the outermost call ends;
+  that earlier calls used, which go back to the cache when the outermost call ends (or when
+  the :func:`part` of the call that took them ends);
 - :func:`result`: a result on a cached block, *lent* to its caller: the block goes back to the
   cache only when the last array on its memory is freed (the result, its views, a tensor made
   from it), never while any of them lives.
@@ -27,7 +28,7 @@ import numpy as np
 
 from .tuning import TUNING
 
-__all__ = ["call", "empty", "zeros", "result", "cached_bytes", "clear"]
+__all__ = ["call", "part", "empty", "zeros", "result", "cached_bytes", "clear"]
 
 _state = threading.local()   # this thread's call depth and blocks taken
 _free: list[np.ndarray] = []  # uint8 blocks, free between calls (shared: calls hold the pool's lock)
@@ -108,6 +109,27 @@ class call:  # noqa: N801 - used as a function: ``with call():``
             with _lock:
                 _free.extend(taken)
                 _settle()
+
+
+class part:  # noqa: N801 - used as a function: ``with part():``
+    """A part of an engine call whose temporaries die with it (one GEMM of several): the blocks
+    taken inside go back to the cache when it ends, for the call's next parts to take."""
+
+    __slots__ = ("start",)
+
+    def __enter__(self) -> None:
+        taken = _taken()
+        self.start = None if taken is None else len(taken)
+
+    def __exit__(self, *exc: object) -> None:
+        taken = _taken()
+        if self.start is None or taken is None or len(taken) == self.start:
+            return
+        mine = taken[self.start:]
+        del taken[self.start:]
+        with _lock:
+            _free.extend(mine)
+            _settle()
 
 
 def empty(count: int, dtype: np.dtype) -> np.ndarray:
