@@ -288,3 +288,30 @@ def test_widened_drivers_in_chunks_of_images_and_channels(task, groups, channels
     want = getattr(get_engine("reference"), task)(g, *(a.astype(np.float64) for a in args))
     _close(got, want, TOLERANCE["f16"], f"{task} groups={groups}")
     assert got.dtype in ((np.float16,) if rounded and casts.bits_kind(np.dtype(np.float16)) else (np.float32,))
+
+
+@pytest.mark.parametrize("standin", [pytest.param(False, marks=pytest.mark.skipif(not isa.bf16_host(), reason="no AVX512_BF16")),
+                                     True], ids=["native", "standin"])
+def test_bf16_weights_gradient_in_tap_slabs_is_rounded_once(standin, rng):
+    """A bf16 weights gradient whose f32 sums outweigh x and dy, asked rounded: a few taps at a
+    time (``jit._tap_slab``), each slab rounded once: bit for bit the rounding of the f32 sums
+    of all taps at once, and within 2x the inputs and output of extra memory."""
+    from convgrad.dtypes import bfloat16
+    g = _geometry(2, 1, 64, 96, (4, 5), (3, 3), pb=(1, 1), pe=(1, 1))
+    x, dy = (rng.uniform(-1, 1, s).astype(bfloat16) for s in (g.x_shape, g.y_shape))
+    before = isa.set_family("avx512_bf16", allow_emulated=True, standin=standin)
+    try:
+        plan = Plan.of("jit", **jit.complete(Features.of(g, "backward_weights", np.dtype(bfloat16), False), {}))
+        assert jit._tap_slab(g, x, dy, plan, True) < 9
+        whole = jit.backward_weights(g, x, dy, plan)
+        tracemalloc.start()
+        got = jit.backward_weights(g, x, dy, plan, rounded=True)
+        peak = tracemalloc.get_traced_memory()[1] - got.nbytes
+        tracemalloc.stop()
+    finally:
+        isa.set_family(before)
+    assert got.dtype == bfloat16 and got.shape == g.w_shape
+    np.testing.assert_array_equal(got.view(np.uint16), casts.from_f32(np.ascontiguousarray(whole), bfloat16).view(np.uint16))
+    _close(got.astype(np.float32), get_engine("reference").backward_weights(g, x.astype(np.float64), dy.astype(np.float64)),
+           TOLERANCE["bf16"], "slabs")
+    assert peak <= 2 * (x.nbytes + dy.nbytes + got.nbytes) + MUTATION_SLACK, peak

@@ -117,12 +117,13 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, ro
     """``task`` on its two canonical inputs, f32 result: a pointwise problem (1x1, unpadded, one
     group) as one GEMM (:func:`pointwise`), the others by their drivers. With ``rounded``, a
     16-bit result where the driver stores each value once, rounded as it stores it: bf16 on the
-    dot product (the GEMM's, forward and data gradient), and any bf16/f16 data's forward and
-    data gradient of several taps (:func:`_rounding`)."""
+    dot product (the GEMM's, forward and data gradient), any bf16/f16 data's forward and
+    data gradient of several taps (:func:`_rounding`), and a bf16 weights gradient run a few
+    taps at a time (:func:`_tap_slab`)."""
     if geometry.pointwise(g):
         return pointwise(g, a, b, task, plan, rounded)
     if task == "backward_weights":
-        return backward_weights(g, a, b, plan)
+        return backward_weights(g, a, b, plan, rounded)
     return (forward if task == "forward" else backward_data)(g, a, b, plan, rounded)
 
 
@@ -766,12 +767,44 @@ def _pairs_exact(g: ConvGeometry, x: np.ndarray) -> bool:
     return bool(np.isfinite(spatial3(x)[:, :, :, columns].astype(F32)).all()) if columns else True
 
 
-def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan | None = None) -> np.ndarray:
+def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan | None = None,
+                     rounded: bool = False) -> np.ndarray:
     """dw (*K, ICg, OC) in f32: the reduction over output positions split among the threads
     (partial sums per thread, then added; ``split`` "rows") or the dw blocks split among them
     (every thread over all positions; "blocks"). bf16 data on the ``avx512_bf16`` family runs
-    the dot instruction on pairs of output positions (:func:`_pair_blocks`, :func:`_dy_pairs`)."""
+    the dot instruction on pairs of output positions (:func:`_pair_blocks`, :func:`_dy_pairs`);
+    with ``rounded``, where its f32 sums would outweigh x and dy, a few taps at a time, each
+    slab of dw rounded to bf16 once its sums are done (:func:`_tap_slab`)."""
     plan = _plan(g, "backward_weights", plan)
+    taps = math.prod(g.kernel)
+    slab = _tap_slab(g, x, dy, plan, rounded)
+    if slab >= taps:
+        return _weight_sums(g, x, dy, plan, 0, taps).reshape(g.w_shape)
+    dw = workspace.result((taps, g.icg, g.oc), x.dtype)
+    for t0 in range(0, taps, slab):
+        with workspace.part():   # each slab's pair copies back in the cache for the next
+            casts.copy_into(dw[t0:t0 + slab], _weight_sums(g, x, dy, plan, t0, min(taps, t0 + slab)))
+    return dw.reshape(g.w_shape)
+
+
+def _tap_slab(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, rounded: bool) -> int:
+    """Taps per run of :func:`_weight_sums`: all of them, but for a rounded bf16 result on the
+    dot instruction whose f32 partial sums (one dw per share) exceed x and dy: then as many as
+    keep them within the larger of x + dy and the bf16 dw (ResNet-50's 512-channel 3x3 layer at
+    7x7 took 2.17x its inputs and output of extra memory with all taps at once)."""
+    taps = math.prod(g.kernel)
+    rows, _, vw = _block(plan)
+    shares = 1 if plan.param("split") == "blocks" else min(numba.get_num_threads(), g.n * math.prod(g.out_size[:-1]))
+    sums = 4 * shares * taps * g.groups * -(-g.icg // rows) * rows * -(-g.ocg // vw) * vw
+    data = x.nbytes + dy.nbytes
+    if not rounded or _depth(x.dtype) != 2 or sums <= data:
+        return taps
+    return max(1, taps * max(data, 2 * math.prod(g.w_shape)) // sums)
+
+
+def _weight_sums(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, t0: int, t1: int) -> np.ndarray:
+    """The f32 sums of dw's taps ``t0 .. t1`` (in the kernel's row-major order) as (t1 - t0,
+    ICg, OC): :func:`backward_weights`' reduction for those taps."""
     rows, vecs, vw = _block(plan)
     s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
     size, o = spatial(g.padded_size, 1), spatial(g.out_size, 1)
@@ -782,13 +815,14 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan 
     split_blocks = plan.param("split") == "blocks"
     shares = 1 if split_blocks else min(threads, g.n * o[0] * o[1])
     chunk = max(1, plan.param("cache_bytes") // (4 * o[2] * (g.ic + g.oc)))
-    parts = np.zeros((shares, math.prod(kernel), g.groups, row_blocks * rows, nblocks * vw), F32)
+    parts = np.zeros((shares, t1 - t0, g.groups, row_blocks * rows, nblocks * vw), F32)
     per = _pair_images(g, rows, vw) if depth == 2 else g.n     # bf16 pairs: a few images at a time
     xb = dyp = None                                            # ... in buffers allocated once
     for n0 in range(0, g.n, per):
         gc = dataclasses.replace(g, n=min(per, g.n - n0))
         if depth == 2:
             xb, taps_a = _pair_blocks(gc, x[n0:n0 + gc.n], rows, xb)
+            taps_a = taps_a[t0:t1]
             xs = _strides(xb.shape[3:])
             x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], xs[3]]
             dyp = _dy_pairs(gc, dy[n0:n0 + gc.n], nblocks * vw, dyp)
@@ -798,7 +832,7 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan 
             xs = _strides(xb.shape[2:])
             x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]]
             taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3] for k0 in range(kernel[0])
-                               for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
+                               for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)[t0:t1]
             shape = (*dy.shape[:-1], g.groups, nblocks * vw)
             dyp = workspace.zeros(math.prod(shape), F32).reshape(shape)
             dyp[..., :g.ocg] = dy.reshape(*dy.shape[:-1], g.groups, g.ocg)  # a view, whatever dy's memory order
@@ -813,5 +847,5 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan 
     for more in parts[1:]:
         total += more
     if g.groups == 1:    # (T, ICg, OC) a view of the padded sums: no copy of a weight-sized array
-        return total[:, 0, :g.icg, :g.ocg].reshape(g.w_shape)
-    return np.ascontiguousarray(total[:, :, :g.icg, :g.ocg].transpose(0, 2, 1, 3)).reshape(g.w_shape)
+        return total[:, 0, :g.icg, :g.ocg]
+    return np.ascontiguousarray(total[:, :, :g.icg, :g.ocg].transpose(0, 2, 1, 3)).reshape(t1 - t0, g.icg, g.oc)
