@@ -67,7 +67,7 @@ def _daz(x: np.ndarray) -> np.ndarray:
 
 
 def _dot_step(acc: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """One product added as VDPBF16PS adds it (measured bit for bit on a Zen 4, docs/engine.md):
+    """One product added as VDPBF16PS adds it (measured bit for bit on a Zen 4, docs/engine-measurements.md):
     denormal inputs as signed zeros, the exact product added with one rounding to f32 (RNE), a
     sum tiny after rounding to 24 bits with an unbounded exponent flushed to a zero of its sign."""
     with np.errstate(all="ignore"):

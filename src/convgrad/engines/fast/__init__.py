@@ -13,7 +13,7 @@ finds both in :func:`.plan.planned`'s memo) and runs the plan's strategy, one mo
 
 Every parallel loop runs in one pool (numba's GNU OpenMP layer), safe under fork and one call at
 a time (:mod:`.pool`).
-An empty batch needs no plan: zeros. Every threshold is in :mod:`.tuning`; docs/engine.md has the
+An empty batch needs no plan: zeros. Every threshold is in :mod:`.tuning`; docs/engine-measurements.md has the
 measurements behind them.
 """
 

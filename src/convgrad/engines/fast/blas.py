@@ -3,7 +3,7 @@
 Summing the GEMMs of a convolution's kernel offsets with ``np.matmul`` into a scratch block and
 ``+=`` costs as much memory traffic as the GEMM itself for 64 channels; BLAS accumulates in its
 output tile for free. It has to be *NumPy's* BLAS: a second OpenBLAS (SciPy's) keeps its own
-threads, which spin after each call and slow whichever library runs next (docs/engine.md).
+threads, which spin after each call and slow whichever library runs next (docs/engine-measurements.md).
 
 NumPy's wheels ship OpenBLAS as ``scipy-openblas`` with ILP64 CBLAS symbols
 (``scipy_cblas_sgemm64_``; ``cblas_sgemm64_`` before NumPy 2). Where NumPy was built against some

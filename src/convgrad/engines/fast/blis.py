@@ -351,7 +351,7 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     with N > M (a weights gradient) runs as ``(b^T a^T)^T``, packing the smaller operand, on the
     block :func:`blocks` picks for it (not ``block``, which is for the untransposed product):
     measured on a Zen 4, dW of 64 x 256 over 50176 positions f32 66 -> 113 GFLOP/s, bf16 209 ->
-    239; 128 x 512 over 12544 f32 78 -> 140, bf16 298 -> 333 (docs/engine.md)."""
+    239; 128 x 512 over 12544 f32 78 -> 140, bf16 298 -> 333 (docs/engine-measurements.md)."""
     bf16 = a.dtype == np.uint16
     m, k = a.shape
     n = b.shape[1]

@@ -451,7 +451,7 @@ def gather_block(count: int, taps: int, width: int, channels: int) -> tuple[int,
     """(rows, vecs) of a :func:`gather` block for rows of ``count`` positions: ``vecs`` adjacent
     vectors of channels (2 where the channels are exactly two vectors, so that a block reads and
     writes whole positions, and a block of at least 4 positions still fits; else 1: more
-    positions per block beat wider blocks on more channels, docs/engine.md), then ``rows``
+    positions per block beat wider blocks on more channels, docs/engine-measurements.md), then ``rows``
     positions: the fewest padded positions, then the largest block, with ``rows`` x ``vecs``
     accumulators, ``taps`` x ``vecs`` weights and ``vecs`` + 1 more within the vector registers
     (32 zmm or 16 ymm), at most 16 positions."""

@@ -19,7 +19,7 @@ i*bstep``), into f32 accumulators, as ``VDPBF16PS`` does (Intel SDM: the odd pai
 added first, then the even pair's, each rounded once to f32). Where the host has AVX512_BF16 the
 kernel is that instruction (``llvm.x86.avx512bf16.dpbf16ps.512``, ``W`` = 16); elsewhere (and
 in :data:`run_standin` everywhere) a plain-IR stand-in computes it bit for bit: as measured on a
-Zen 4's ``vdpbf16ps`` (docs/engine.md), denormal inputs (``a``, ``b`` and the accumulator) count
+Zen 4's ``vdpbf16ps`` (docs/engine-measurements.md), denormal inputs (``a``, ``b`` and the accumulator) count
 as zeros of their sign, each pair's two products are added one at a time (odd first) with one
 rounding each (RNE), and a sum that is tiny after rounding to 24 bits with an unbounded exponent
 (below 2^-126) becomes a zero of its sign. Offsets and strides count uint16 elements.
@@ -77,7 +77,7 @@ def block_for(channels: int, width: int, rows: int | None = None) -> tuple[int, 
     ``rows`` rows to cut into blocks of R): one vector only where that is all there is; else the
     fewest idle lanes and rows (to the percent: a last partial block of thousands of rows is
     noise), then the fewest loads per FMA, then the most accumulators (measured on a Zen 4,
-    docs/engine.md: 3x3 layers of 64-128 channels ran 1-20 % faster on 6x4 than on 14x2, and
+    docs/engine-measurements.md: 3x3 layers of 64-128 channels ran 1-20 % faster on 6x4 than on 14x2, and
     so did the bf16 1x1 GEMMs over thousands of positions)."""
     vectors = -(-channels // width)
 

@@ -3,7 +3,7 @@
 - **Threading layer**: numba's ``omp`` where numba's OpenMP layer loads (else ``workqueue``),
   unless ``NUMBA_THREADING_LAYER`` names one. Its threads wait for work by spinning a while, as
   PyTorch's do, and start a parallel region sooner than ``workqueue``'s: inside a training step
-  bf16 -30 %, f32 -5 % step time (docs/engine.md, "One pool: OpenMP"). Imported before PyTorch,
+  bf16 -30 %, f32 -5 % step time (docs/engine-measurements.md, "One pool: OpenMP"). Imported before PyTorch,
   numba's layer and PyTorch share one ``libgomp`` (PyTorch's ``libgomp.so.1`` binds to the one
   numba loaded); imported after, each has its own (numba names ``libgomp.so.1.0.0``): the step
   time measured the same either way.

@@ -3,7 +3,7 @@
 The selection rule (:func:`.plan.default_plan`) and each strategy read their thresholds here; a
 :class:`.plan.Plan` carries the parameters a strategy runs with (register block, chunk and
 block sizes, thread split, GEMM variant), defaulted from this table. The measurements behind
-the values are in docs/engine.md ("Measurements behind the tuning table"), not here.
+the values are in docs/engine-measurements.md ("Measurements behind the tuning table"), not here.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ position pairs) and the memory of results.
 A fresh array of tens of MB costs its pages: glibc maps large blocks anew (and returns them when
 freed), and the first touch of each 4 KiB page faults, two threads faulting at once slowest
 (a 51 MB GEMM result: 25-80 ms instead of 9; ResNet-50's bf16 gradients in sequence 491 ->
-364 ms with glibc told to keep freed memory, docs/engine.md "Fourth round"). So:
+364 ms with glibc told to keep freed memory, docs/engine-measurements.md, "Fourth round"). So:
 
 - :func:`empty` and :func:`zeros`: within one engine call (:func:`call`), temporaries on blocks
   that earlier calls used, which go back to the cache when the outermost call ends (or when
@@ -16,7 +16,7 @@ freed), and the first touch of each 4 KiB page faults, two threads faulting at o
 At most ``TUNING.workspace_cache_bytes`` stay cached while unused. Small arrays, and temporaries
 outside a call, are fresh ones. Every array from 4 KiB starts on a cache line (:data:`ALIGN`): NumPy's own
 large arrays start 16 bytes past a page, and a kernel's 64-byte vector loads from them each
-touched two lines (docs/engine.md, "Aligned operands").
+touched two lines (docs/engine-measurements.md, "Fifth round").
 """
 
 from __future__ import annotations
