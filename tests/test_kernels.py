@@ -287,7 +287,8 @@ def test_bf16_family_drivers_against_reference(case, native, rng):
 def test_bf16_drivers_round_as_they_store_and_reuse_pair_buffers(case, native, rng, monkeypatch):
     """``rounded`` forward and data gradients are the bf16 rounding of the f32 results, bit for
     bit; a weights gradient taken one image at a time (its pair buffers reused from image to
-    image) equals the one taken all at once, to f32 rounding."""
+    image), each image in ranges of output rows (``jit._row_ranges``: edges of padding, strides,
+    rows that read padding only) equals the one taken all at once, to f32 rounding."""
     from dataclasses import replace
 
     from convgrad import casts
@@ -302,9 +303,15 @@ def test_bf16_drivers_round_as_they_store_and_reuse_pair_buffers(case, native, r
             np.testing.assert_array_equal(got.view(np.uint16), casts.from_f32(f32, BF16).view(np.uint16))
         whole = jit.backward_weights(g, x, dy)
         monkeypatch.setattr(jit, "TUNING", replace(jit.TUNING, pair_bytes=1))
-        assert jit._pair_images(g, 6, 64) == 1
+        assert jit._pair_images(g, 6, 64)[0] == 1 and jit._pair_images(g, 6, 64)[1] > 1
         one_by_one = jit.backward_weights(g, x, dy)      # the same sums in another order
         np.testing.assert_allclose(one_by_one, whole, rtol=1e-5, atol=1e-5 * np.abs(whole).max())
+        padded = _geometry(2, 1, 6, 10, (4, 5), (2, 2), (1, 2), (3, 1))   # rows that read padding only
+        xp, dyp = (rng.uniform(-1, 1, s).astype(BF16) for s in (padded.x_shape, padded.y_shape))
+        assert len(jit._row_ranges(padded, xp, dyp, padded.out_size[0])) < padded.out_size[0]
+        np.testing.assert_allclose(jit.backward_weights(padded, xp, dyp),
+                                   get_engine("reference").backward_weights(padded, xp.astype(np.float64),
+                                                                            dyp.astype(np.float64)), rtol=1e-4, atol=1e-4)
     finally:
         isa.set_family(before)
 

@@ -29,6 +29,7 @@ the rows of a block past the end of an output row read in bounds (their results 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -270,7 +271,7 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
             other = g.n * math.prod(o) * g.groups * -(-g.ocg // vw) * vw + (shares + 1) * block
             if weights_in_pairs(f):  # bf16 pairs of a few images, or the f32 copies where not exact (_pairs_exact)
                 phases, q = _pair_phases(g)
-                pairs = _pair_images(g, rows, -(-g.ocg // vw) * vw) * (
+                pairs = _pair_images(g, rows, -(-g.ocg // vw) * vw)[0] * (
                     len(phases) * math.prod(spatial(g.padded_size, 1)[:2]) * q * g.groups * -(-g.icg // rows) * rows
                     + o[0] * o[1] * -(-o[2] // 2) * g.groups * -(-g.ocg // vw) * vw)
                 source = max(source, pairs + (shares + 1) * block - other)   # 2 bf16 = one f32 slot
@@ -746,14 +747,39 @@ def _fill_dy_pairs(d3, out, groups, ocg):  # pragma: no cover - compiled
                             dst[l] = np.uint32(lo[l])
 
 
-def _pair_images(g: ConvGeometry, rows: int, lanes: int) -> int:
-    """Images per call of the bf16 pairs' weights gradient: their copies of x and dy (a few
-    times an image each: two phases, padding) within ``TUNING.pair_bytes``, at least one."""
+def _pair_images(g: ConvGeometry, rows: int, lanes: int) -> tuple[int, int]:
+    """(images, row ranges) per call of the bf16 pairs' weights gradient: their copies of x and
+    dy (a few times an image each: two phases, padding) within ``TUNING.pair_bytes``: a few
+    images at a time, or where one image's copies exceed it (a 3-D image), one image in as many
+    ranges of output rows (:func:`_row_ranges`)."""
     phases, q = _pair_phases(g)
     o = spatial(g.out_size, 1)
     image = 2 * (len(phases) * math.prod(spatial(g.padded_size, 1)[:2]) * q * 2 * g.groups * -(-g.icg // rows) * rows
                  + o[0] * o[1] * -(-o[2] // 2) * 2 * g.groups * lanes)
-    return max(1, min(g.n, TUNING.pair_bytes // image))
+    return max(1, min(g.n, TUNING.pair_bytes // image)), -(-image // TUNING.pair_bytes)
+
+
+def _row_ranges(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, parts: int
+                ) -> list[tuple[ConvGeometry, np.ndarray, np.ndarray]]:
+    """The weights gradient of ``g`` as the sum of those of up to ``parts`` sub-problems (g', x',
+    dy'), each over a range of output rows along the first spatial axis and the x rows it reads
+    (its padding where it lies at the edges); ranges whose taps read only padding add nothing
+    and are left out. One part, or a 1-D problem: ``g`` itself."""
+    if parts <= 1 or g.rank < 2:
+        return [(g, x, dy)]
+    o, s, ek, pb, size = g.out_size[0], g.strides[0], g.effective_kernel[0], g.pads_begin[0], g.in_size[0]
+    step = -(-o // parts)
+    out = []
+    for a in range(0, o, step):
+        b = min(o, a + step)
+        lo, hi = a * s - pb, (b - 1) * s - pb + ek            # the padded x rows [lo, hi) it reads
+        if min(size, hi) <= max(0, lo):
+            continue
+        sub = dataclasses.replace(g, in_size=(min(size, hi) - max(0, lo), *g.in_size[1:]),
+                                  out_size=(b - a, *g.out_size[1:]), pads_begin=(max(0, -lo), *g.pads_begin[1:]),
+                                  pads_end=(max(0, hi - size), *g.pads_end[1:]))
+        out.append((sub, x[:, max(0, lo):min(size, hi)], dy[:, a:b]))
+    return out
 
 
 def _pairs_exact(g: ConvGeometry, x: np.ndarray) -> bool:
@@ -816,33 +842,40 @@ def _weight_sums(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, t0:
     shares = 1 if split_blocks else min(threads, g.n * o[0] * o[1])
     chunk = max(1, plan.param("cache_bytes") // (4 * o[2] * (g.ic + g.oc)))
     parts = np.zeros((shares, t1 - t0, g.groups, row_blocks * rows, nblocks * vw), F32)
-    per = _pair_images(g, rows, vw) if depth == 2 else g.n     # bf16 pairs: a few images at a time
+    per, ranges = _pair_images(g, rows, vw) if depth == 2 else (g.n, 1)   # bf16 pairs: a few images at a time
     xb = dyp = None                                            # ... in buffers allocated once
     for n0 in range(0, g.n, per):
-        gc = dataclasses.replace(g, n=min(per, g.n - n0))
-        if depth == 2:
-            xb, taps_a = _pair_blocks(gc, x[n0:n0 + gc.n], rows, xb)
-            taps_a = taps_a[t0:t1]
-            xs = _strides(xb.shape[3:])
-            x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], xs[3]]
-            dyp = _dy_pairs(gc, dy[n0:n0 + gc.n], nblocks * vw, dyp)
-            block_size = math.prod(xb.shape[3:])
-        else:
-            xb = _channel_blocks(x, g.groups, rows, spatial(g.pads_begin, 0), size)
-            xs = _strides(xb.shape[2:])
-            x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]]
-            taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3] for k0 in range(kernel[0])
-                               for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)[t0:t1]
-            shape = (*dy.shape[:-1], g.groups, nblocks * vw)
-            dyp = workspace.zeros(math.prod(shape), F32).reshape(shape)
-            dyp[..., :g.ocg] = dy.reshape(*dy.shape[:-1], g.groups, g.ocg)  # a view, whatever dy's memory order
-            block_size = math.prod(xb.shape[2:])
-        rows_total = gc.n * o[0] * o[1]
-        _weights(_width(), rows, vecs, depth == 2 and isa.bf16_native())(
-            xb.reshape(-1), np.array(x_steps, np.int64), block_size, taps_a, dyp.reshape(-1),
-            g.groups * nblocks * vw * depth, np.array((gc.n, *o), np.int64), min(chunk, rows_total),
-            parts.reshape(-1), shares, threads if split_blocks else 1, g.groups, g.icg, g.ocg, depth,
-            -(-o[2] // depth))
+        gn = dataclasses.replace(g, n=min(per, g.n - n0))
+        subs = _row_ranges(gn, x[n0:n0 + gn.n], dy[n0:n0 + gn.n], ranges)
+        for gc, xc, dyc in subs:
+            with workspace.part() if len(subs) > 1 else contextlib.nullcontext():   # a range's own copies
+                if len(subs) > 1:
+                    xb = dyp = None
+                oc = spatial(gc.out_size, 1)
+                if depth == 2:
+                    xb, taps_a = _pair_blocks(gc, xc, rows, xb)
+                    taps_a = taps_a[t0:t1]
+                    xs = _strides(xb.shape[3:])
+                    x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], xs[3]]
+                    dyp = _dy_pairs(gc, dyc, nblocks * vw, dyp)
+                    block_size = math.prod(xb.shape[3:])
+                else:
+                    xb = _channel_blocks(xc, g.groups, rows, spatial(g.pads_begin, 0), size)
+                    xs = _strides(xb.shape[2:])
+                    x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]]
+                    taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3]
+                                       for k0 in range(kernel[0]) for k1 in range(kernel[1])
+                                       for k2 in range(kernel[2])], np.int64)[t0:t1]
+                    shape = (*dyc.shape[:-1], g.groups, nblocks * vw)
+                    dyp = workspace.zeros(math.prod(shape), F32).reshape(shape)
+                    dyp[..., :g.ocg] = dyc.reshape(*dyc.shape[:-1], g.groups, g.ocg)  # a view, whatever dy's memory order
+                    block_size = math.prod(xb.shape[2:])
+                rows_total = gc.n * oc[0] * oc[1]
+                _weights(_width(), rows, vecs, depth == 2 and isa.bf16_native())(
+                    xb.reshape(-1), np.array(x_steps, np.int64), block_size, taps_a, dyp.reshape(-1),
+                    g.groups * nblocks * vw * depth, np.array((gc.n, *oc), np.int64), min(chunk, rows_total),
+                    parts.reshape(-1), shares, threads if split_blocks else 1, g.groups, g.icg, g.ocg, depth,
+                    -(-o[2] // depth))
     total = parts[0]
     for more in parts[1:]:
         total += more
