@@ -481,3 +481,17 @@ def test_disk_cache_is_invalidated_when_the_kernel_source_changes(tmp_path):
     kernel.write_text(kernel.read_text() + "\n# edited\n")
     assert hits_misses() == (0, 1)
     assert hits_misses() == (1, 0)
+
+
+@pytest.mark.parametrize("size, block", [(56, (6, 4)), (28, (14, 2)), (14, (14, 2)), (7, (6, 4))])
+@pytest.mark.parametrize("task", ["forward", "backward_data"])
+def test_block_choice_weighs_padding_columns(size, block, task):
+    """A stride-1 3x3 layer of 128 channels on 16 lanes: 14x2 where the 6x4 block's flattened rows
+    would compute 7 % or more padding columns (28, 14 wide) and 14 divides the row; 6x4 at 56 wide
+    (3.6 %) and 7 wide (14-row blocks compute more there); stride 2 keeps 6x4."""
+    g = ConvGeometry(16, 1, 128, 128, (size, size), (size, size), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    computed = jit._computed(g, task)
+    assert computed(14) == 1.0 or size % 14
+    assert microkernel.block_for(128, 16, None, computed) == block
+    strided = ConvGeometry(16, 1, 128, 128, (size, size), (-(-size // 2),) * 2, (3, 3), (2, 2), (1, 1), (1, 1), (1, 1))
+    assert jit._computed(strided, task) is None and jit._computed(g, "backward_weights") is None

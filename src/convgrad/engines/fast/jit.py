@@ -91,11 +91,27 @@ def complete(f: Features, params: dict) -> dict:
         rows, vecs = blis.register_block(channels, _width(), g.icg if f.task == "backward_weights" else positions,
                                          4 // _depth(f.data_dtype))
     else:
-        rows, vecs = microkernel.block_for(channels, _width(), g.icg if f.task == "backward_weights" else None)
+        rows, vecs = microkernel.block_for(channels, _width(), g.icg if f.task == "backward_weights" else None,
+                                           _computed(g, f.task))
     by_blocks = math.prod(g.w_shape) > TUNING.weights_split * (math.prod(g.x_shape) + math.prod(g.y_shape))
     cache = TUNING.cache_bytes if f.task == "backward_weights" else max(TUNING.cache_bytes, isa.cache_sizes()[1])
     return {"block": f"{rows}x{vecs}", "cache_bytes": cache,
             "split": "blocks" if f.task == "backward_weights" and by_blocks else "rows", **params}
+
+
+def _computed(g: ConvGeometry, task: str) -> Callable[[int], float] | None:
+    """For forward and backward data of stride 1 along the last two axes: the positions the
+    driver computes per position kept, for blocks of R rows (:func:`_run_outputs`: the rows
+    flattened with the padded source's width, or cut at each row end, whichever computes fewer);
+    None elsewhere."""
+    if task == "backward_weights" or spatial(g.strides, 1)[1:] != (1, 1):
+        return None
+    q1, q2 = spatial(g.out_size if task == "forward" else g.in_size, 1)[1:]
+    pitch = q2 + spatial(g.effective_kernel, 1)[2] - 1
+
+    def computed(r: int) -> float:
+        return min(-(-((q1 - 1) * pitch + q2) // r) * r, q1 * -(-q2 // r) * r) / (q1 * q2)
+    return computed
 
 
 def options(f: Features) -> list[dict]:

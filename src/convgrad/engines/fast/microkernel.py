@@ -57,6 +57,7 @@ from numba.extending import intrinsic
 
 from ... import casts
 from . import isa
+from .tuning import TUNING
 
 __all__ = ["BLOCKS", "WIDTHS", "block_for", "run", "kernel_call", "cached_njit", "kernel_ir", "fma_peak",
            "register_peak", "SOURCE_DIGEST"]
@@ -72,19 +73,23 @@ _CHAINS = {8: 12, 16: 24}
 SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes() + Path(casts.__file__).read_bytes()).hexdigest()
 
 
-def block_for(channels: int, width: int, rows: int | None = None) -> tuple[int, int]:
+def block_for(channels: int, width: int, rows: int | None = None,
+              computed: Callable[[int], float] | None = None) -> tuple[int, int]:
     """The block (R, V) for ``channels`` output channels in vectors of ``width`` (and, if given,
     ``rows`` rows to cut into blocks of R): one vector only where that is all there is; else the
     fewest idle lanes and rows (to the percent: a last partial block of thousands of rows is
-    noise), then the fewest loads per FMA, then the most accumulators (measured on a Zen 4,
-    docs/engine-measurements.md: 3x3 layers of 64-128 channels ran 1-20 % faster on 6x4 than on 14x2, and
-    so did the bf16 1x1 GEMMs over thousands of positions)."""
+    noise), then the least time, ``computed(R)`` (the positions a driver computes with blocks of
+    R rows per position it keeps, padding columns included; 1 if not given) x (1 +
+    ``TUNING.block_loads_weight`` x loads per FMA), then the most accumulators. Measured on a
+    Zen 4 (docs/engine-measurements.md, "Fifth round"): 6x4 over 14x2 on 56-wide 3x3 layers
+    (3.6 % padding columns against none), 14x2 4-13 % faster on 28- and 14-wide ones (7 % and
+    13 % padding columns), and 6x4 on the bf16 1x1 GEMMs over thousands of positions."""
     vectors = -(-channels // width)
 
-    def cost(block: tuple[int, int]) -> tuple[float, int, float]:
+    def cost(block: tuple[int, int]) -> tuple[float, float, float]:
         r, v = block
         used = vectors / (-(-vectors // v) * v) * (rows / (-(-rows // r) * r) if rows else 1.0)
-        return -round(used, 2), (r + v) / (r * v), -r * v
+        return -round(used, 2), (computed(r) if computed else 1.0) * (1 + TUNING.block_loads_weight * (r + v) / (r * v)), -r * v
 
     return min((b for b in BLOCKS[width] if b[1] <= vectors and (b[1] > 1 or vectors == 1)), key=cost)
 

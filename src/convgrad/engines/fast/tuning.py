@@ -61,6 +61,10 @@ class Tuning:
     planned_entries: int = 1024
 
     # -- default plan parameters ----------------------------------------------------------------
+    #: The register block's time per computed position is taken as 1 + this x its loads per FMA
+    #: (``microkernel.block_for``): fitted on a Zen 4's 3x3 layers, where 14x2 (0.57 loads per
+    #: FMA) computing no padding columns ran 1.5 % slower than 6x4 (0.42) computing 3.6 % more.
+    block_loads_weight: float = 0.39
     #: ``jit``: bytes of operands meant to stay in a core's L2 cache: the weights gradient reduces
     #: over chunks of output rows of about this much x and dy; forward and backward data loop over
     #: the channel blocks outermost where the packed weights take more than this or the host's L2
