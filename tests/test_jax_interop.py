@@ -160,6 +160,48 @@ def test_convgrad_errors_pass_through() -> None:
     assert_close(cj.convolution(np.asarray(x), np.asarray(w), **attrs), reference(case)(x, w, 0 * b))
 
 
+def test_run_time_errors_come_back_through_xla() -> None:
+    """An error inside the custom call (here the memory guard, which only runs at execution)
+    reaches the caller with convgrad's message; the next call runs."""
+    case = CASES[0]
+    x, w, b = inputs(case)
+    run = jax.jit(lambda x, w: ours(case)(x, w, b))
+    want = np.asarray(reference(case)(x, w, b))
+    convgrad.set_memory_budget(16)
+    try:
+        with pytest.raises((ValueError, RuntimeError), match="RESOURCE_EXHAUSTED: ResourceError: Convolution: the result 'dst'"):
+            run(x, w).block_until_ready()
+    finally:
+        convgrad.set_memory_budget(None)
+    assert_close(run(x, w), want)
+
+
+def test_custom_call_buffers() -> None:
+    """The host function sees read-only views of the call's inputs, of every shape the call site
+    has (also empty ones, a batch of 0), and its result lands in the output; inputs are unchanged."""
+    case = CASES[0]
+    x, w, b = inputs(case)
+    x_before, w_before = np.array(x), np.array(w)
+    run = jax.jit(lambda x, w: ours(case)(x, w, b))
+    for batch in (x, x[:0], jnp.concatenate([x, -x])):
+        got = run(batch, w)
+        want = reference(case)(batch, w, b)
+        assert got.shape == want.shape
+        if batch.shape[0]:
+            assert_close(got, want)
+    np.testing.assert_array_equal(np.asarray(x), x_before)
+    np.testing.assert_array_equal(np.asarray(w), w_before)
+
+    from convgrad import xla_ffi
+
+    seen = []
+    target = xla_ffi.host_target(lambda a: seen.append(a.flags.writeable) or a * 2, "test")
+    double = jax.jit(lambda a: jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(a.shape, a.dtype))(a))
+    a = jnp.arange(6, dtype=jnp.float32).reshape(2, 3)
+    np.testing.assert_array_equal(np.asarray(double(a)), 2 * np.arange(6).reshape(2, 3))
+    assert seen == [False]
+
+
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_readme_snippets_run() -> None:
     """The README's "Inside PyTorch and JAX" examples run as printed."""

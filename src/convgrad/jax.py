@@ -2,10 +2,10 @@
 
 ``convgrad.jax.convolution(src, weights, bias=None, *, strides, ...)`` and
 ``convgrad.jax.conv_transpose(...)`` take the functional API's attributes and return a jax
-array. Each is a ``jax.custom_vjp`` whose primal runs convgrad on the host through
-``jax.pure_callback`` (shapes from :meth:`convgrad.Op.infer` at trace time), so it works under
+array. Each is a ``jax.custom_vjp`` whose primal runs convgrad on the host as an XLA custom call
+(:mod:`convgrad.xla_ffi`; shapes from :meth:`convgrad.Op.infer` at trace time), so it works under
 ``jax.jit`` and ``jax.grad``; the VJP (:mod:`convgrad.adjoints`) is made of the same
-differentiable ops, so gradients of gradients work too. ``jax.vmap`` runs the callback once per
+differentiable ops, so gradients of gradients work too. ``jax.vmap`` runs the custom call once per
 batch element (``vmap_method="sequential"``). Data: f32, bf16, f16, and f64 where JAX has x64
 enabled; attributes are static (Python values), not traced.
 """
@@ -29,6 +29,7 @@ except ModuleNotFoundError as exc:
 from . import adjoints, interop
 from .errors import InputTypeError
 from .opdefs import OPS
+from .xla_ffi import host_target
 
 __all__ = ["convolution", "conv_transpose"]
 
@@ -56,11 +57,13 @@ def _differentiable(kind: str, key: tuple[tuple[str, Any], ...], present: tuple[
     def host(*arrays: np.ndarray) -> np.ndarray:
         return interop.op_for(kind, attrs)(*full(arrays))
 
+    target = host_target(host, OPS[kind].function)
+
     @jax.custom_vjp
     def primal(*arrays: Any) -> jax.Array:
         p = problem(arrays)
         out = jax.ShapeDtypeStruct(p.output_shape, p.dtype)
-        return jax.pure_callback(host, out, *arrays, vmap_method="sequential")
+        return jax.ffi.ffi_call(target, out, vmap_method="sequential")(*arrays)
 
     def forward(*arrays: Any) -> tuple[jax.Array, tuple[Any, ...]]:
         return primal(*arrays), arrays
