@@ -21,7 +21,7 @@ Either way every window lies inside the padded input: ``S*(O-1) + EK <= I + PB +
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 import numpy as np
 
 from .attributes import Attrs, fits_rank, per_axis
@@ -50,6 +50,13 @@ class ConvGeometry:
     dilations: tuple[int, ...]
     pads_begin: tuple[int, ...]
     pads_end: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        # Hashed once: a warm call looks a geometry up in several memos (plans, loop shapes).
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined, no-any-return]
 
     @property
     def rank(self) -> int:

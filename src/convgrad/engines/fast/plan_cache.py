@@ -79,10 +79,18 @@ def state() -> tuple[Any, ...] | None:
     """What :func:`lookup` answers from besides the problem, now: ``None`` with plans off, else
     the file's (path, mtime, size), this process's write count and ``CONVGRAD_AUTOTUNE`` (a memo
     of lookups is valid while this is unchanged)."""
-    plans = env("CONVGRAD_PLANS")
-    if not _on(plans):
+    values = (env("CONVGRAD_PLANS"), env("XDG_CACHE_HOME"), env("HOME"), env("CONVGRAD_AUTOTUNE"))
+    name = _names.get(values)
+    if name is None:
+        name = _names[values] = (str(_cache_file(*values[:3])) if _on(values[0]) else "",
+                                 (values[3] or "").strip().lower() in ("1", "on", "true", "yes"))
+    if not name[0]:
         return None
-    return _stamp(str(_cache_file(plans, env("XDG_CACHE_HOME"), env("HOME")))), _writes[0], autotune_enabled()
+    return _stamp(name[0]), _writes[0], name[1]
+
+
+#: state()'s file name ("" with plans off) and autotune flag, per value of the variables it reads.
+_names: dict[tuple[str | None, ...], tuple[str, bool]] = {}
 
 
 def cache_file() -> Path:
