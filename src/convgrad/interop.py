@@ -18,7 +18,7 @@ from .op import Op
 from .opdefs import OpDef
 from .problem import Problem
 
-__all__ = ["plain_attributes", "op_for", "infer", "data_input_names"]
+__all__ = ["plain_attributes", "attributes_and_op", "op_for", "infer", "data_input_names"]
 
 
 def plain_attributes(kind: str, attrs: Mapping[str, Any], rank: int, remember: bool = True) -> dict[str, Any]:
@@ -26,20 +26,29 @@ def plain_attributes(kind: str, attrs: Mapping[str, Any], rank: int, remember: b
     bad one) and normalised to plain types: lists of ints (a per-axis scalar repeated for the
     ``rank`` spatial axes), ints, canonical strings. Remembered (with ``remember``) for attributes
     given alike (:func:`~convgrad.attributes.value_key`): a new dict each call, from one parse."""
+    plain = attributes_and_op(kind, attrs, rank, remember)[0]
+    return {k: list(v) if type(v) is list else v for k, v in plain.items()}
+
+
+def attributes_and_op(kind: str, attrs: Mapping[str, Any], rank: int,
+                      remember: bool = True) -> tuple[Mapping[str, Any], Op]:
+    """:func:`plain_attributes` (the remembered dict itself: not to be changed) and their
+    :func:`op_for`, from one memo lookup on a warm call."""
     given = {k: v for k, v in attrs.items() if v is not None}
     key = (kind, rank, attributes_key(given) if remember else None)
-    plain = _plain.get(key) if key[2] is not None else None
-    if plain is None:
+    hit = _plain.get(key) if key[2] is not None else None
+    if hit is None:
         op = Op(kind, lenient=True, **given)
         per_axis = {a.name for a in op.definition.attributes if a.per_axis}
         plain = {k: list(v) if isinstance(v, tuple) else [v] * max(rank, 0) if k in per_axis else v
                  for k, v in op.attrs.items()}
+        hit = (plain, op_for(kind, plain))
         if key[2] is not None:
-            _plain.put(key, plain)
-    return {k: list(v) if type(v) is list else v for k, v in plain.items()}
+            _plain.put(key, hit)
+    return hit
 
 
-_plain: Memo[tuple[Any, ...], dict[str, Any]] = Memo(512)
+_plain: Memo[tuple[Any, ...], tuple[dict[str, Any], Op]] = Memo(512)
 
 
 @functools.lru_cache(maxsize=512)

@@ -54,8 +54,10 @@ def _differentiable(kind: str, key: tuple[tuple[str, Any], ...], present: tuple[
     def problem(arrays: Sequence[Any]) -> Any:
         return interop.infer(kind, attrs, [None if a is None else (a.shape, np.dtype(a.dtype)) for a in full(arrays)])
 
+    op = interop.op_for(kind, attrs)
+
     def host(*arrays: np.ndarray) -> np.ndarray:
-        return interop.op_for(kind, attrs)(*full(arrays))
+        return op(*full(arrays))
 
     target = host_target(host, OPS[kind].function)
 

@@ -18,7 +18,7 @@ swap a model's ``torch.nn.ConvNd`` / ``ConvTransposeNd`` for convgrad's twins an
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,7 @@ from .engines import get_engine
 from .errors import AttributeValueError, DTypeError, InputError, InputTypeError
 from .execution import execute
 from .memo import Memo
+from .op import Op
 from .opdefs import OPS, AttrSpec, OpDef
 from .problem import Problem
 
@@ -55,7 +56,8 @@ _NUMPY_DTYPES = {v: k for k, v in _TORCH_DTYPES.items()}
 # ---------------------------------------------------------------------------------------------
 def to_numpy(tensor: torch.Tensor, op: str = "convgrad.torch", name: str = "tensor") -> np.ndarray:
     """A NumPy view of a CPU tensor's memory, any strides (bf16 as ``ml_dtypes.bfloat16``)."""
-    tensor = tensor.detach()
+    if tensor.requires_grad:
+        tensor = tensor.detach()
     try:
         if tensor.dtype == torch.bfloat16:
             return tensor.view(torch.int16).numpy().view(bfloat16)
@@ -179,11 +181,17 @@ def _eager(tensors: Sequence[torch.Tensor | None]) -> bool:
 
 
 def _apply(kind: str, *tensors: torch.Tensor | None, **attrs: Any) -> torch.Tensor:
-    """Op ``kind`` of plain attributes on tensors: eagerly (:class:`_Eager`, or no autograd node
-    where no gradient is wanted) where :func:`_eager` allows, else the registered op."""
+    """Op ``kind`` of plain attributes on tensors (:func:`_run`)."""
+    return _run(kind, tensors, attrs, None)
+
+
+def _run(kind: str, tensors: Sequence[torch.Tensor | None], attrs: Mapping[str, Any], op: Op | None) -> torch.Tensor:
+    """Op ``kind`` of plain attributes on tensors (``op``: their :func:`~convgrad.interop.op_for`,
+    where the caller has it): eagerly (:class:`_Eager`, or no autograd node where no gradient is
+    wanted) where :func:`_eager` allows, else the registered op."""
     if not _eager(tensors):
         return _REGISTERED[kind](*tensors, **attrs)
-    problem, arrays, estimates = interop.op_for(kind, attrs).resolve(
+    problem, arrays, estimates = (op or interop.op_for(kind, attrs)).resolve(
         *[None if t is None else to_numpy(t, kind, name) for t, name in zip(tensors, _NAMES[kind])])
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return _Eager.apply(problem, arrays, estimates, *tensors)
@@ -214,8 +222,8 @@ def refuse_tangents(where: str, tensors: Sequence[tuple[str, torch.Tensor | None
 def _call(kind: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> torch.Tensor:
     """Validate the attributes as convgrad does, check the tensors, run the op (under
     ``torch.compile`` nothing is remembered: Dynamo traces this code)."""
-    plain = interop.plain_attributes(kind, attrs, getattr(tensors[0], "ndim", 2) - 2,  # ConvgradError if bad
-                                     remember=not torch.compiler.is_compiling())
+    plain, op = interop.attributes_and_op(kind, attrs, getattr(tensors[0], "ndim", 2) - 2,  # ConvgradError if bad
+                                          remember=not torch.compiler.is_compiling())
     refuse_tangents(kind, list(zip(_NAMES[kind], tensors)))
     for tensor, name in zip(tensors, _NAMES[kind]):
         if tensor is None:
@@ -225,7 +233,7 @@ def _call(kind: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> torch.T
                                  "(convgrad's functional API takes NumPy arrays)")
         if not tensor.is_cpu:
             raise InputTypeError(kind, name, f"is on device {tensor.device}: expected a CPU tensor")
-    return _apply(kind, *tensors, **plain)
+    return _run(kind, tensors, plain, op)
 
 
 # ---------------------------------------------------------------------------------------------
