@@ -94,7 +94,10 @@ def avx2():
 @pytest.mark.parametrize("case,task,dtype,channels_first,want", [
     ((16, 32, 1, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "forward", np.float32, False,
      "direct loops=depthwise"),
-    ((2, 1, 3, 4, (5, 5), (3, 3)), "forward", np.float32, False, "direct loops=general"),
+    ((2, 1, 3, 4, (5, 5), (3, 3)), "forward", np.float32, False, "direct loops=flat"),
+    ((2, 1, 3, 4, (5, 5), (3, 3), (2, 2)), "forward", np.float32, False, "direct loops=general"),
+    ((1, 1, 4, 15, (6, 6), (3, 3)), "backward_weights", np.float32, False, "direct loops=flat"),
+    ((1, 1, 4, 16, (6, 6), (3, 3)), "backward_weights", np.float32, False, "direct loops=general"),
     ((16, 1, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_data", np.float32, False, "jit"),
     ((16, 1, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_data", np.float64, False,
      "gemm variant=frame"),
@@ -176,7 +179,7 @@ def test_forced_then_cached_then_default(monkeypatch):
     monkeypatch.setattr(plan_cache, "lookup", lambda features, tune=False: cached if features == f else None)
     assert select(f) == Plan.of("gemm", variant="output_rows", chunk_bytes=1 << 16, block_bytes=TUNING.block_bytes)
     with forced_strategy("direct"):
-        assert select(f) == Plan.of("direct", loops="general")
+        assert select(f) == Plan.of("direct", loops="flat")
         with forced_plan(None):  # the innermost wins: no forcing
             assert select(f).param("variant") == "output_rows"
     monkeypatch.setenv("CONVGRAD_STRATEGY", "frame")

@@ -192,6 +192,43 @@ def test_awkward_geometries(case, dtype, channels_first, rng, path, poisoned_emp
                _tolerance(np.dtype(dtype)), task)
 
 
+#: Stride-1 geometries for both loop nests of ``direct``: (n, groups, icg, ocg, in_size, kernel,
+#: strides, dilations, pads begin, pads end).
+STRIDE_1 = [
+    (1, 1, 4, 4, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),          # the tiny call of benchmarks/overhead.py
+    (2, 1, 3, 5, (7, 6), (3, 2), (1, 1), (2, 1), (2, 0), (1, 3)),          # dilation, uneven pads
+    (2, 3, 2, 3, (5, 4), (2, 3), (1, 1), (1, 1), (3, -1), (-1, 2)),        # groups; negative pads (crops)
+    (1, 1, 2, 3, (2, 3), (5, 4), (1, 1), (1, 1), (2, 1), (2, 2)),          # kernel larger than the input
+    (3, 1, 5, 2, (9,), (3,), (1,), (3,), (3,), (3,)),                       # 1-D
+    (1, 2, 3, 2, (4, 3, 5), (2, 3, 2), (1, 1, 1), (1, 2, 1), (1, 2, 0), (0, 1, 1)),  # 3-D
+    (1, 1, 17, 19, (5, 5), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),        # channels past one vector
+]
+
+
+@pytest.mark.parametrize("loops", ["general", "flat"])
+@pytest.mark.parametrize("case", STRIDE_1)
+@pytest.mark.parametrize("dtype_name", ["f64", "f32", "bf16", "f16"])
+@pytest.mark.parametrize("channels_first", [False, True])
+def test_direct_loops_on_stride_1_geometries(loops, case, dtype_name, channels_first, rng, poisoned_empty):
+    """``direct``'s general and flat loops (forced) against the reference, each direction, every
+    data dtype (16-bit data widened as it is read), either memory order; the flat loops' memory
+    within the strategy's estimate."""
+    import tracemalloc
+    g, dtype = _geometry(*case), DATA_DTYPES[dtype_name]
+    inputs = _engine_inputs(g, rng, dtype, channels_first)
+    with forced_plan(Plan.of("direct", loops=loops)):
+        for task in TASKS:
+            want = getattr(REF, task)(g, *[a.astype(np.float64) for a in inputs[task]])
+            _close(getattr(FAST, task)(g, *inputs[task]), want, _tolerance(np.dtype(np.float32 if dtype_name in
+                   ("bf16", "f16") else dtype)), f"{task} {loops}")
+            workspace.clear()
+            tracemalloc.start()
+            result = getattr(FAST, task)(g, *inputs[task])
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            assert peak - result.nbytes <= FAST.workspace_bytes(g, task, np.dtype(dtype)) + MUTATION_SLACK
+
+
 @pytest.mark.parametrize("strategy", ["frame", "output_rows"])
 @pytest.mark.parametrize("dtype_name", ["f64", "f16", "bf16"])
 def test_batch_chunks_and_row_blocks(dtype_name, monkeypatch, rng, strategy, poisoned_empty):

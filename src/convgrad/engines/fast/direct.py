@@ -15,6 +15,8 @@ Python-level GEMM calls) would dominate, or where there is no GEMM at all (plan 
 
   where ``tap(o, k) = o*S + k*D - PB`` is the input under output o (a tap in the padding is
   skipped): the loops' work is exactly the FLOPs.
+- ``flat`` (stride 1): the same sums along the flat frame of the padded input, so that the
+  innermost loop runs over positions, not over a few channels (:mod:`.direct_flat`);
 - ``depthwise`` (ICg = OCg = 1): the same sums vectorised over the channels and parallel over
   rows (:mod:`.depthwise`).
 """
@@ -31,7 +33,7 @@ from ... import casts
 from ...casts import narrowed, widened
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
-from . import depthwise, microkernel
+from . import depthwise, direct_flat, microkernel
 from .depthwise import FASTMATH
 from .features import Features
 from .geometry import params, spatial, tap, tap_weights
@@ -43,26 +45,38 @@ if TYPE_CHECKING:
 __all__ = ["applies", "complete", "options", "run", "workspace_bytes", "forward", "backward_data",
            "backward_weights"]
 
-LOOPS = ("general", "depthwise")
+LOOPS = ("general", "flat", "depthwise")
 
 
 def applies(f: Features, plan: Plan | None = None) -> bool:
-    """Any non-empty problem; the ``depthwise`` loops only depthwise ones."""
+    """Any non-empty problem; the ``flat`` loops stride-1 ones, the ``depthwise`` loops depthwise ones."""
     if f.n == 0:
         return False
-    return plan is None or plan.param("loops") in LOOPS and (plan.param("loops") == "general" or f.depthwise)
+    loops = plan.param("loops") if plan is not None else "general"
+    return loops == "general" or loops == "flat" and direct_flat.applies(f.geometry) or \
+        loops == "depthwise" and f.depthwise
 
 
 def complete(f: Features, params: dict) -> dict:
-    """``params`` with ``loops`` defaulted: ``depthwise`` for depthwise problems."""
-    return {"loops": "depthwise" if f.depthwise else "general", **params}
+    """``params`` with ``loops`` defaulted: ``depthwise`` for depthwise problems, else ``flat``
+    where it applies, except weights gradients of at least ``TUNING.flat_weights_channels``
+    output channels per group (one vector of them: the general loops' inner loop is full)."""
+    if f.depthwise:
+        loops = "depthwise"
+    elif direct_flat.applies(f.geometry) and (f.task != "backward_weights"
+                                              or f.geometry.ocg < TUNING.flat_weights_channels):
+        loops = "flat"
+    else:
+        loops = "general"
+    return {"loops": loops, **params}
 
 
 def options(f: Features) -> list[dict]:
-    """The loops worth timing: the depthwise ones where they apply, the general ones on small
-    problems (up to 4x ``TUNING.direct_flops``)."""
-    return ([{"loops": "depthwise"}] if f.depthwise else []) + \
-        ([{"loops": "general"}] if f.flops <= 4 * TUNING.direct_flops else [])
+    """The loops worth timing: the depthwise ones where they apply, the general and flat ones
+    on small problems (up to 4x ``TUNING.direct_flops``)."""
+    small = f.flops <= 4 * TUNING.direct_flops
+    return ([{"loops": "depthwise"}] if f.depthwise else []) + ([{"loops": "general"}] if small else []) + \
+        ([{"loops": "flat"}] if small and direct_flat.applies(f.geometry) else [])
 
 
 def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, rounded: bool = False) -> np.ndarray:
@@ -72,6 +86,8 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, ro
     acc = compute_dtype(a.dtype)
     if plan.param("loops") == "depthwise":
         return depthwise.run(g, a, b, task, acc, rounded)
+    if plan.param("loops") == "flat":
+        return _flat(g, a, b, task, acc)
     if task == "backward_weights":
         return backward_weights(g, a, b, acc)
     return (forward if task == "forward" else backward_data)(g, a, b, acc, rounded)
@@ -86,6 +102,9 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
     g, acc = f.geometry, f.acc
     x, y, w = (math.prod(s) for s in (g.x_shape, g.y_shape, g.w_shape))
     copies, result = {"forward": (x + w, y), "backward_data": (y + w, x), "backward_weights": (x + y + w, w)}[f.task]
+    if plan.param("loops") == "flat":  # contiguous inputs, frames, row, weights (or dw before regrouping)
+        inputs = {"forward": x, "backward_data": y, "backward_weights": x + y}[f.task]
+        copies = inputs + direct_flat.workspace_items(g, f.task)
     if plan.param("loops") == "depthwise":
         inputs = {"forward": x, "backward_data": y, "backward_weights": x + y}[f.task]
         copies = (inputs if f.data_dtype != acc else 0) + w
@@ -213,6 +232,25 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
     (src,), kind = _data((dy,), dtype)
     sums, bits, dx = _outputs(g.x_shape, xs, dtype, kind, rounded, dy.dtype)
     _loops(src.reshape(ys), ys, taps, sums, bits, *params(g), BACKWARD_DATA, kind)
+    return dx
+
+
+def _flat(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, dtype: np.dtype) -> np.ndarray:
+    """``task`` on the :mod:`.direct_flat` loops, result in ``dtype`` (canonical)."""
+    xs, ys, ws, _ = _shapes(g)
+    if task == "backward_weights":
+        (x, dy), kind = _data((a, b), dtype)
+        dw = np.empty(ws, dtype)
+        direct_flat.backward_weights(g, x.reshape(xs), dy.reshape(ys), kind, dw)
+        return np.ascontiguousarray(dw.transpose(0, 1, 2, 4, 3, 5)).reshape(g.w_shape)
+    w = np.ascontiguousarray(tap_weights(g, b), dtype).reshape(ws)
+    (src,), kind = _data((a,), dtype)
+    if task == "forward":
+        y = np.empty(g.y_shape, dtype)
+        direct_flat.forward(g, src.reshape(xs), kind, w, y.reshape(ys))
+        return y
+    dx = np.empty(g.x_shape, dtype)
+    direct_flat.backward_data(g, src.reshape(ys), kind, w, dx.reshape(xs))
     return dx
 
 

@@ -25,6 +25,9 @@ class Tuning:
     #: Problems of at most this many FLOPs (2*N*OC*ICg*prod(K)*prod(O)) run on the ``direct``
     #: strategy's loops, where the GEMM paths' fixed per-call costs would dominate.
     direct_flops: int = 500_000
+    #: ``direct``: weights gradients of this many output channels per group (one AVX-512 vector)
+    #: run on the general loops, narrower ones on the flat loops.
+    flat_weights_channels: int = 16
     #: Kernel families on which the rule selects the ``jit`` strategy: every family with JIT
     #: kernels (``portable`` has none).
     jit_families: tuple[str, ...] = ("avx512_bf16", "avx512", "avx2")

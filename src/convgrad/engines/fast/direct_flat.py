@@ -1,0 +1,176 @@
+"""The ``direct`` strategy's ``flat`` loops: small stride-1 convolutions, vectorised along a flat frame.
+
+With stride 1 on every axis, tap k of output o reads the padded input at ``p = o + k*D``. In the
+flat frame of the padded input (sizes ``P = I + PB + PE``, index ``f(p) = (p0*P1 + p1)*P2 + p2``)
+that is one offset per tap, ``s_k = f(k*D)``, for every output placed at ``m = f(o)``. With ``xf``
+the padded input channel by channel, ``dyf`` dy channel by channel at the frame indices of its
+positions (zeros between them) and ``L = f(O - 1) + 1``::
+
+    y[o, g, j]     = sum_{k, i} w[k, g, i, j] * xf[g, i, s_k + f(o)]
+    dxf[g, i, :]  += w[k, g, i, j] * dyf[g, j, 0:L]          (at s_k, over k and j; dx = dxf at f(PB + b))
+    dw[k, g, i, j] = sum_{n, m < L} xf[n, g, i, s_k + m] * dyf[n, g, j, m]
+
+so every inner loop runs along ``L`` contiguous values (a few vectors) instead of the ``J``
+channels of one position: small channel counts no longer leave the loops scalar. The frame
+positions between outputs (``o >= O`` on an inner axis) are computed and dropped (forward), or
+hold zeros (the gradients). Frames are in the accumulation dtype; 16-bit data is widened as it is
+copied in (:func:`convgrad.casts.widened`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from ...casts import widened
+from ...problem import ConvGeometry
+from . import microkernel
+from .depthwise import FASTMATH
+from .geometry import spatial
+
+__all__ = ["applies", "forward", "backward_data", "backward_weights", "workspace_items"]
+
+
+def applies(g: ConvGeometry) -> bool:
+    """Stride 1 on every axis."""
+    return all(s == 1 for s in g.strides)
+
+
+def _sizes(g: ConvGeometry) -> tuple[tuple[int, int, int], int, int]:
+    """(padded sizes P as 3-D, frame size F, span L)."""
+    p = spatial(g.padded_size, 1)
+    o = spatial(g.out_size, 1)
+    return p, p[0] * p[1] * p[2], ((o[0] - 1) * p[1] + o[1] - 1) * p[2] + o[2]
+
+
+def workspace_items(g: ConvGeometry, task: str) -> int:
+    """Accumulation-dtype values of the frames, the row and the regrouped (flipped) weights
+    (the result not included)."""
+    if task == "backward_data":
+        return workspace_items(_adjoint(g), "forward") + 2 * math.prod(g.w_shape)
+    _, f, span = _sizes(g)
+    x = g.n * g.ic * f
+    return (x + span if task == "forward" else x + g.n * g.oc * span) + math.prod(g.w_shape)
+
+
+@microkernel.cached_njit(fastmath=FASTMATH)
+def _frame(src, kind, out, lo, pitch):  # pragma: no cover - compiled
+    """out[n, g, c, f(x + lo)] = src[n, x, g, c] (widened) for x + lo inside the frame; ``out``
+    zeroed, ``pitch`` the frame's sizes (P0, P1, P2)."""
+    n_, x0_, x1_, x2_, g_, c_ = src.shape
+    for n in range(n_):
+        for x0 in range(x0_):
+            p0 = x0 + lo[0]
+            if p0 < 0 or p0 >= pitch[0]:
+                continue
+            for x1 in range(x1_):
+                p1 = x1 + lo[1]
+                if p1 < 0 or p1 >= pitch[1]:
+                    continue
+                for x2 in range(x2_):
+                    p2 = x2 + lo[2]
+                    if p2 < 0 or p2 >= pitch[2]:
+                        continue
+                    m = (p0 * pitch[1] + p1) * pitch[2] + p2
+                    for g in range(g_):
+                        for c in range(c_):
+                            out[n, g, c, m] = widened(src[n, x0, x1, x2, g, c], kind)
+
+
+@microkernel.cached_njit(fastmath=FASTMATH)
+def _shift(k0, k1, k2, dilation, pitch):  # pragma: no cover - compiled
+    return ((k0 * dilation[0]) * pitch[1] + k1 * dilation[1]) * pitch[2] + k2 * dilation[2]
+
+
+@microkernel.cached_njit(fastmath=FASTMATH)
+def _forward(x, kind, w, y, xf, row, lo, dilation, pitch):  # pragma: no cover - compiled
+    """y (N, O0, O1, O2, G, J) from x (N, X0, X1, X2, G, I) and w (K0, K1, K2, G, I, J), through
+    the zeroed frame xf (N, G, I, F) and a row of L values."""
+    n_, o0_, o1_, o2_, g_, j_ = y.shape
+    k0_, k1_, k2_, _, i_, _ = w.shape
+    _frame(x, kind, xf, lo, pitch)
+    span = row.size
+    for n in range(n_):
+        for g in range(g_):
+            for j in range(j_):
+                row[:] = 0
+                for k0 in range(k0_):
+                    for k1 in range(k1_):
+                        for k2 in range(k2_):
+                            s = _shift(k0, k1, k2, dilation, pitch)
+                            for i in range(i_):
+                                c = w[k0, k1, k2, g, i, j]
+                                src = xf[n, g, i, s:s + span]  # a view from s: indices >= 0 (vectorised)
+                                for m in range(span):
+                                    row[m] += c * src[m]
+                for o0 in range(o0_):
+                    for o1 in range(o1_):
+                        base = (o0 * pitch[1] + o1) * pitch[2]
+                        for o2 in range(o2_):
+                            y[n, o0, o1, o2, g, j] = row[base + o2]
+
+
+@microkernel.cached_njit(fastmath=FASTMATH)
+def _backward_weights(x, dy, kind, dw, xf, dyf, lo, dilation, pitch):  # pragma: no cover - compiled
+    """dw (K0, K1, K2, G, I, J) from x (N, X0, X1, X2, G, I) and dy (N, O0, O1, O2, G, J), through
+    the zeroed frames xf (N, G, I, F) and dyf (N, G, J, L)."""
+    k0_, k1_, k2_, g_, i_, j_ = dw.shape
+    n_, span = x.shape[0], dyf.shape[3]
+    _frame(x, kind, xf, lo, pitch)
+    _frame(dy, kind, dyf, lo * 0, pitch)
+    dw[...] = 0
+    for k0 in range(k0_):
+        for k1 in range(k1_):
+            for k2 in range(k2_):
+                s = _shift(k0, k1, k2, dilation, pitch)
+                for g in range(g_):
+                    for i in range(i_):
+                        for j in range(j_):
+                            acc = dw[k0, k1, k2, g, i, j]  # zero, in dw's dtype
+                            for n in range(n_):
+                                a = xf[n, g, i, s:s + span]
+                                b = dyf[n, g, j]
+                                for m in range(span):
+                                    acc += a[m] * b[m]
+                            dw[k0, k1, k2, g, i, j] = acc
+
+
+@functools.lru_cache(maxsize=256)
+def _params(g: ConvGeometry) -> tuple[tuple[int, int, int, int], np.ndarray, np.ndarray, np.ndarray]:
+    """(frame size F, span L, begin pads, dilations, frame sizes P), remembered per geometry."""
+    pitch, f, span = _sizes(g)
+    return (f, span), (np.array(spatial(g.pads_begin, 0), np.int64), np.array(spatial(g.dilations, 1), np.int64),
+                       np.array(pitch, np.int64))
+
+
+def forward(g: ConvGeometry, x: np.ndarray, kind: int, w: np.ndarray, y: np.ndarray) -> None:
+    """y (N, O0, O1, O2, G, J) = conv(x (N, X0, X1, X2, G, I), w (K0, K1, K2, G, I, J)); x may
+    hold 16-bit bits of ``kind``."""
+    (f, span), arrays = _params(g)
+    _forward(x, kind, w, y, np.zeros((g.n, g.groups, g.icg, f), y.dtype), np.empty(span, y.dtype), *arrays)
+
+
+def backward_data(g: ConvGeometry, dy: np.ndarray, kind: int, w: np.ndarray, dx: np.ndarray) -> None:
+    """dx (N, X0, X1, X2, G, I) from dy (N, O0, O1, O2, G, J) and w (K0, K1, K2, G, I, J): the
+    forward loops on dy padded by ``(K-1)*D - PB`` and ``(K-1)*D - PE`` with the kernel flipped
+    and each group's weights transposed (stride 1)."""
+    flipped = np.ascontiguousarray(w[::-1, ::-1, ::-1].transpose(0, 1, 2, 3, 5, 4))
+    forward(_adjoint(g), dy, kind, flipped, dx)
+
+
+@functools.lru_cache(maxsize=256)
+def _adjoint(g: ConvGeometry) -> ConvGeometry:
+    """The stride-1 convolution whose forward is ``g``'s data gradient: dy (its input) padded by
+    ``(K-1)*D - PB`` before and ``(K-1)*D - PE`` after, output channels and input channels swapped."""
+    full = [(k - 1) * d for k, d in zip(g.kernel, g.dilations)]
+    return ConvGeometry(g.n, g.groups, g.oc, g.ic, g.out_size, g.in_size, g.kernel, g.strides, g.dilations,
+                        tuple(f - b for f, b in zip(full, g.pads_begin)), tuple(f - e for f, e in zip(full, g.pads_end)))
+
+
+def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, kind: int, dw: np.ndarray) -> None:
+    """dw (K0, K1, K2, G, I, J) from x (N, X0, X1, X2, G, I) and dy (N, O0, O1, O2, G, J)."""
+    (f, span), arrays = _params(g)
+    _backward_weights(x, dy, kind, dw, np.zeros((g.n, g.groups, g.icg, f), dw.dtype),
+                      np.zeros((g.n, g.groups, g.ocg, span), dw.dtype), *arrays)
