@@ -97,6 +97,7 @@ def avx2():
     ((2, 1, 3, 4, (5, 5), (3, 3)), "forward", np.float32, False, "direct loops=flat"),
     ((2, 1, 3, 4, (5, 5), (3, 3), (2, 2)), "forward", np.float32, False, "direct loops=general"),
     ((1, 1, 4, 15, (6, 6), (3, 3)), "backward_weights", np.float32, False, "direct loops=flat"),
+    ((1, 1, 4, 4, (6, 6), (3, 3), (1, 1), (8, 8), (8, 8), (8, 8)), "forward", np.float32, False, "direct loops=general"),
     ((1, 1, 4, 16, (6, 6), (3, 3)), "backward_weights", np.float32, False, "direct loops=general"),
     ((16, 1, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_data", np.float32, False, "jit"),
     ((16, 1, 64, 64, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_data", np.float64, False,

@@ -59,12 +59,17 @@ def applies(f: Features, plan: Plan | None = None) -> bool:
 
 def complete(f: Features, params: dict) -> dict:
     """``params`` with ``loops`` defaulted: ``depthwise`` for depthwise problems, else ``flat``
-    where it applies, except weights gradients of at least ``TUNING.flat_weights_channels``
-    output channels per group (one vector of them: the general loops' inner loop is full)."""
+    where it applies and its frames waste little (:func:`.direct_flat.waste` at most
+    ``TUNING.flat_waste``, half that where the general loops' innermost channels fill a vector:
+    ``TUNING.flat_channels``; weights gradients of that many output channels per group never),
+    else ``general``."""
+    g = f.geometry
+    inner = g.icg if f.task == "backward_data" else g.ocg
+    narrow = inner < TUNING.flat_channels
     if f.depthwise:
         loops = "depthwise"
-    elif direct_flat.applies(f.geometry) and (f.task != "backward_weights"
-                                              or f.geometry.ocg < TUNING.flat_weights_channels):
+    elif direct_flat.applies(g) and (narrow or f.task != "backward_weights") \
+            and direct_flat.waste(g) <= TUNING.flat_waste / (1 if narrow else 2):
         loops = "flat"
     else:
         loops = "general"
@@ -87,7 +92,7 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, ro
     if plan.param("loops") == "depthwise":
         return depthwise.run(g, a, b, task, acc, rounded)
     if plan.param("loops") == "flat":
-        return _flat(g, a, b, task, acc)
+        return _flat(g, a, b, task, acc, rounded)
     if task == "backward_weights":
         return backward_weights(g, a, b, acc)
     return (forward if task == "forward" else backward_data)(g, a, b, acc, rounded)
@@ -203,13 +208,13 @@ _UNROUNDED = np.empty((0,) * 6, np.uint16)   # the loops' ``rounded`` where they
 
 
 def _outputs(shape: tuple[int, ...], grouped: tuple[int, ...], dtype: np.dtype, kind: int, rounded: bool,
-             data_dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             data_dtype: np.dtype, image: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(the loops' sums, their ``rounded`` target, the result): with ``rounded`` and 16-bit data
-    read as bits (``kind``), one image of ``dtype`` sums and the result in the data's dtype
-    (the loops round each image into it); else the whole result in ``dtype``."""
+    read as bits (``kind``), the result in the data's dtype (the loops round into it) and one
+    image of ``dtype`` sums (``image``; else none); else the whole result in ``dtype``."""
     if rounded and kind:
         result = np.empty(shape, data_dtype)
-        return np.empty((1, *grouped[1:]), dtype), result.view(np.uint16).reshape(grouped), result
+        return np.empty((1, *grouped[1:]) if image else (0,) * 6, dtype), result.view(np.uint16).reshape(grouped), result
     result = np.empty(shape, dtype)
     return result.reshape(grouped), _UNROUNDED, result
 
@@ -235,8 +240,9 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
     return dx
 
 
-def _flat(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, dtype: np.dtype) -> np.ndarray:
-    """``task`` on the :mod:`.direct_flat` loops, result in ``dtype`` (canonical)."""
+def _flat(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, dtype: np.dtype, rounded: bool) -> np.ndarray:
+    """``task`` on the :mod:`.direct_flat` loops, result in ``dtype`` (canonical), or with
+    ``rounded`` a data result of 16-bit data in the data's dtype, each value rounded as stored."""
     xs, ys, ws, _ = _shapes(g)
     if task == "backward_weights":
         (x, dy), kind = _data((a, b), dtype)
@@ -245,13 +251,12 @@ def _flat(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, dtype: np.dt
         return np.ascontiguousarray(dw.transpose(0, 1, 2, 4, 3, 5)).reshape(g.w_shape)
     w = np.ascontiguousarray(tap_weights(g, b), dtype).reshape(ws)
     (src,), kind = _data((a,), dtype)
-    if task == "forward":
-        y = np.empty(g.y_shape, dtype)
-        direct_flat.forward(g, src.reshape(xs), kind, w, y.reshape(ys))
-        return y
-    dx = np.empty(g.x_shape, dtype)
-    direct_flat.backward_data(g, src.reshape(ys), kind, w, dx.reshape(xs))
-    return dx
+    forward = task == "forward"
+    sums, bits, result = _outputs(g.y_shape if forward else g.x_shape, ys if forward else xs, dtype, kind,
+                                  rounded, a.dtype, image=False)
+    (direct_flat.forward if forward else direct_flat.backward_data)(g, src.reshape(xs if forward else ys), kind, w,
+                                                                    sums, bits)
+    return result
 
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.dtype) -> np.ndarray:

@@ -24,18 +24,28 @@ import math
 
 import numpy as np
 
-from ...casts import widened
+from ...casts import narrowed, widened
 from ...problem import ConvGeometry
 from . import microkernel
 from .depthwise import FASTMATH
 from .geometry import spatial
 
-__all__ = ["applies", "forward", "backward_data", "backward_weights", "workspace_items"]
+__all__ = ["applies", "waste", "forward", "backward_data", "backward_weights", "workspace_items"]
 
 
 def applies(g: ConvGeometry) -> bool:
     """Stride 1 on every axis."""
     return all(s == 1 for s in g.strides)
+
+
+def waste(g: ConvGeometry) -> float:
+    """Frame values the loops compute per product the convolution needs: ``T * L`` over the
+    (tap, output) pairs whose tap is inside the input (large pads and dilations on small images
+    leave most of a frame to padding)."""
+    needed = 1
+    for i, o, k, d, pb in zip(g.in_size, g.out_size, g.kernel, g.dilations, g.pads_begin):
+        needed *= sum(max(0, min(o, i + pb - t * d) - max(0, pb - t * d)) for t in range(k))
+    return math.prod(g.kernel) * _sizes(g)[2] / needed if needed else math.inf
 
 
 def _sizes(g: ConvGeometry) -> tuple[tuple[int, int, int], int, int]:
@@ -46,37 +56,37 @@ def _sizes(g: ConvGeometry) -> tuple[tuple[int, int, int], int, int]:
 
 
 def workspace_items(g: ConvGeometry, task: str) -> int:
-    """Accumulation-dtype values of the frames, the row and the regrouped (flipped) weights
-    (the result not included)."""
+    """Accumulation-dtype values of one image's frames, the row and the regrouped (flipped)
+    weights (the result not included)."""
     if task == "backward_data":
         return workspace_items(_adjoint(g), "forward") + 2 * math.prod(g.w_shape)
     _, f, span = _sizes(g)
-    x = g.n * g.ic * f
-    return (x + span if task == "forward" else x + g.n * g.oc * span) + math.prod(g.w_shape)
+    x = g.ic * f
+    return (x + span if task == "forward" else x + g.oc * span) + math.prod(g.w_shape)
 
 
 @microkernel.cached_njit(fastmath=FASTMATH)
 def _frame(src, kind, out, lo, pitch):  # pragma: no cover - compiled
-    """out[n, g, c, f(x + lo)] = src[n, x, g, c] (widened) for x + lo inside the frame; ``out``
-    zeroed, ``pitch`` the frame's sizes (P0, P1, P2)."""
-    n_, x0_, x1_, x2_, g_, c_ = src.shape
-    for n in range(n_):
-        for x0 in range(x0_):
-            p0 = x0 + lo[0]
-            if p0 < 0 or p0 >= pitch[0]:
+    """out[g, c, f(x + lo)] = src[x, g, c] (one image, widened) for x + lo inside the frame;
+    the rest of ``out`` is left as it is (zeros, the same for every image); ``pitch`` the
+    frame's sizes (P0, P1, P2)."""
+    x0_, x1_, x2_, g_, c_ = src.shape
+    for x0 in range(x0_):
+        p0 = x0 + lo[0]
+        if p0 < 0 or p0 >= pitch[0]:
+            continue
+        for x1 in range(x1_):
+            p1 = x1 + lo[1]
+            if p1 < 0 or p1 >= pitch[1]:
                 continue
-            for x1 in range(x1_):
-                p1 = x1 + lo[1]
-                if p1 < 0 or p1 >= pitch[1]:
+            for x2 in range(x2_):
+                p2 = x2 + lo[2]
+                if p2 < 0 or p2 >= pitch[2]:
                     continue
-                for x2 in range(x2_):
-                    p2 = x2 + lo[2]
-                    if p2 < 0 or p2 >= pitch[2]:
-                        continue
-                    m = (p0 * pitch[1] + p1) * pitch[2] + p2
-                    for g in range(g_):
-                        for c in range(c_):
-                            out[n, g, c, m] = widened(src[n, x0, x1, x2, g, c], kind)
+                m = (p0 * pitch[1] + p1) * pitch[2] + p2
+                for g in range(g_):
+                    for c in range(c_):
+                        out[g, c, m] = widened(src[x0, x1, x2, g, c], kind)
 
 
 @microkernel.cached_njit(fastmath=FASTMATH)
@@ -85,14 +95,15 @@ def _shift(k0, k1, k2, dilation, pitch):  # pragma: no cover - compiled
 
 
 @microkernel.cached_njit(fastmath=FASTMATH)
-def _forward(x, kind, w, y, xf, row, lo, dilation, pitch):  # pragma: no cover - compiled
-    """y (N, O0, O1, O2, G, J) from x (N, X0, X1, X2, G, I) and w (K0, K1, K2, G, I, J), through
-    the zeroed frame xf (N, G, I, F) and a row of L values."""
-    n_, o0_, o1_, o2_, g_, j_ = y.shape
+def _forward(x, kind, w, y, bits, xf, row, lo, dilation, pitch):  # pragma: no cover - compiled
+    """y (N, O0, O1, O2, G, J) from x (N, X0, X1, X2, G, I) and w (K0, K1, K2, G, I, J), image by
+    image through the zeroed frame xf (G, I, F) and a row of L values; with ``bits`` not empty
+    (16-bit data of ``kind``), each value rounded once into ``bits`` (y's shape) instead."""
+    n_, o0_, o1_, o2_, g_, j_ = bits.shape if bits.size > 0 else y.shape
     k0_, k1_, k2_, _, i_, _ = w.shape
-    _frame(x, kind, xf, lo, pitch)
     span = row.size
     for n in range(n_):
+        _frame(x[n], kind, xf, lo, pitch)
         for g in range(g_):
             for j in range(j_):
                 row[:] = 0
@@ -102,39 +113,42 @@ def _forward(x, kind, w, y, xf, row, lo, dilation, pitch):  # pragma: no cover -
                             s = _shift(k0, k1, k2, dilation, pitch)
                             for i in range(i_):
                                 c = w[k0, k1, k2, g, i, j]
-                                src = xf[n, g, i, s:s + span]  # a view from s: indices >= 0 (vectorised)
+                                src = xf[g, i, s:s + span]  # a view from s: indices >= 0 (vectorised)
                                 for m in range(span):
                                     row[m] += c * src[m]
                 for o0 in range(o0_):
                     for o1 in range(o1_):
                         base = (o0 * pitch[1] + o1) * pitch[2]
                         for o2 in range(o2_):
-                            y[n, o0, o1, o2, g, j] = row[base + o2]
+                            if bits.size > 0:
+                                bits[n, o0, o1, o2, g, j] = narrowed(row[base + o2], kind)
+                            else:
+                                y[n, o0, o1, o2, g, j] = row[base + o2]
 
 
 @microkernel.cached_njit(fastmath=FASTMATH)
 def _backward_weights(x, dy, kind, dw, xf, dyf, lo, dilation, pitch):  # pragma: no cover - compiled
-    """dw (K0, K1, K2, G, I, J) from x (N, X0, X1, X2, G, I) and dy (N, O0, O1, O2, G, J), through
-    the zeroed frames xf (N, G, I, F) and dyf (N, G, J, L)."""
+    """dw (K0, K1, K2, G, I, J) from x (N, X0, X1, X2, G, I) and dy (N, O0, O1, O2, G, J), image
+    by image through the zeroed frames xf (G, I, F) and dyf (G, J, L)."""
     k0_, k1_, k2_, g_, i_, j_ = dw.shape
-    n_, span = x.shape[0], dyf.shape[3]
-    _frame(x, kind, xf, lo, pitch)
-    _frame(dy, kind, dyf, lo * 0, pitch)
+    span = dyf.shape[2]
     dw[...] = 0
-    for k0 in range(k0_):
-        for k1 in range(k1_):
-            for k2 in range(k2_):
-                s = _shift(k0, k1, k2, dilation, pitch)
-                for g in range(g_):
-                    for i in range(i_):
-                        for j in range(j_):
-                            acc = dw[k0, k1, k2, g, i, j]  # zero, in dw's dtype
-                            for n in range(n_):
-                                a = xf[n, g, i, s:s + span]
-                                b = dyf[n, g, j]
+    for n in range(x.shape[0]):
+        _frame(x[n], kind, xf, lo, pitch)
+        _frame(dy[n], kind, dyf, lo * 0, pitch)
+        for k0 in range(k0_):
+            for k1 in range(k1_):
+                for k2 in range(k2_):
+                    s = _shift(k0, k1, k2, dilation, pitch)
+                    for g in range(g_):
+                        for i in range(i_):
+                            a = xf[g, i, s:s + span]
+                            for j in range(j_):
+                                b = dyf[g, j]
+                                acc = dw[k0, k1, k2, g, i, j]
                                 for m in range(span):
                                     acc += a[m] * b[m]
-                            dw[k0, k1, k2, g, i, j] = acc
+                                dw[k0, k1, k2, g, i, j] = acc
 
 
 @functools.lru_cache(maxsize=256)
@@ -145,19 +159,21 @@ def _params(g: ConvGeometry) -> tuple[tuple[int, int, int, int], np.ndarray, np.
                        np.array(pitch, np.int64))
 
 
-def forward(g: ConvGeometry, x: np.ndarray, kind: int, w: np.ndarray, y: np.ndarray) -> None:
+def forward(g: ConvGeometry, x: np.ndarray, kind: int, w: np.ndarray, y: np.ndarray, bits: np.ndarray) -> None:
     """y (N, O0, O1, O2, G, J) = conv(x (N, X0, X1, X2, G, I), w (K0, K1, K2, G, I, J)); x may
-    hold 16-bit bits of ``kind``."""
+    hold 16-bit bits of ``kind``, and with ``bits`` not empty (y's shape) the result is rounded
+    into them (``y`` unused)."""
     (f, span), arrays = _params(g)
-    _forward(x, kind, w, y, np.zeros((g.n, g.groups, g.icg, f), y.dtype), np.empty(span, y.dtype), *arrays)
+    _forward(x, kind, w, y, bits, np.zeros((g.groups, g.icg, f), w.dtype), np.empty(span, w.dtype), *arrays)
 
 
-def backward_data(g: ConvGeometry, dy: np.ndarray, kind: int, w: np.ndarray, dx: np.ndarray) -> None:
-    """dx (N, X0, X1, X2, G, I) from dy (N, O0, O1, O2, G, J) and w (K0, K1, K2, G, I, J): the
-    forward loops on dy padded by ``(K-1)*D - PB`` and ``(K-1)*D - PE`` with the kernel flipped
-    and each group's weights transposed (stride 1)."""
+def backward_data(g: ConvGeometry, dy: np.ndarray, kind: int, w: np.ndarray, dx: np.ndarray,
+                  bits: np.ndarray) -> None:
+    """dx (N, X0, X1, X2, G, I) from dy (N, O0, O1, O2, G, J) and w (K0, K1, K2, G, I, J) (``bits``
+    as in :func:`forward`): the forward loops on dy padded by ``(K-1)*D - PB`` and
+    ``(K-1)*D - PE`` with the kernel flipped and each group's weights transposed (stride 1)."""
     flipped = np.ascontiguousarray(w[::-1, ::-1, ::-1].transpose(0, 1, 2, 3, 5, 4))
-    forward(_adjoint(g), dy, kind, flipped, dx)
+    forward(_adjoint(g), dy, kind, flipped, dx, bits)
 
 
 @functools.lru_cache(maxsize=256)
@@ -172,5 +188,5 @@ def _adjoint(g: ConvGeometry) -> ConvGeometry:
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, kind: int, dw: np.ndarray) -> None:
     """dw (K0, K1, K2, G, I, J) from x (N, X0, X1, X2, G, I) and dy (N, O0, O1, O2, G, J)."""
     (f, span), arrays = _params(g)
-    _backward_weights(x, dy, kind, dw, np.zeros((g.n, g.groups, g.icg, f), dw.dtype),
-                      np.zeros((g.n, g.groups, g.ocg, span), dw.dtype), *arrays)
+    _backward_weights(x, dy, kind, dw, np.zeros((g.groups, g.icg, f), dw.dtype),
+                      np.zeros((g.groups, g.ocg, span), dw.dtype), *arrays)

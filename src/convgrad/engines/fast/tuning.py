@@ -25,9 +25,14 @@ class Tuning:
     #: Problems of at most this many FLOPs (2*N*OC*ICg*prod(K)*prod(O)) run on the ``direct``
     #: strategy's loops, where the GEMM paths' fixed per-call costs would dominate.
     direct_flops: int = 500_000
-    #: ``direct``: weights gradients of this many output channels per group (one AVX-512 vector)
-    #: run on the general loops, narrower ones on the flat loops.
-    flat_weights_channels: int = 16
+    #: ``direct``: the general loops' innermost channels (output channels per group; the data
+    #: gradient's input channels) from which they fill a vector (AVX-512) and the flat loops'
+    #: frames may waste only half ``flat_waste``; weights gradients that wide stay general.
+    flat_channels: int = 16
+    #: ``direct``: the flat loops run where their frames compute at most this many values per
+    #: product needed (:func:`.direct_flat.waste`): narrow channels, Zen 4, 2026-11-26: flat
+    #: 3-8x faster at waste 1.2-1.5, 9x slower at a dilated layer's waste of about 25.
+    flat_waste: float = 4.0
     #: Kernel families on which the rule selects the ``jit`` strategy: every family with JIT
     #: kernels (``portable`` has none).
     jit_families: tuple[str, ...] = ("avx512_bf16", "avx512", "avx2")
