@@ -69,7 +69,7 @@ def complete(f: Features, params: dict) -> dict:
     if f.depthwise:
         loops = "depthwise"
     elif direct_flat.applies(g) and (narrow or f.task != "backward_weights") \
-            and direct_flat.waste(g) <= TUNING.flat_waste / (1 if narrow else 2):
+            and direct_flat.waste(g, f.task) <= TUNING.flat_waste / (1 if narrow else 2):
         loops = "flat"
     else:
         loops = "general"
@@ -249,9 +249,10 @@ def _flat(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, dtype: np.dt
         dw = np.empty(ws, dtype)
         direct_flat.backward_weights(g, x.reshape(xs), dy.reshape(ys), kind, dw)
         return np.ascontiguousarray(dw.transpose(0, 1, 2, 4, 3, 5)).reshape(g.w_shape)
-    w = np.ascontiguousarray(tap_weights(g, b), dtype).reshape(ws)
-    (src,), kind = _data((a,), dtype)
     forward = task == "forward"
+    w = tap_weights(g, b).reshape(ws)  # a view where it can be: the loops' one copy is made below
+    w = np.ascontiguousarray(w, dtype) if forward else direct_flat.flipped(w, dtype)
+    (src,), kind = _data((a,), dtype)
     sums, bits, result = _outputs(g.y_shape if forward else g.x_shape, ys if forward else xs, dtype, kind,
                                   rounded, a.dtype, image=False)
     (direct_flat.forward if forward else direct_flat.backward_data)(g, src.reshape(xs if forward else ys), kind, w,

@@ -30,7 +30,7 @@ from . import microkernel
 from .depthwise import FASTMATH
 from .geometry import spatial
 
-__all__ = ["applies", "waste", "forward", "backward_data", "backward_weights", "workspace_items"]
+__all__ = ["applies", "waste", "forward", "backward_data", "flipped", "backward_weights", "workspace_items"]
 
 
 def applies(g: ConvGeometry) -> bool:
@@ -38,10 +38,13 @@ def applies(g: ConvGeometry) -> bool:
     return all(s == 1 for s in g.strides)
 
 
-def waste(g: ConvGeometry) -> float:
-    """Frame values the loops compute per product the convolution needs: ``T * L`` over the
-    (tap, output) pairs whose tap is inside the input (large pads and dilations on small images
-    leave most of a frame to padding)."""
+def waste(g: ConvGeometry, task: str = "forward") -> float:
+    """Frame values the loops compute for ``task`` per product it needs: ``T * L`` over the
+    (tap, output) pairs whose tap is inside the input, of ``g`` or, for the data gradient, of
+    its :func:`_adjoint` (large pads and dilations on small images leave most of a frame to
+    padding)."""
+    if task == "backward_data":
+        g = _adjoint(g)
     needed = 1
     for i, o, k, d, pb in zip(g.in_size, g.out_size, g.kernel, g.dilations, g.pads_begin):
         needed *= sum(max(0, min(o, i + pb - t * d) - max(0, pb - t * d)) for t in range(k))
@@ -56,13 +59,13 @@ def _sizes(g: ConvGeometry) -> tuple[tuple[int, int, int], int, int]:
 
 
 def workspace_items(g: ConvGeometry, task: str) -> int:
-    """Accumulation-dtype values of one image's frames, the row and the regrouped (flipped)
-    weights (the result not included)."""
+    """Accumulation-dtype values of one image's frames, the row and the loops' weights (the
+    result not included); grouped weights are regrouped once more on the way."""
+    weights = math.prod(g.w_shape) * (2 if g.groups > 1 and task != "backward_weights" else 1)
     if task == "backward_data":
-        return workspace_items(_adjoint(g), "forward") + 2 * math.prod(g.w_shape)
+        g = _adjoint(g)
     _, f, span = _sizes(g)
-    x = g.ic * f
-    return (x + span if task == "forward" else x + g.oc * span) + math.prod(g.w_shape)
+    return g.ic * f + (g.oc * span if task == "backward_weights" else span) + weights
 
 
 @microkernel.cached_njit(fastmath=FASTMATH)
@@ -169,11 +172,16 @@ def forward(g: ConvGeometry, x: np.ndarray, kind: int, w: np.ndarray, y: np.ndar
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, kind: int, w: np.ndarray, dx: np.ndarray,
                   bits: np.ndarray) -> None:
-    """dx (N, X0, X1, X2, G, I) from dy (N, O0, O1, O2, G, J) and w (K0, K1, K2, G, I, J) (``bits``
-    as in :func:`forward`): the forward loops on dy padded by ``(K-1)*D - PB`` and
-    ``(K-1)*D - PE`` with the kernel flipped and each group's weights transposed (stride 1)."""
-    flipped = np.ascontiguousarray(w[::-1, ::-1, ::-1].transpose(0, 1, 2, 3, 5, 4))
-    forward(_adjoint(g), dy, kind, flipped, dx, bits)
+    """dx (N, X0, X1, X2, G, I) from dy (N, O0, O1, O2, G, J) and the :func:`flipped` weights
+    (``bits`` as in :func:`forward`): the forward loops on dy padded by ``(K-1)*D - PB`` and
+    ``(K-1)*D - PE`` (stride 1)."""
+    forward(_adjoint(g), dy, kind, w, dx, bits)
+
+
+def flipped(w: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Weights (K0, K1, K2, G, I, J) as :func:`backward_data` takes them: the kernel flipped and
+    each group's weights transposed, (K0, K1, K2, G, J, I) in ``dtype`` (one copy)."""
+    return np.ascontiguousarray(w[::-1, ::-1, ::-1].transpose(0, 1, 2, 3, 5, 4), dtype)
 
 
 @functools.lru_cache(maxsize=256)
