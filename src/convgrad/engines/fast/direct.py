@@ -250,8 +250,10 @@ def _flat(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, dtype: np.dt
         direct_flat.backward_weights(g, x.reshape(xs), dy.reshape(ys), kind, dw)
         return np.ascontiguousarray(dw.transpose(0, 1, 2, 4, 3, 5)).reshape(g.w_shape)
     forward = task == "forward"
-    w = tap_weights(g, b).reshape(ws)  # a view where it can be: the loops' one copy is made below
-    w = np.ascontiguousarray(w, dtype) if forward else direct_flat.flipped(w, dtype)
+    if g.groups == 1 and b.dtype == dtype and b.flags.c_contiguous:
+        w = b.reshape(ws)  # canonical (*K, ICg, OC) is (*K, 1, ICg, OCg) as it lies
+    else:
+        w = np.ascontiguousarray(tap_weights(g, b), dtype).reshape(ws)
     (src,), kind = _data((a,), dtype)
     sums, bits, result = _outputs(g.y_shape if forward else g.x_shape, ys if forward else xs, dtype, kind,
                                   rounded, a.dtype, image=False)

@@ -30,7 +30,7 @@ from . import microkernel
 from .depthwise import FASTMATH
 from .geometry import spatial
 
-__all__ = ["applies", "waste", "forward", "backward_data", "flipped", "backward_weights", "workspace_items"]
+__all__ = ["applies", "waste", "forward", "backward_data", "backward_weights", "workspace_items"]
 
 
 def applies(g: ConvGeometry) -> bool:
@@ -60,8 +60,8 @@ def _sizes(g: ConvGeometry) -> tuple[tuple[int, int, int], int, int]:
 
 def workspace_items(g: ConvGeometry, task: str) -> int:
     """Accumulation-dtype values of one image's frames, the row and the loops' weights (the
-    result not included); grouped weights are regrouped once more on the way."""
-    weights = math.prod(g.w_shape) * (2 if g.groups > 1 and task != "backward_weights" else 1)
+    result not included)."""
+    weights = math.prod(g.w_shape)
     if task == "backward_data":
         g = _adjoint(g)
     _, f, span = _sizes(g)
@@ -98,12 +98,14 @@ def _shift(k0, k1, k2, dilation, pitch):  # pragma: no cover - compiled
 
 
 @microkernel.cached_njit(fastmath=FASTMATH)
-def _forward(x, kind, w, y, bits, xf, row, lo, dilation, pitch):  # pragma: no cover - compiled
-    """y (N, O0, O1, O2, G, J) from x (N, X0, X1, X2, G, I) and w (K0, K1, K2, G, I, J), image by
-    image through the zeroed frame xf (G, I, F) and a row of L values; with ``bits`` not empty
-    (16-bit data of ``kind``), each value rounded once into ``bits`` (y's shape) instead."""
+def _forward(x, kind, w, flip, y, bits, xf, row, lo, dilation, pitch):  # pragma: no cover - compiled
+    """y (N, O0, O1, O2, G, J) from x (N, X0, X1, X2, G, I) and w (K0, K1, K2, G, I, J) (with
+    ``flip``, w (K0, K1, K2, G, J, I) read with the kernel flipped: the data gradient's loops),
+    image by image through the zeroed frame xf (G, I, F) and a row of L values; with ``bits``
+    not empty (16-bit data of ``kind``), each value rounded once into ``bits`` (y's shape) instead."""
     n_, o0_, o1_, o2_, g_, j_ = bits.shape if bits.size > 0 else y.shape
-    k0_, k1_, k2_, _, i_, _ = w.shape
+    k0_, k1_, k2_ = w.shape[:3]
+    i_ = w.shape[5] if flip else w.shape[4]
     span = row.size
     for n in range(n_):
         _frame(x[n], kind, xf, lo, pitch)
@@ -115,7 +117,10 @@ def _forward(x, kind, w, y, bits, xf, row, lo, dilation, pitch):  # pragma: no c
                         for k2 in range(k2_):
                             s = _shift(k0, k1, k2, dilation, pitch)
                             for i in range(i_):
-                                c = w[k0, k1, k2, g, i, j]
+                                if flip:
+                                    c = w[k0_ - 1 - k0, k1_ - 1 - k1, k2_ - 1 - k2, g, j, i]
+                                else:
+                                    c = w[k0, k1, k2, g, i, j]
                                 src = xf[g, i, s:s + span]  # a view from s: indices >= 0 (vectorised)
                                 for m in range(span):
                                     row[m] += c * src[m]
@@ -162,26 +167,21 @@ def _params(g: ConvGeometry) -> tuple[tuple[int, int, int, int], np.ndarray, np.
                        np.array(pitch, np.int64))
 
 
-def forward(g: ConvGeometry, x: np.ndarray, kind: int, w: np.ndarray, y: np.ndarray, bits: np.ndarray) -> None:
+def forward(g: ConvGeometry, x: np.ndarray, kind: int, w: np.ndarray, y: np.ndarray, bits: np.ndarray,
+            flip: bool = False) -> None:
     """y (N, O0, O1, O2, G, J) = conv(x (N, X0, X1, X2, G, I), w (K0, K1, K2, G, I, J)); x may
     hold 16-bit bits of ``kind``, and with ``bits`` not empty (y's shape) the result is rounded
-    into them (``y`` unused)."""
+    into them (``y`` unused). ``flip``: see :func:`_forward`."""
     (f, span), arrays = _params(g)
-    _forward(x, kind, w, y, bits, np.zeros((g.groups, g.icg, f), w.dtype), np.empty(span, w.dtype), *arrays)
+    _forward(x, kind, w, flip, y, bits, np.zeros((g.groups, g.icg, f), w.dtype), np.empty(span, w.dtype), *arrays)
 
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, kind: int, w: np.ndarray, dx: np.ndarray,
                   bits: np.ndarray) -> None:
-    """dx (N, X0, X1, X2, G, I) from dy (N, O0, O1, O2, G, J) and the :func:`flipped` weights
-    (``bits`` as in :func:`forward`): the forward loops on dy padded by ``(K-1)*D - PB`` and
-    ``(K-1)*D - PE`` (stride 1)."""
-    forward(_adjoint(g), dy, kind, w, dx, bits)
-
-
-def flipped(w: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Weights (K0, K1, K2, G, I, J) as :func:`backward_data` takes them: the kernel flipped and
-    each group's weights transposed, (K0, K1, K2, G, J, I) in ``dtype`` (one copy)."""
-    return np.ascontiguousarray(w[::-1, ::-1, ::-1].transpose(0, 1, 2, 3, 5, 4), dtype)
+    """dx (N, X0, X1, X2, G, I) from dy (N, O0, O1, O2, G, J) and w (K0, K1, K2, G, I, J) (``bits``
+    as in :func:`forward`): the forward loops on dy padded by ``(K-1)*D - PB`` and
+    ``(K-1)*D - PE``, reading the kernel flipped and each group's weights transposed (stride 1)."""
+    forward(_adjoint(g), dy, kind, w, dx, bits, flip=True)
 
 
 @functools.lru_cache(maxsize=256)
