@@ -202,6 +202,9 @@ STRIDE_1 = [
     (3, 1, 5, 2, (9,), (3,), (1,), (3,), (3,), (3,)),                       # 1-D
     (1, 2, 3, 2, (4, 3, 5), (2, 3, 2), (1, 1, 1), (1, 2, 1), (1, 2, 0), (0, 1, 1)),  # 3-D
     (1, 1, 17, 19, (5, 5), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),        # channels past one vector
+    # input positions no output reads (a transposed convolution's output_padding: its output is x)
+    ConvGeometry(2, 1, 3, 2, (8,), (5,), (2,), (1,), (3,), (1,), (1,)),
+    ConvGeometry(1, 2, 4, 2, (7, 6), (4, 4), (2, 3), (1, 1), (2, 1), (0, 1), (1, 0)),
 ]
 
 
@@ -214,7 +217,7 @@ def test_direct_loops_on_stride_1_geometries(loops, case, dtype_name, channels_f
     data dtype (16-bit data widened as it is read), either memory order; the flat loops' memory
     within the strategy's estimate."""
     import tracemalloc
-    g, dtype = _geometry(*case), DATA_DTYPES[dtype_name]
+    g, dtype = case if isinstance(case, ConvGeometry) else _geometry(*case), DATA_DTYPES[dtype_name]
     inputs = _engine_inputs(g, rng, dtype, channels_first)
     with forced_plan(Plan.of("direct", loops=loops)):
         for task in TASKS:

@@ -186,11 +186,15 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, kind: int, w: np.ndarray, dx:
 
 @functools.lru_cache(maxsize=256)
 def _adjoint(g: ConvGeometry) -> ConvGeometry:
-    """The stride-1 convolution whose forward is ``g``'s data gradient: dy (its input) padded by
-    ``(K-1)*D - PB`` before and ``(K-1)*D - PE`` after, output channels and input channels swapped."""
+    """The stride-1 convolution whose forward is ``g``'s data gradient: input and output (and
+    their channels) swapped, dy padded by ``(K-1)*D - PB`` before and after by what brings its
+    output to the input's size: ``(K-1)*D - PE``, plus the input positions no output reads (a
+    transposed convolution's output_padding), whose gradient is zero."""
     full = [(k - 1) * d for k, d in zip(g.kernel, g.dilations)]
+    begin = tuple(f - b for f, b in zip(full, g.pads_begin))
+    end = tuple(i + f - o - b for i, f, o, b in zip(g.in_size, full, g.out_size, begin))
     return ConvGeometry(g.n, g.groups, g.oc, g.ic, g.out_size, g.in_size, g.kernel, g.strides, g.dilations,
-                        tuple(f - b for f, b in zip(full, g.pads_begin)), tuple(f - e for f, e in zip(full, g.pads_end)))
+                        begin, end)
 
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, kind: int, dw: np.ndarray) -> None:
