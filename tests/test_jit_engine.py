@@ -315,3 +315,38 @@ def test_bf16_weights_gradient_in_tap_slabs_is_rounded_once(standin, rng):
     _close(got.astype(np.float32), get_engine("reference").backward_weights(g, x.astype(np.float64), dy.astype(np.float64)),
            TOLERANCE["bf16"], "slabs")
     assert peak <= 2 * (x.nbytes + dy.nbytes + got.nbytes) + MUTATION_SLACK, peak
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("groups,icg,ocg,kernel,vw,columns", [
+    (1, 512, 512, (3, 3), 64, slice(None)),       # a res5 layer's weights: whole blocks, 16-row tiles
+    (1, 37, 70, (3, 3), 64, slice(None)),          # tails: a partial block, reduction rows past a tile
+    (3, 5, 17, (2, 1), 16, slice(None)),           # groups, an odd reduction (bf16 pairs padded)
+    (2, 33, 20, (1, 3), 32, slice(8, 31)),         # a window of the columns
+])
+def test_packed_weights_against_their_definition(groups, icg, ocg, kernel, vw, columns, depth, transpose, rng):
+    """``jit._packed_weights`` (the parallel packing kernel) holds, for every group, block, tap,
+    reduction row r and lane c, the weight it names: ``w[t, r, column]`` (forward) or
+    ``w[t, column, r]`` (transposed) of the block's column, zero past the channels, bf16 pairs
+    interleaved per lane (depth 2); the f32 path also equals NumPy's strided assignment."""
+    from convgrad.engines.fast import jit
+    from convgrad.problem import ConvGeometry
+
+    g = ConvGeometry(1, groups, groups * icg, groups * ocg, (4,) * len(kernel), (4,) * len(kernel), kernel,
+                     (1,) * len(kernel), (1,) * len(kernel), (0,) * len(kernel), (0,) * len(kernel))
+    dtype = cg.dtypes.bfloat16 if depth == 2 else np.float32
+    w = rng.standard_normal(g.w_shape).astype(dtype)
+    got = jit._packed_weights(g, w, vw, transpose, depth, columns)
+    bits = (w.view(np.uint16) if depth == 2 else w).reshape(-1, icg, groups, ocg)  # (T, ICg, G, OCg)
+    cols = np.arange(icg if transpose else ocg)[columns]
+    red, blocks, rows = (ocg if transpose else icg), got.shape[1], got.shape[3] * depth
+    want = np.zeros((groups, blocks, bits.shape[0], rows, vw), bits.dtype)
+    for gi, b in np.ndindex(groups, blocks):
+        block = cols[b * vw:(b + 1) * vw]
+        part = bits[:, :, gi, :][:, block, :].transpose(0, 2, 1) if transpose else bits[:, :, gi, :][:, :, block]
+        want[gi, b, :, :red, :len(block)] = part          # (T, red, lanes)
+    got_values = got.view(np.uint16) if depth == 2 else got
+    np.testing.assert_array_equal(got_values, want.reshape(*want.shape[:3], rows // depth, depth, vw).swapaxes(4, 5))
+    if depth == 1:
+        np.testing.assert_array_equal(got, jit._packed_weights(g, w.astype(np.float64), vw, transpose, 1, columns))

@@ -451,12 +451,51 @@ def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, de
     red, width = taps.shape[2:]
     blocks, rpad = -(-width // vw), -(-red // depth) * depth
     shape = (g.groups, blocks, t, rpad // depth, vw, depth)
+    if taps.dtype == (np.uint16 if depth == 2 else F32):   # every value written once, in parallel
+        out = workspace.empty(math.prod(shape), taps.dtype).reshape(shape)
+        _pack(taps, out)
+        return out
     out = workspace.zeros(math.prod(shape), np.uint16 if depth == 2 else F32).reshape(shape)   # aligned: vector loads
     for block in range(blocks):        # written in place (converted as assigned): no second copy
         cols = slice(block * vw, min(width, (block + 1) * vw))
         for d in range(depth):
             out[:, block, :, :len(range(d, red, depth)), :cols.stop - cols.start, d] = taps[:, :, d::depth, cols]
     return out
+
+
+@numba.njit(parallel=True, cache=True)
+def _pack(taps, out):  # pragma: no cover - compiled
+    """out[g, b, t, r // D, c, r % D] = taps[g, t, r, b*VW + c] (zero past taps' reduction and
+    width) for out (G, blocks, T, R/D, VW, D), items (g, b, t) in parallel; taps of any strides
+    read along whichever of r and c is contiguous (a transposed view: along r)."""
+    g_, t_, red, width = taps.shape
+    blocks, vw, depth = out.shape[1], out.shape[4], out.shape[5]
+    rpad = out.shape[3] * depth
+    along_r = taps.strides[2] < taps.strides[3]
+    for item in numba.prange(g_ * blocks * t_):
+        t = item % t_
+        b = item // t_ % blocks
+        g = item // (t_ * blocks)
+        o = out[g, b, t]
+        lanes = min(vw, width - b * vw)
+        if along_r:  # through a (16, VW) tile in L1: reads along r, writes along c
+            tile = np.zeros((16, vw), out.dtype)
+            for r0 in range(0, rpad, 16):
+                rows = min(16, rpad - r0)
+                for c in range(lanes):
+                    for r in range(min(rows, red - r0)):
+                        tile[r, c] = taps[g, t, r0 + r, b * vw + c]
+                for r in range(rows):
+                    if r0 + r >= red:
+                        tile[r, :] = 0
+                    dst = o[(r0 + r) // depth, :, (r0 + r) % depth]
+                    src = tile[r]
+                    for c in range(vw):
+                        dst[c] = src[c]
+        else:
+            for r in range(rpad):
+                for c in range(vw):
+                    o[r // depth, c, r % depth] = taps[g, t, r, b * vw + c] if r < red and c < lanes else 0
 
 
 def _strides(shape: tuple[int, ...]) -> np.ndarray:
