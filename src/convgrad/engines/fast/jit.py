@@ -494,8 +494,15 @@ def _pack(taps, out):  # pragma: no cover - compiled
                         dst[c] = src[c]
         else:
             for r in range(rpad):
-                for c in range(vw):
-                    o[r // depth, c, r % depth] = taps[g, t, r, b * vw + c] if r < red and c < lanes else 0
+                dst = o[r // depth, :, r % depth]
+                if r < red:
+                    src = taps[g, t, r, b * vw:b * vw + lanes]
+                    for c in range(lanes):
+                        dst[c] = src[c]
+                    for c in range(lanes, vw):
+                        dst[c] = 0
+                else:
+                    dst[:] = 0
 
 
 def _strides(shape: tuple[int, ...]) -> np.ndarray:
