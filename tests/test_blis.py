@@ -1,10 +1,11 @@
 """Our GEMM (:mod:`convgrad.engines.fast.blis`) against NumPy/float64, and the pointwise layers
 that run on it against the reference engine: shapes of 1, primes, sizes just past each block,
-strided and transposed views, f32 and bf16 (the dot instruction where the host has it, and its
+strided and transposed views (of A and of B), f32 and bf16 (the dot instruction where the host has it, and its
 stand-in everywhere)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import ml_dtypes
@@ -34,8 +35,9 @@ def test_f32_gemm_against_float64(m, k, n):
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     want = a.astype(np.float64) @ b
     tol = 1e-5 * math.sqrt(k) * max(1.0, np.abs(want).max())
-    for view in (a, np.asfortranarray(a), np.ascontiguousarray(a.T).T):
-        got = blis.gemm(view, b)
+    for view, b_view in itertools.product((a, np.asfortranarray(a), np.ascontiguousarray(a.T).T),
+                                          (b, np.ascontiguousarray(b.T).T)):  # B also stored along K
+        got = blis.gemm(view, b_view)
         assert got.shape == (m, n) and got.dtype == np.float32
         np.testing.assert_allclose(got, want, atol=tol, rtol=0)
 
@@ -51,8 +53,8 @@ def test_bf16_gemm_on_pairs(m, k, n, standin):
     want = a.astype(np.float64) @ b.astype(np.float64)
     before = isa.set_family("avx512_bf16", allow_emulated=True, standin=standin)
     try:
-        for view in (a, np.ascontiguousarray(a.T).T):
-            got = blis.gemm(view.view(np.uint16), b.view(np.uint16))
+        for view, b_view in itertools.product((a, np.ascontiguousarray(a.T).T), (b, np.ascontiguousarray(b.T).T)):
+            got = blis.gemm(view.view(np.uint16), b_view.view(np.uint16))
             np.testing.assert_allclose(got, want, atol=1e-5 * math.sqrt(k) * max(1.0, np.abs(want).max()), rtol=0)
     finally:
         isa.set_family(before)
