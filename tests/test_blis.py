@@ -26,7 +26,8 @@ def _sizes() -> list[tuple[int, int, int]]:
     return [(1, 1, 1), (1, 7, 1), (13, 1, 5), (7, 13, 17), (b.rows + 1, b.kc + 1, b.nr + 1),
             (b.mc + 1, 2 * b.kc + 3, 2 * b.nr - 1), (3 * b.rows - 1, b.kc - 1, 97), (61, 263, 31),
             (13, 3 * b.kc + 11, 7), (3, 97, 2), (b.rows + 3, 2 * b.kc + 1, b.nr + 5),   # deep: K split
-            (2 * b.nr + 3, 4 * b.kc + 1, b.nr)]                                     # ... and B in place
+            (2 * b.nr + 3, 4 * b.kc + 1, b.nr),                                     # ... and B in place
+            (5, 70, 131), (3, b.kc + 5, 4 * b.nr + 3)]            # few rows: a B stored along K swapped
 
 
 @pytest.mark.parametrize("m, k, n", _sizes())
@@ -118,9 +119,9 @@ def test_bf16_gemm_rounded_as_it_stores(m, k, n, standin):
     a[-1, -1] = 2.0 ** 120 if m > 1 else a[-1, -1]
     before = isa.set_family("avx512_bf16", allow_emulated=True, standin=standin)
     try:
-        for view in (a, np.ascontiguousarray(a.T).T):
-            f32 = np.ascontiguousarray(blis.gemm(view.view(np.uint16), b.view(np.uint16)))
-            got = blis.gemm(view.view(np.uint16), b.view(np.uint16), rounded=True)
+        for view, b_view in itertools.product((a, np.ascontiguousarray(a.T).T), (b, np.ascontiguousarray(b.T).T)):
+            f32 = np.ascontiguousarray(blis.gemm(view.view(np.uint16), b_view.view(np.uint16)))
+            got = blis.gemm(view.view(np.uint16), b_view.view(np.uint16), rounded=True)
             assert got.shape == (m, n) and got.dtype == np.uint16
             want = casts.from_f32(f32, BF16).view(np.uint16)
             nan = np.isnan(f32)

@@ -117,6 +117,10 @@ class Tuning:
     gemm_panel_l1: float = 2.0
     #: A GEMM reducing over K > this times (M + N) (a weights gradient) splits K among the threads.
     gemm_deep: float = 4.0
+    #: A B stored along K (a data gradient's transposed weights) with at least this many times
+    #: A's rows as columns runs as ``(B^T A^T)^T``: B read in place, A packed (Zen 4, ResNet-50's
+    #: res5 1x1 data gradients at mb 1).
+    gemm_swap_ratio: int = 4
     #: An f32 deep reduction whose A steps at least this many values per K step (x^T of as many
     #: channels) packs A per block of rows and K step, as bf16 does (rows nearer read as they lie).
     gemm_pack_stride: int = 64
