@@ -134,7 +134,7 @@ def geometries(draw) -> ConvGeometry:
     return g
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(g=geometries(), dtype=st.sampled_from([np.float64, np.float32]), channels_first=st.booleans(),
        path=st.sampled_from(PATHS))
 def test_random_geometries_against_reference(g, dtype, channels_first, path):
