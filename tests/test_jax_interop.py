@@ -202,6 +202,22 @@ def test_custom_call_buffers() -> None:
     assert seen == [False]
 
 
+def test_one_xla_target_per_op_and_attributes() -> None:
+    """A call site registers its XLA target once: the same op and attributes again, also after
+    the cache of differentiable functions dropped them, reuse it (registrations live as long as
+    the process)."""
+    from convgrad import jax as cjax, xla_ffi
+
+    case = CASES[0]
+    x, w, b = inputs(case)
+    want = reference(case)(x, w, b)
+    assert_close(ours(case)(x, w, b), want)
+    registered = len(xla_ffi._handlers)
+    cjax._differentiable.cache_clear()
+    assert_close(jax.jit(ours(case))(x, w, b), want)
+    assert len(xla_ffi._handlers) == registered
+
+
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_readme_snippets_run() -> None:
     """The README's "Inside PyTorch and JAX" examples run as printed."""

@@ -41,6 +41,10 @@ def _apply(kind: str, *arrays: Any, **attrs: Any) -> jax.Array:
     return _differentiable(kind, key, present)(*[a for a in arrays if a is not None])
 
 
+#: The XLA custom-call target of each (op, attributes, present inputs) this process has run.
+_targets: dict[tuple[Any, ...], str] = {}
+
+
 @functools.lru_cache(maxsize=512)
 def _differentiable(kind: str, key: tuple[tuple[str, Any], ...], present: tuple[bool, ...]) -> Callable[..., jax.Array]:
     """The custom_vjp function of the present data inputs, for one op and its attributes."""
@@ -54,12 +58,14 @@ def _differentiable(kind: str, key: tuple[tuple[str, Any], ...], present: tuple[
     def problem(arrays: Sequence[Any]) -> Any:
         return interop.infer(kind, attrs, [None if a is None else (a.shape, np.dtype(a.dtype)) for a in full(arrays)])
 
-    op = interop.op_for(kind, attrs)
+    target = _targets.get((kind, key, present))
+    if target is None:  # one XLA target per op, attributes and inputs, also after this cache evicts them
+        op = interop.op_for(kind, attrs)
 
-    def host(*arrays: np.ndarray) -> np.ndarray:
-        return op(*full(arrays))
+        def host(*arrays: np.ndarray) -> np.ndarray:
+            return op(*full(arrays))
 
-    target = host_target(host, OPS[kind].function)
+        target = _targets.setdefault((kind, key, present), host_target(host, OPS[kind].function))
 
     @jax.custom_vjp
     def primal(*arrays: Any) -> jax.Array:
