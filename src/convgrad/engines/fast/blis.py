@@ -382,14 +382,15 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     with N > M (a weights gradient) runs as ``(b^T a^T)^T``, packing the smaller operand, on the
     block :func:`blocks` picks for it (not ``block``, which is for the untransposed product);
     so does a B stored along K (the transposed weights of a data gradient) with at least
-    ``TUNING.gemm_swap_ratio`` times A's rows as columns (few positions: mb 1). Measured on a Zen 4, dW of 64 x 256 over 50176 positions f32 66 -> 113 GFLOP/s, bf16 209 ->
-    239; 128 x 512 over 12544 f32 78 -> 140, bf16 298 -> 333 (docs/engine-measurements.md)."""
+    ``TUNING.gemm_swap_ratio`` times A's rows as columns (few positions: mb 1). Measured on a
+    Zen 4, dW of 64 x 256 over 50176 positions f32 66 -> 113 GFLOP/s, bf16 209 -> 239; 128 x 512
+    over 12544 f32 78 -> 140, bf16 298 -> 333 (docs/engine-measurements.md)."""
     bf16 = a.dtype == np.uint16
     m, k = a.shape
     n = b.shape[1]
     if n > m and deep(m, k, n):
         return gemm(b.T, a.T, rounded=rounded).T    # a deep reduction (a weights gradient): pack the smaller operand
-    if n >= TUNING.gemm_swap_ratio * m and b.strides[0] < b.strides[1] and a.strides[1] <= a.strides[0]:
+    if m and n >= TUNING.gemm_swap_ratio * m and b.strides[0] < b.strides[1]:
         return gemm(b.T, a.T, rounded=rounded).T    # B stored along K, far larger than A: read B in place
     depth = 2 if bf16 else 1
     bl = blocks(m, k, n, a.dtype.itemsize, block)
