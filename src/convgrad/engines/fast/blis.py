@@ -49,7 +49,8 @@ class Blocks:
     rows: int
     vecs: int
     kc: int        #: reduction values per kernel call (even: whole bf16 pairs)
-    mc: int        #: rows of A per block of work (a multiple of ``rows``)
+    mc: int        #: rows of A per block of work at most (a multiple of ``rows``)
+    m_blocks: int = 1  #: blocks of rows (:func:`block_rows`)
     shares: int = 1  #: shares of the nr-panels per block of rows (one item of work each)
     k_chunks: int = 1  #: chunks of K, one per thread, each into a C of its own (then summed)
 
@@ -73,31 +74,44 @@ def deep(m: int, k: int, n: int) -> bool:
     return k > TUNING.gemm_deep * (m + n)
 
 
+@numba.njit(inline="always")
+def block_rows(m: int, rows: int, m_blocks: int, b: int) -> tuple[int, int]:  # pragma: no cover - compiled
+    """(first row, rows) of block ``b`` of ``m_blocks``: the ``ceil(m/rows)`` register blocks of
+    rows dealt evenly (block sizes differ by at most one register block)."""
+    panels = -(-m // rows)
+    first, last = panels * b // m_blocks * rows, panels * (b + 1) // m_blocks * rows
+    return first, min(last, m) - first
+
+
+def _busiest(row_panels: int, m_blocks: int, panels: int, shares: int, threads: int) -> int:
+    """The busiest thread's register blocks x nr-panels when the items (block, share), block-major,
+    are dealt to ``threads`` in contiguous runs as OpenMP's static schedule deals them."""
+    sizes = np.diff(row_panels * np.arange(m_blocks + 1) // m_blocks)
+    work = np.outer(sizes, np.diff(panels * np.arange(shares + 1) // shares)).ravel()
+    q, extra = divmod(work.size, threads)
+    starts = np.concatenate(([0], np.cumsum([q + (t < extra) for t in range(threads)])[:-1]))
+    return int(np.add.reduceat(np.append(work, 0), starts)[:threads].max())
+
+
 @functools.lru_cache(maxsize=256)
-def split(m: int, rows: int, panels: int, mc_max: int, threads: int) -> tuple[int, int]:
-    """(mc, shares): blocks of at most ``mc_max`` rows (whole register blocks of ``rows``) and
-    shares of the ``panels`` nr-panels per block, such that the items (block, share), dealt to
-    ``threads`` in contiguous runs as OpenMP's static schedule deals them, give the busiest
-    thread at most ``TUNING.gemm_balance`` more work (rows x panels) than the least any split
-    gives, in the fewest items, then the largest blocks (an exact optimum of one-block items cost more in per-item
-    work than the last percent of balance: a bf16 GEMM of 50176 x 64 x 256 ran at 222 GFLOP/s
-    in 6-row items against 300 in 738-row ones)."""
+def split(m: int, rows: int, panels: int, mc_max: int, threads: int) -> tuple[int, int, int]:
+    """(mc, m_blocks, shares): the rows' register blocks dealt evenly into ``m_blocks`` blocks of
+    at most ``mc`` <= ``mc_max`` rows (:func:`block_rows`), and the ``panels`` nr-panels into
+    ``shares`` per block, such that the items (block, share), dealt to ``threads`` in contiguous
+    runs as OpenMP's static schedule deals them, give the busiest thread at most
+    ``TUNING.gemm_balance`` more work (rows x panels) than the least any split into up to 8
+    blocks a thread more than the fewest gives, in the fewest items, then the fewest blocks. Few large items: a bf16 GEMM of 50176 x 64 x 256 ran at
+    222 GFLOP/s in 6-row items against 300 in 738-row ones; 1024 x 3136 x 256 f32 (74 register
+    blocks: 37 a thread only in blocks of 2) 97 in 28-row blocks, 160 in 518-row ones."""
     row_panels = -(-m // rows)
-    found: list[tuple[int, int, tuple[int, int]]] = []
-    for per in range(min(row_panels, max(1, mc_max // rows)), 0, -1):
-        n_blocks = -(-row_panels // per)
-        sizes = np.full(n_blocks, per)
-        sizes[-1] = row_panels - (n_blocks - 1) * per
-        for shares in range(1, min(panels, threads) + 1):
-            cuts = panels * np.arange(shares + 1) // shares
-            work = np.outer(sizes, np.diff(cuts)).ravel()
-            q, extra = divmod(work.size, threads)
-            ends = np.cumsum([q + (t < extra) for t in range(threads)])
-            runs = np.add.reduceat(np.append(work, 0), np.concatenate(([0], ends[:-1])))[:threads]
-            found.append((int(runs.max()), work.size, (per * rows, shares)))
-    least = min(busiest for busiest, _, _ in found)
-    return min((items, busiest, -split[0], split) for busiest, items, split in found
-               if busiest <= least * (1 + TUNING.gemm_balance))[3]
+    fewest = -(-row_panels // max(1, mc_max // rows))
+    found = [(_busiest(row_panels, nb, panels, shares, threads), nb * shares, nb, shares)
+             for nb in range(fewest, min(row_panels, fewest + 8 * threads) + 1)
+             for shares in range(1, min(panels, 4 * threads) + 1)]
+    least = min(f[0] for f in found)
+    _, nb, _, shares = min((items, nb, busiest, shares) for busiest, items, nb, shares in found
+                           if busiest <= least * (1 + TUNING.gemm_balance))
+    return -(-row_panels // nb) * rows, nb, shares
 
 
 def blocks(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None = None) -> Blocks:
@@ -114,8 +128,8 @@ def blocks(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None 
     kc = max(16, min(-(-k // 2) * 2, int(TUNING.gemm_panel_l1 * l1) // (nr * itemsize) // 16 * 16))
     mc_max = max(rows, (l2 // 2) // (kc * itemsize) // rows * rows)
     k_chunks = min(threads, -(-k // kc)) if deep(m, k, n) else 1
-    mc, shares = split(m, rows, -(-n // nr), mc_max, -(-threads // k_chunks))
-    return Blocks(width, rows, vecs, kc, mc, shares, k_chunks)
+    mc, m_blocks, shares = split(m, rows, -(-n // nr), mc_max, -(-threads // k_chunks))
+    return Blocks(width, rows, vecs, kc, mc, m_blocks, shares, k_chunks)
 
 
 def workspace_bytes(m: int, k: int, n: int, itemsize: int) -> int:
@@ -125,17 +139,17 @@ def workspace_bytes(m: int, k: int, n: int, itemsize: int) -> int:
     b = blocks(m, k, n, itemsize)
     kp, npad, mpad = -(-k // 2) * 2, -(-n // b.nr) * b.nr, -(-m // b.rows) * b.rows
     a_blocks = numba.get_num_threads() * ((b.kc // 2) + npad) * b.mc * 4 if itemsize == 2 else \
-        numba.get_num_threads() * b.kc * b.mc * 4
+        numba.get_num_threads() * (b.kc + 16) * b.mc * 4
     return kp * npad * itemsize + b.k_chunks * mpad * npad * 4 + a_blocks \
-        + -(-m // b.mc) * b.shares * b.rows * b.kc * itemsize + 4096
+        + b.m_blocks * b.shares * b.rows * b.kc * itemsize + 4096
 
 
 @functools.cache
 def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
     """The parallel loops of :func:`gemm` for one register block (compiled for it alone)."""
     @microkernel.cached_njit(parallel=True)
-    def run(a, lda, astep, m, k, bp, panels, kd, poff, bstep, c, kc, mc, depth, n_shares, k_chunks, out,
-            scratch, apack):  # pragma: no cover
+    def run(a, lda, astep, m, k, bp, panels, kd, poff, bstep, c, kc, mc, m_blocks, depth, n_shares, k_chunks, out,
+            scratch, apack, copy_lda):  # pragma: no cover
         """``c[:m, :] = A @ B``, A's value (row, kk) at ``a[row*lda + kk*astep]`` (flat; for
         ``depth`` 2 the kernel reads pairs ``kk``, ``kk+1`` adjacent and steps ``astep*depth``),
         B's panel ``jp`` at ``bp[jp*poff + kk*bstep]`` for its ``kd`` steps of K (pairs for depth
@@ -153,9 +167,9 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
         block of rows into the thread's (kc/depth, mc, depth), the BLIS way (zero past M and K),
         and the kernel reads it there."""
         nr = vecs * width
-        pack_a = apack.shape[0] > 0
+        pack_a = apack.shape[0] > 0 and copy_lda == 0
+        copy_a = copy_lda > 0
         rounding = out.shape[0] > 0
-        m_blocks = -(-m // mc)
         steps = kc // depth
         per_chunk = -(-kd // (k_chunks * steps)) * steps
         chunk_rows = c.shape[0] // k_chunks
@@ -164,8 +178,8 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
             chunk, rest = item // (m_blocks * n_shares), item % (m_blocks * n_shares)
             mb, share = rest // n_shares, rest % n_shares
             k_lo, k_hi = chunk * per_chunk, min(kd, (chunk + 1) * per_chunk)
-            m0 = mb * mc
-            row_panels = -(-min(mc, m - m0) // rows)
+            m0, block = block_rows(m, rows, m_blocks, mb)
+            row_panels = -(-block // rows)
             first, last = panels * share // n_shares, panels * (share + 1) // n_shares
             tail = row_panels - 1 if m0 + row_panels * rows > m else -1   # a partial last panel
             one_step = k_hi - k_lo <= steps
@@ -180,9 +194,24 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
             mp = row_panels * rows
             for s0 in range(k_lo, k_hi, steps):
                 ks = min(steps, k_hi - s0)
-                if pack_a and depth == 1:                         # A's block as (ks, mp) values
+                if copy_a:                                        # A's rows at stride copy_lda
+                    cf = apack[numba.get_thread_id()].view(a.dtype)
+                    valid = block
+                    cols = min(ks * depth, k - s0 * depth)
+                    for r in range(mp):
+                        dst = cf[r * copy_lda:r * copy_lda + ks * depth]
+                        if r < valid:
+                            row = a[(m0 + r) * lda + s0 * depth:(m0 + r) * lda + s0 * depth + cols]
+                            for i in range(cols):
+                                dst[i] = row[i]
+                            for i in range(cols, ks * depth):
+                                dst[i] = 0
+                        else:
+                            for i in range(ks * depth):
+                                dst[i] = 0
+                elif pack_a and depth == 1:                       # A's block as (ks, mp) values
                     pf = apack[numba.get_thread_id()].view(a.dtype)
-                    valid = min(mc, m - m0)
+                    valid = block
                     for i2 in range(ks):
                         kk = s0 + i2
                         dst = pf[i2 * mp:(i2 + 1) * mp]
@@ -197,7 +226,7 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
                             dst[r] = 0
                 elif pack_a:                                      # A's block as (ks, mp, 2) pairs
                     pk = apack[numba.get_thread_id()]
-                    valid = min(mc, m - m0)
+                    valid = block
                     for i2 in range(ks):
                         kk = (s0 + i2) * 2
                         dst = pk[i2 * mp:(i2 + 1) * mp]
@@ -230,7 +259,10 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
                     boff = jp * poff + s0 * bstep
                     for rp in range(row_panels):
                         row0 = m0 + rp * rows
-                        if pack_a:                                # A: the thread's packed block
+                        if copy_a:                                # A: the thread's copied rows
+                            src, aoff, alda, astp = (apack[numba.get_thread_id()].view(a.dtype), rp * rows * copy_lda,
+                                                     copy_lda, depth)
+                        elif pack_a:                              # A: the thread's packed block
                             src, aoff, alda, astp = (apack[numba.get_thread_id()].view(a.dtype), rp * rows * depth,
                                                      depth, mp * depth)
                         elif rp == tail:                          # A: the packed tail panel
@@ -248,7 +280,7 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
                         if rounding and one_step:
                             _round_into(out, tiles, row0, jp * nr, rows, nr)
             if rounding and not one_step:
-                _round_into(out, tiles, m0, first * nr, mc, (last - first) * nr)
+                _round_into(out, tiles, m0, first * nr, block, (last - first) * nr)
     return run
 
 
@@ -337,6 +369,16 @@ def _pack_pairs(src, ld, k, n, out):  # pragma: no cover - compiled
                 o[l] = 0
 
 
+def _copy_lda(bl: Blocks, lda: int, itemsize: int, panels: int) -> int:
+    """The stride (elements) at which the driver copies A's rows per K step, or 0 (read in
+    place): rows of A ``TUNING.gemm_copy_rows`` bytes or more apart, reused by at least two
+    nr-panels. Rows 2 KB apart put a K step's values of a register block in two L1 sets (a Zen 4,
+    784 x 512 x 2048: 92-99 GFLOP/s in place, 126-128 at a stride of 2 KB + 64 B)."""
+    if lda * itemsize < TUNING.gemm_copy_rows or panels < 2:
+        return 0
+    return bl.kc + 64 // itemsize
+
+
 def _flat(a: np.ndarray) -> tuple[np.ndarray, int, int]:
     """(a 1-D view from ``a``'s first element over all of it, row stride, column stride) in
     elements; ``a`` copied first where its strides are negative or not whole elements."""
@@ -414,12 +456,14 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     flat, lda, astep = _flat(a)
     # bf16 pairs not adjacent, or an f32 deep reduction's A far apart along K (x^T of many channels): packed per block
     pack_a = not (astep == 1 and k % 2 == 0) if bf16 else \
-        astep >= TUNING.gemm_pack_stride and lda == 1 and bl.k_chunks > 1
-    per_thread = (bl.kc // depth) * bl.mc
-    apack = workspace.empty(numba.get_num_threads() * per_thread if pack_a else 0, np.uint32)
+        astep >= TUNING.gemm_pack_stride and lda == 1
+    copy_lda = _copy_lda(bl, lda, a.dtype.itemsize, panels) if not pack_a and astep == 1 else 0
+    per_thread = -(-bl.mc * copy_lda * a.dtype.itemsize // 4) if copy_lda else (bl.kc // depth) * bl.mc
+    apack = workspace.empty(numba.get_num_threads() * per_thread if pack_a or copy_lda else 0, np.uint32)
     _driver(bl.width, bl.rows, bl.vecs, bf16 and isa.bf16_native())(
-        flat, lda, astep, m, k, bp, panels, kd, poff, bstep, c, bl.kc, bl.mc, depth,
-        bl.shares, bl.k_chunks, out, scratch, apack.reshape(-1, per_thread) if pack_a else apack.reshape(0, 0))
+        flat, lda, astep, m, k, bp, panels, kd, poff, bstep, c, bl.kc, bl.mc, bl.m_blocks, depth, bl.shares,
+        bl.k_chunks, out,
+        scratch, apack.reshape(-1, per_thread) if pack_a or copy_lda else apack.reshape(0, 0), copy_lda)
     if rounding:
         return out
     if bl.k_chunks > 1:

@@ -124,6 +124,9 @@ class Tuning:
     #: An f32 deep reduction whose A steps at least this many values per K step (x^T of as many
     #: channels) packs A per block of rows and K step, as bf16 does (rows nearer read as they lie).
     gemm_pack_stride: int = 64
+    #: A read in place whose rows lie this many bytes or more apart (x of 256 or more f32
+    #: channels) is copied per K step and block of rows at a stride off the page size.
+    gemm_copy_rows: int = 1024
     #: The threads' split of a GEMM may leave the busiest thread this much more work than the
     #: best split would, for fewer (larger) items of work.
     gemm_balance: float = 0.01
