@@ -483,12 +483,13 @@ def test_disk_cache_is_invalidated_when_the_kernel_source_changes(tmp_path):
     assert hits_misses() == (1, 0)
 
 
-@pytest.mark.parametrize("size, block", [(56, (6, 4)), (28, (14, 2)), (14, (14, 2)), (7, (6, 4))])
+@pytest.mark.parametrize("size, block", [(56, (6, 4)), (28, (14, 2)), (14, (14, 2)), (7, (7, 3))])
 @pytest.mark.parametrize("task", ["forward", "backward_data"])
 def test_block_choice_weighs_padding_columns(size, block, task):
     """A stride-1 3x3 layer of 128 channels on 16 lanes: 14x2 where the 6x4 block's flattened rows
     would compute 7 % or more padding columns (28, 14 wide) and 14 divides the row; 6x4 at 56 wide
-    (3.6 %) and 7 wide (14-row blocks compute more there); stride 2 keeps 6x4."""
+    (3.6 %); 7x3 at 7 wide (a ninth, idle vector, but no padding columns: 6x4 computes 12
+    positions for 7 there, 14x2 14); stride 2 keeps 6x4."""
     g = ConvGeometry(16, 1, 128, 128, (size, size), (size, size), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
     computed = jit._computed(g, task)
     assert computed(14) == 1.0 or size % 14

@@ -64,7 +64,7 @@ __all__ = ["BLOCKS", "WIDTHS", "block_for", "run", "kernel_call", "cached_njit",
 
 #: Register blocks (rows R, vectors V) per vector width, R*V + V + 1 <= the vector registers.
 BLOCKS: dict[int, tuple[tuple[int, int], ...]] = {8: ((8, 1), (6, 2), (4, 3)),
-                                                  16: ((16, 1), (14, 2), (8, 3), (6, 4))}
+                                                  16: ((16, 1), (14, 2), (8, 3), (7, 3), (6, 4))}
 WIDTHS = tuple(BLOCKS)
 #: Independent FMA chains of :func:`register_peak` (enough to cover the FMA latency on two pipes).
 _CHAINS = {8: 12, 16: 24}
@@ -77,19 +77,21 @@ def block_for(channels: int, width: int, rows: int | None = None,
               computed: Callable[[int], float] | None = None) -> tuple[int, int]:
     """The block (R, V) for ``channels`` output channels in vectors of ``width`` (and, if given,
     ``rows`` rows to cut into blocks of R): one vector only where that is all there is; else the
-    fewest idle lanes and rows (to the percent: a last partial block of thousands of rows is
-    noise), then the least time, ``computed(R)`` (the positions a driver computes with blocks of
-    R rows per position it keeps, padding columns included; 1 if not given) x (1 +
-    ``TUNING.block_loads_weight`` x loads per FMA), then the most accumulators. Measured on a
-    Zen 4 (docs/engine-measurements.md, "Fifth round"): 6x4 over 14x2 on 56-wide 3x3 layers
-    (3.6 % padding columns against none), 14x2 4-13 % faster on 28- and 14-wide ones (7 % and
-    13 % padding columns), and 6x4 on the bf16 1x1 GEMMs over thousands of positions."""
+    least time per result kept, to the percent: the FMAs computed per one kept (idle lanes and
+    rows; ``computed(R)``, the positions a driver computes with blocks of R rows per position it
+    keeps, padding columns included, 1 if not given) x (1 + ``TUNING.block_loads_weight`` x loads
+    per FMA); then the most accumulators. Measured on a Zen 4 (docs/engine-measurements.md,
+    "Fifth round", "Seventh round"): 6x4 over 14x2 on 56-wide 3x3 layers (3.6 % padding columns
+    against none), 14x2 4-13 % faster on 28- and 14-wide ones (7 % and 13 % padding columns), 6x4
+    on the bf16 1x1 GEMMs over thousands of positions, 7x3 on 7-wide rows of 512 channels (one
+    idle vector in 33, no padding columns) 20 % faster than 6x4 (12 positions for 7 kept)."""
     vectors = -(-channels // width)
 
-    def cost(block: tuple[int, int]) -> tuple[float, float, float]:
+    def cost(block: tuple[int, int]) -> tuple[float, int]:
         r, v = block
-        used = vectors / (-(-vectors // v) * v) * (rows / (-(-rows // r) * r) if rows else 1.0)
-        return -round(used, 2), (computed(r) if computed else 1.0) * (1 + TUNING.block_loads_weight * (r + v) / (r * v)), -r * v
+        waste = -(-vectors // v) * v / vectors * ((-(-rows // r) * r / rows) if rows else 1.0)
+        time = waste * (computed(r) if computed else 1.0) * (1 + TUNING.block_loads_weight * (r + v) / (r * v))
+        return round(time, 2), -r * v
 
     return min((b for b in BLOCKS[width] if b[1] <= vectors and (b[1] > 1 or vectors == 1)), key=cost)
 
