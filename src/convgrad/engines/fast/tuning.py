@@ -121,9 +121,10 @@ class Tuning:
     #: A's rows as columns runs as ``(B^T A^T)^T``: B read in place, A packed (Zen 4, ResNet-50's
     #: res5 1x1 data gradients at mb 1).
     gemm_swap_ratio: int = 4
-    #: An f32 deep reduction whose A steps at least this many values per K step (x^T of as many
-    #: channels) packs A per block of rows and K step, as bf16 does (rows nearer read as they lie).
-    gemm_pack_stride: int = 64
+    #: An f32 A that steps at least this many values per K step (x^T of as many channels: 2 KB, a
+    #: K step's values in two L1 sets) is packed per block of rows and K step, as bf16 is; nearer
+    #: ones are read as they lie (packing cost 10-25 % at 64-256 channels, Zen 4, 2026-11-26).
+    gemm_pack_stride: int = 512
     #: A read in place whose rows lie this many bytes or more apart (x of 256 or more f32
     #: channels) is copied per K step and block of rows at a stride off the page size.
     gemm_copy_rows: int = 1024
