@@ -75,11 +75,14 @@ def test_block_sizes_follow_the_caches():
     assert blis.blocks(100_000, 64, 256, 4).k_chunks == 1
 
 
-def _busiest(row_panels: int, nb: int, panels: int, shares: int, threads: int) -> int:
+def _busiest(row_panels: int, nb: int, panels: int, shares: int, threads: int, by_share: bool) -> int:
     """The busiest thread's register blocks x panels: the row panels dealt evenly into ``nb``
-    blocks, the items (block, share) dealt as OpenMP's static schedule deals them."""
+    blocks, the items (block, share), block-major or share-major, dealt as OpenMP's static
+    schedule deals them."""
+    order = [(b, s) for s in range(shares) for b in range(nb)] if by_share else \
+        [(b, s) for b in range(nb) for s in range(shares)]
     items = [(row_panels * (b + 1) // nb - row_panels * b // nb) * (panels * (s + 1) // shares - panels * s // shares)
-             for b in range(nb) for s in range(shares)]
+             for b, s in order]
     q, extra = divmod(len(items), threads)
     bounds = np.cumsum([0] + [q + (t < extra) for t in range(threads)])
     return max(sum(items[bounds[t]:bounds[t + 1]]) for t in range(threads))
@@ -89,26 +92,27 @@ def _busiest(row_panels: int, nb: int, panels: int, shares: int, threads: int) -
 def test_the_split_keeps_every_thread_nearly_as_busy_as_any_split_can(threads):
     """Against every split into blocks of whole register blocks (brute force): blocks of at most
     mc_max rows that cover the rows once; among splits into up to 8 blocks a thread more than
-    the fewest, the busiest thread within ``TUNING.gemm_balance`` of the best one's and no split
+    the fewest, dealt block-major or share-major, the busiest thread within ``TUNING.gemm_balance`` of the best one's and no split
     that close in fewer items; within twice that of the best split of any number of blocks."""
     rng = np.random.default_rng()
     for _ in range(40):
         rows = int(rng.choice([6, 8, 14]))
         m, panels = int(rng.integers(1, 400 * rows)), int(rng.integers(1, 9))
         mc_max = rows * int(rng.integers(1, 120))
-        mc, nb, shares = blis.split(m, rows, panels, mc_max, threads)
+        mc, nb, shares, by_share = blis.split(m, rows, panels, mc_max, threads)
         spans = [blis.block_rows(m, rows, nb, b) for b in range(nb)]
         assert [s[0] for s in spans] == list(itertools.accumulate([0] + [s[1] for s in spans[:-1]]))
         assert sum(s[1] for s in spans) == m and max(s[1] for s in spans) <= mc <= max(mc_max, rows)
         assert mc % rows == 0 and 1 <= shares <= panels
         rp = -(-m // rows)
         fewest = -(-rp // max(1, mc_max // rows))
-        every = {(c, s): _busiest(rp, c, panels, s, threads) for c in range(fewest, rp + 1) for s in range(1, panels + 1)}
-        assert every[nb, shares] <= min(every.values()) * (1 + 2 * TUNING.gemm_balance)
-        every = {(c, s): b for (c, s), b in every.items() if c <= fewest + 8 * threads}
-        close = {cs: b for cs, b in every.items() if b <= min(every.values()) * (1 + TUNING.gemm_balance)}
-        assert (nb, shares) in close, (m, rows, panels, mc_max, threads, (nb, shares))
-        assert nb * shares == min(c * s for c, s in close), (m, rows, panels, mc_max, threads, (nb, shares))
+        every = {(c, s, by): _busiest(rp, c, panels, s, threads, by)
+                 for c in range(fewest, rp + 1) for s in range(1, panels + 1) for by in (False, True)}
+        assert every[nb, shares, by_share] <= min(every.values()) * (1 + 2 * TUNING.gemm_balance)
+        every = {k: b for k, b in every.items() if k[0] <= fewest + 8 * threads}
+        close = {k: b for k, b in every.items() if b <= min(every.values()) * (1 + TUNING.gemm_balance)}
+        assert (nb, shares, by_share) in close, (m, rows, panels, mc_max, threads, (nb, shares, by_share))
+        assert nb * shares == min(c * s for c, s, _ in close), (m, rows, panels, mc_max, threads, (nb, shares))
 
 
 @pytest.mark.parametrize("standin", [pytest.param(False, marks=pytest.mark.skipif(not isa.bf16_host(), reason="no AVX512_BF16")),

@@ -52,6 +52,7 @@ class Blocks:
     mc: int        #: rows of A per block of work at most (a multiple of ``rows``)
     m_blocks: int = 1  #: blocks of rows (:func:`block_rows`)
     shares: int = 1  #: shares of the nr-panels per block of rows (one item of work each)
+    by_share: bool = False  #: items dealt share-major (else block-major)
     k_chunks: int = 1  #: chunks of K, one per thread, each into a C of its own (then summed)
 
     @property
@@ -83,35 +84,40 @@ def block_rows(m: int, rows: int, m_blocks: int, b: int) -> tuple[int, int]:  # 
     return first, min(last, m) - first
 
 
-def _busiest(row_panels: int, m_blocks: int, panels: int, shares: int, threads: int) -> int:
-    """The busiest thread's register blocks x nr-panels when the items (block, share), block-major,
-    are dealt to ``threads`` in contiguous runs as OpenMP's static schedule deals them."""
+def _busiest(row_panels: int, m_blocks: int, panels: int, shares: int, threads: int, by_share: bool) -> int:
+    """The busiest thread's register blocks x nr-panels when the items (block, share), block-major
+    (share-major ``by_share``), are dealt to ``threads`` in contiguous runs as OpenMP's static
+    schedule deals them."""
     sizes = np.diff(row_panels * np.arange(m_blocks + 1) // m_blocks)
-    work = np.outer(sizes, np.diff(panels * np.arange(shares + 1) // shares)).ravel()
+    cuts = np.diff(panels * np.arange(shares + 1) // shares)
+    work = (np.outer(cuts, sizes) if by_share else np.outer(sizes, cuts)).ravel()
     q, extra = divmod(work.size, threads)
     starts = np.concatenate(([0], np.cumsum([q + (t < extra) for t in range(threads)])[:-1]))
     return int(np.add.reduceat(np.append(work, 0), starts)[:threads].max())
 
 
 @functools.lru_cache(maxsize=256)
-def split(m: int, rows: int, panels: int, mc_max: int, threads: int) -> tuple[int, int, int]:
-    """(mc, m_blocks, shares): the rows' register blocks dealt evenly into ``m_blocks`` blocks of
-    at most ``mc`` <= ``mc_max`` rows (:func:`block_rows`), and the ``panels`` nr-panels into
-    ``shares`` per block, such that the items (block, share), dealt to ``threads`` in contiguous
-    runs as OpenMP's static schedule deals them, give the busiest thread at most
-    ``TUNING.gemm_balance`` more work (rows x panels) than the least any split into up to 8
-    blocks a thread more than the fewest gives, in the fewest items, then the fewest blocks. Few large items: a bf16 GEMM of 50176 x 64 x 256 ran at
-    222 GFLOP/s in 6-row items against 300 in 738-row ones; 1024 x 3136 x 256 f32 (74 register
-    blocks: 37 a thread only in blocks of 2) 97 in 28-row blocks, 160 in 518-row ones."""
+def split(m: int, rows: int, panels: int, mc_max: int, threads: int) -> tuple[int, int, int, bool]:
+    """(mc, m_blocks, shares, by_share): the rows' register blocks dealt evenly into ``m_blocks``
+    blocks of at most ``mc`` <= ``mc_max`` rows (:func:`block_rows`), and the ``panels``
+    nr-panels into ``shares`` per block, such that the items (block, share), block-major or
+    share-major (``by_share``: each thread then takes whole shares of B where the shares divide
+    among the threads) and dealt to ``threads`` in contiguous runs as OpenMP's static schedule
+    deals them, give the busiest thread at most ``TUNING.gemm_balance`` more work (rows x panels)
+    than the least any split into up to 8 blocks a thread more than the fewest gives, in the
+    fewest items, then the fewest blocks, block-major first. Few large items: a bf16 GEMM of
+    50176 x 64 x 256 ran at 222 GFLOP/s in 6-row items against 300 in 738-row ones; 1024 x 3136
+    x 256 f32 (74 register blocks: 37 a thread only in blocks of 2) 97 in 28-row blocks, 160 in
+    518-row ones."""
     row_panels = -(-m // rows)
     fewest = -(-row_panels // max(1, mc_max // rows))
-    found = [(_busiest(row_panels, nb, panels, shares, threads), nb * shares, nb, shares)
+    found = [(_busiest(row_panels, nb, panels, shares, threads, by), nb * shares, nb, by, shares)
              for nb in range(fewest, min(row_panels, fewest + 8 * threads) + 1)
-             for shares in range(1, min(panels, 4 * threads) + 1)]
+             for shares in range(1, min(panels, 4 * threads) + 1) for by in (False, True)]
     least = min(f[0] for f in found)
-    _, nb, _, shares = min((items, nb, busiest, shares) for busiest, items, nb, shares in found
-                           if busiest <= least * (1 + TUNING.gemm_balance))
-    return -(-row_panels // nb) * rows, nb, shares
+    _, nb, by_share, _, shares = min((items, nb, by, busiest, shares) for busiest, items, nb, by, shares in found
+                                     if busiest <= least * (1 + TUNING.gemm_balance))
+    return -(-row_panels // nb) * rows, nb, shares, by_share
 
 
 def blocks(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None = None) -> Blocks:
@@ -128,8 +134,8 @@ def blocks(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None 
     kc = max(16, min(-(-k // 2) * 2, int(TUNING.gemm_panel_l1 * l1) // (nr * itemsize) // 16 * 16))
     mc_max = max(rows, (l2 // 2) // (kc * itemsize) // rows * rows)
     k_chunks = min(threads, -(-k // kc)) if deep(m, k, n) else 1
-    mc, m_blocks, shares = split(m, rows, -(-n // nr), mc_max, -(-threads // k_chunks))
-    return Blocks(width, rows, vecs, kc, mc, m_blocks, shares, k_chunks)
+    mc, m_blocks, shares, by_share = split(m, rows, -(-n // nr), mc_max, -(-threads // k_chunks))
+    return Blocks(width, rows, vecs, kc, mc, m_blocks, shares, by_share, k_chunks)
 
 
 def workspace_bytes(m: int, k: int, n: int, itemsize: int) -> int:
@@ -148,7 +154,8 @@ def workspace_bytes(m: int, k: int, n: int, itemsize: int) -> int:
 def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
     """The parallel loops of :func:`gemm` for one register block (compiled for it alone)."""
     @microkernel.cached_njit(parallel=True)
-    def run(a, lda, astep, m, k, bp, panels, kd, poff, bstep, c, kc, mc, m_blocks, depth, n_shares, k_chunks, out,
+    def run(a, lda, astep, m, k, bp, panels, kd, poff, bstep, c, kc, mc, m_blocks, depth, n_shares, by_share,
+            k_chunks, out,
             scratch, apack, copy_lda):  # pragma: no cover
         """``c[:m, :] = A @ B``, A's value (row, kk) at ``a[row*lda + kk*astep]`` (flat; for
         ``depth`` 2 the kernel reads pairs ``kk``, ``kk+1`` adjacent and steps ``astep*depth``),
@@ -176,7 +183,7 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
         zero = np.zeros(1, np.int64)
         for item in numba.prange(k_chunks * m_blocks * n_shares):
             chunk, rest = item // (m_blocks * n_shares), item % (m_blocks * n_shares)
-            mb, share = rest // n_shares, rest % n_shares
+            mb, share = (rest % m_blocks, rest // m_blocks) if by_share else (rest // n_shares, rest % n_shares)
             k_lo, k_hi = chunk * per_chunk, min(kd, (chunk + 1) * per_chunk)
             m0, block = block_rows(m, rows, m_blocks, mb)
             row_panels = -(-block // rows)
@@ -471,7 +478,7 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     apack = workspace.empty(numba.get_num_threads() * per_thread if pack_a or copy_lda else 0, np.uint32)
     _driver(bl.width, bl.rows, bl.vecs, bf16 and isa.bf16_native())(
         flat, lda, astep, m, k, bp, panels, kd, poff, bstep, c, bl.kc, bl.mc, bl.m_blocks, depth, bl.shares,
-        bl.k_chunks, out,
+        bl.by_share, bl.k_chunks, out,
         scratch, apack.reshape(-1, per_thread) if pack_a or copy_lda else apack.reshape(0, 0), copy_lda)
     if rounding:
         return out
