@@ -12,8 +12,8 @@ applies), else :func:`default_plan`, the tuning table's rule:
    our GEMM, :mod:`.blis`), for the gradients from ``TUNING.jit_min_input_channels`` input
    channels, no junk-heavy frame (``Features.junk_heavy``), and a multi-tap weights gradient only
    of f32 data or of bf16 pairs on the dot instruction (:func:`.jit.weights_in_pairs`): on a
-   family of ``TUNING.one_pool_families`` every such problem of bf16 data, or of any data where
-   PyTorch's threads share the cores (``Features.shared``); elsewhere those of several taps with
+   family of ``TUNING.one_pool_families`` every such problem of bf16 data, of NXC data, or of any
+   data where PyTorch's threads share the cores (``Features.shared``); elsewhere those of several taps with
    at most ``TUNING.jit_channels[task]`` channels per group on either side;
 4. ``gemm``, its variant by the first that applies: ``pointwise`` (1x1 bf16/f16 NXC),
    ``output_rows`` (junk-heavy or wide gradients), ``image_gemms`` (1x1 NCX with at least
@@ -120,7 +120,7 @@ def jit_selected(f: Features) -> bool:
         return False
     if f.task != "forward" and f.icg < TUNING.jit_min_input_channels:
         return False
-    one_pool = f.family in TUNING.one_pool_families and (f.shared or f.dtype == "bfloat16")
+    one_pool = f.family in TUNING.one_pool_families and (f.shared or f.dtype == "bfloat16" or not f.channels_first)
     return one_pool or f.taps > 1 and max(f.icg, f.ocg) <= TUNING.jit_channels[f.task]
 
 

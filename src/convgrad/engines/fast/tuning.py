@@ -37,10 +37,12 @@ class Tuning:
     #: kernels (``portable`` has none).
     jit_families: tuple[str, ...] = ("avx512_bf16", "avx512", "avx2")
     #: Families on which the rule selects ``jit`` whatever the taps and channels for bf16 data,
-    #: and for any data where PyTorch's threads share the cores (one pool: no BLAS threads beside
-    #: numba's and PyTorch's). Measured in sequence on a Zen 4: a ResNet-50 training step f32
-    #: 1390 -> 1030 ms, bf16 1050 -> 850 ms against the channel limits below; without PyTorch,
-    #: ResNet-50's f32 gradients back to back were faster on the limits (672 against 959 ms).
+    #: NXC data, and any data where PyTorch's threads share the cores (one pool: no BLAS threads
+    #: beside numba's and PyTorch's). Measured in sequence on a Zen 4: a ResNet-50 training step
+    #: f32 1390 -> 1030 ms, bf16 1050 -> 850 ms against the channel limits below; without
+    #: PyTorch, ResNet-50's 40 f32 NXC gradients back to back 647-757 ms against 679-805 on the
+    #: limits (2026-11-26, four alternating rounds); NCX f32 keeps the limits (BLAS reads NCX 1x1
+    #: layers as they lie: 626 against 879 ms).
     one_pool_families: tuple[str, ...] = ("avx512_bf16", "avx512")
     #: Elsewhere the rule selects ``jit`` for kernels of several taps with at most this many
     #: channels per group on either side, per task ...
