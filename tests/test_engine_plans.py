@@ -133,13 +133,17 @@ def test_the_tuning_tables_rule(case, task, dtype, channels_first, want, avx2):
     ((16, 1, 64, 64, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_weights", np.float16,
      "gemm"),                                                  # f32 copies that would break the 2x bound
     ((16, 1, 4, 64, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_data", np.float32, "gemm"),
+    ((16, 1, 3, 64, (230, 230), (7, 7), (2, 2)), "backward_weights", np.float32, "jit"),   # 3x4, no idle row
+    ((16, 1, 3, 48, (230, 230), (5, 5), (2, 2)), "backward_weights", np.float32, "gemm"),  # 7x3: 4 rows idle
+    ((16, 1, 2, 64, (28, 28), (3, 3)), "backward_weights", np.float32, "gemm"),             # below 3 channels
     ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_data", np.float32, "gemm"),
     ((16, 1, 64, 64, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_data", np.float64, "gemm"),
 ])
 def test_one_pool_rule_on_avx512(case, task, dtype, want, family):
     """On the AVX-512 families every f32-accumulating problem goes to our kernels (one pool),
-    whatever its taps and channels, but for narrow inputs of a gradient, junk-heavy frames, a
-    multi-tap 16-bit weights gradient (but bf16 pairs on the dot instruction) and f64."""
+    whatever its taps and channels, but for narrow inputs of a gradient (a weights gradient of 3
+    to 7 where its block leaves no rows idle), junk-heavy frames, a multi-tap 16-bit weights
+    gradient (but bf16 pairs on the dot instruction) and f64."""
     before = isa.set_family(family, allow_emulated=True)
     try:
         f = Features.of(_geometry(*case), task, dtype, False, shared=True)

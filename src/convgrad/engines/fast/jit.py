@@ -99,6 +99,15 @@ def complete(f: Features, params: dict) -> dict:
             "split": "blocks" if f.task == "backward_weights" and by_blocks else "rows", **params}
 
 
+def idle(f: Features) -> float:
+    """FMAs the register block :func:`complete` picks for ``f`` computes per one kept (idle
+    lanes, and for the weights gradient idle rows of input channels)."""
+    block = _block_of(complete(f, {})["block"])
+    assert block is not None
+    channels = f.geometry.icg if f.task == "backward_data" else f.geometry.ocg
+    return microkernel.idle(block, channels, _width(), f.geometry.icg if f.task == "backward_weights" else None)
+
+
 def _computed(g: ConvGeometry, task: str) -> Callable[[int], float] | None:
     """For forward and backward data of stride 1 along the last two axes: the positions the
     driver computes per position kept, for blocks of R rows (:func:`_run_outputs`: the rows

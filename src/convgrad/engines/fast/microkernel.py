@@ -59,12 +59,12 @@ from ... import casts
 from . import isa
 from .tuning import TUNING
 
-__all__ = ["BLOCKS", "WIDTHS", "block_for", "run", "kernel_call", "cached_njit", "kernel_ir", "fma_peak",
+__all__ = ["BLOCKS", "WIDTHS", "block_for", "idle", "run", "kernel_call", "cached_njit", "kernel_ir", "fma_peak",
            "register_peak", "SOURCE_DIGEST"]
 
 #: Register blocks (rows R, vectors V) per vector width, R*V + V + 1 <= the vector registers.
 BLOCKS: dict[int, tuple[tuple[int, int], ...]] = {8: ((8, 1), (6, 2), (4, 3)),
-                                                  16: ((16, 1), (14, 2), (8, 3), (7, 3), (6, 4))}
+                                                  16: ((16, 1), (14, 2), (8, 3), (7, 3), (6, 4), (3, 4))}
 WIDTHS = tuple(BLOCKS)
 #: Independent FMA chains of :func:`register_peak` (enough to cover the FMA latency on two pipes).
 _CHAINS = {8: 12, 16: 24}
@@ -89,11 +89,19 @@ def block_for(channels: int, width: int, rows: int | None = None,
 
     def cost(block: tuple[int, int]) -> tuple[float, int]:
         r, v = block
-        waste = -(-vectors // v) * v / vectors * ((-(-rows // r) * r / rows) if rows else 1.0)
-        time = waste * (computed(r) if computed else 1.0) * (1 + TUNING.block_loads_weight * (r + v) / (r * v))
+        time = idle(block, channels, width, rows) * (computed(r) if computed else 1.0) \
+            * (1 + TUNING.block_loads_weight * (r + v) / (r * v))
         return round(time, 2), -r * v
 
     return min((b for b in BLOCKS[width] if b[1] <= vectors and (b[1] > 1 or vectors == 1)), key=cost)
+
+
+def idle(block: tuple[int, int], channels: int, width: int, rows: int | None = None) -> float:
+    """FMAs block ``(R, V)`` computes per one kept over ``channels`` in vectors of ``width`` (and
+    ``rows`` rows cut into blocks of R): its idle lanes and rows."""
+    r, v = block
+    vectors = -(-channels // width)
+    return -(-vectors // v) * v / vectors * ((-(-rows // r) * r / rows) if rows else 1.0)
 
 
 class _Ops:

@@ -9,8 +9,9 @@ applies), else :func:`default_plan`, the tuning table's rule:
 1. depthwise (ICg = OCg = 1): ``direct`` (its depthwise loops);
 2. at most ``TUNING.direct_flops`` of work: ``direct``;
 3. ``jit`` (f32-accumulating problems on a family of ``TUNING.jit_families``; pointwise ones on
-   our GEMM, :mod:`.blis`), for the gradients from ``TUNING.jit_min_input_channels`` input
-   channels, no junk-heavy frame (``Features.junk_heavy``), and a multi-tap weights gradient only
+   our GEMM, :mod:`.blis`), for the gradients from ``TUNING.jit_min_input_channels[task]`` input
+   channels (a weights gradient of fewer than backward data's only where its block idles at
+   most ``TUNING.jit_narrow_idle``), no junk-heavy frame (``Features.junk_heavy``), and a multi-tap weights gradient only
    of f32 data or of bf16 pairs on the dot instruction (:func:`.jit.weights_in_pairs`): on a
    family of ``TUNING.one_pool_families`` every such problem of bf16 data, of NXC data, or of any
    data where PyTorch's threads share the cores (``Features.shared``); elsewhere those of several taps with
@@ -118,7 +119,8 @@ def jit_selected(f: Features) -> bool:
     if f.task == "backward_weights" and f.data_dtype != f.acc and not f.pointwise and not TUNING.jit_weights_16_bit \
             and not jit.weights_in_pairs(f):
         return False
-    if f.task != "forward" and f.icg < TUNING.jit_min_input_channels:
+    if f.icg < TUNING.jit_min_input_channels[f.task] or \
+            f.icg < TUNING.jit_min_input_channels["backward_data"] and jit.idle(f) > TUNING.jit_narrow_idle:
         return False
     one_pool = f.family in TUNING.one_pool_families and (f.shared or f.dtype == "bfloat16" or not f.channels_first)
     return one_pool or f.taps > 1 and max(f.icg, f.ocg) <= TUNING.jit_channels[f.task]

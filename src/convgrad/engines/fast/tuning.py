@@ -47,9 +47,14 @@ class Tuning:
     #: Elsewhere the rule selects ``jit`` for kernels of several taps with at most this many
     #: channels per group on either side, per task ...
     jit_channels: dict[str, float] = field(default_factory=lambda: _per_task(128, 64, 64))
-    #: ... for the gradients from this many input channels per group (fewer leave most lanes of
-    #: backward data's vectors, or rows of the weights gradient's blocks, idle) ...
-    jit_min_input_channels: int = 8
+    #: ... for the gradients from this many input channels per group, per task (fewer leave most
+    #: lanes of backward data's vectors idle) ...
+    jit_min_input_channels: dict[str, float] = field(default_factory=lambda: _per_task(0, 8, 3))
+    #: ... a weights gradient of fewer than backward data's only where its register block
+    #: computes at most this many FMAs per one kept (``jit.idle``). Zen 4, 2026-11-26, f32, ms
+    #: (jit / BLAS): ResNet-50's conv1 (3 -> 64 channels, 3x4 block, idle 1.0) 32 / 39 (bf16 18 /
+    #: 50); 3 -> 48 channels (7x3, idle 2.3) 24 / 19; 3 -> 32 (14x2, idle 4.7) 263 / 136.
+    jit_narrow_idle: float = 1.25
     #: ... and a multi-tap weights gradient only of data already in f32 (its f32 copies of
     #: 16-bit x and dy would exceed the 2x memory bound; pointwise ones stay 16-bit on the GEMM).
     jit_weights_16_bit: bool = False
