@@ -285,17 +285,17 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 def test_convgrad_tune_shapes_show_and_clear(tmp_path: Path, fresh_cache: Path) -> None:
     shapes = tmp_path / "shapes"
     shapes.write_text('# two layers\nmb2ic16ih10oc24oh10kh3ph1n"a"\n\nmb2ic8ih7oc8oh7kh1ph0n"b:1x1"  # comment\n')
-    out = _cli(f"--shapes={shapes}", "--dir=BWD_D,BWD_W", "--block-ms=5")
+    out = _cli(f"--shapes={shapes}", "--dir=BWD_D", "--block-ms=5")   # one direction: 58 s cold for two
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count(":TUNED ") == 4 and "Traceback" not in out.stderr
+    assert out.stdout.count(":TUNED ") == 2 and "Traceback" not in out.stderr
     assert str(fresh_cache) in out.stdout
     data = json.loads(fresh_cache.read_text())
     (slot,) = data["machines"].values()
-    assert len(slot["plans"]) == 4
+    assert len(slot["plans"]) == 2
     show = _cli("--show")
-    assert show.returncode == 0 and "4 plans for it" in show.stdout
+    assert show.returncode == 0 and "2 plans for it" in show.stdout
     cleared = _cli("--clear")
-    assert cleared.returncode == 0 and "removed 4 plans" in cleared.stdout
+    assert cleared.returncode == 0 and "removed 2 plans" in cleared.stdout
     assert "0 plans for it" in _cli("--show").stdout
 
 
