@@ -87,13 +87,19 @@ def block_rows(m: int, rows: int, m_blocks: int, b: int) -> tuple[int, int]:  # 
 def _busiest(row_panels: int, m_blocks: int, panels: int, shares: int, threads: int, by_share: bool) -> int:
     """The busiest thread's register blocks x nr-panels when the items (block, share), block-major
     (share-major ``by_share``), are dealt to ``threads`` in contiguous runs as OpenMP's static
-    schedule deals them."""
-    sizes = np.diff(row_panels * np.arange(m_blocks + 1) // m_blocks)
-    cuts = np.diff(panels * np.arange(shares + 1) // shares)
-    work = (np.outer(cuts, sizes) if by_share else np.outer(sizes, cuts)).ravel()
-    q, extra = divmod(work.size, threads)
-    starts = np.concatenate(([0], np.cumsum([q + (t < extra) for t in range(threads)])[:-1]))
-    return int(np.add.reduceat(np.append(work, 0), starts)[:threads].max())
+    schedule deals them: from the work done before each thread's first item, in closed form."""
+    outer, inner = (shares, m_blocks) if by_share else (m_blocks, shares)
+    outer_total, inner_total = (panels, row_panels) if by_share else (row_panels, panels)
+
+    def before(i: int) -> int:     # work of the first i items
+        o, j = divmod(i, inner)
+        lo = outer_total * o // outer
+        return lo * inner_total + (outer_total * (o + 1) // outer - lo) * (inner_total * j // inner) if o < outer \
+            else outer_total * inner_total
+
+    q, extra = divmod(outer * inner, threads)
+    starts = [t * q + min(t, extra) for t in range(threads + 1)]
+    return max(before(starts[t + 1]) - before(starts[t]) for t in range(threads))
 
 
 @functools.lru_cache(maxsize=256)
@@ -104,7 +110,7 @@ def split(m: int, rows: int, panels: int, mc_max: int, threads: int) -> tuple[in
     share-major (``by_share``: each thread then takes whole shares of B where the shares divide
     among the threads) and dealt to ``threads`` in contiguous runs as OpenMP's static schedule
     deals them, give the busiest thread at most ``TUNING.gemm_balance`` more work (rows x panels)
-    than the least any split into up to 8 blocks a thread more than the fewest gives, in the
+    than the least any split into up to 2 blocks a thread more than the fewest gives, in the
     fewest items, then the fewest blocks, block-major first. Few large items: a bf16 GEMM of
     50176 x 64 x 256 ran at 222 GFLOP/s in 6-row items against 300 in 738-row ones; 1024 x 3136
     x 256 f32 (74 register blocks: 37 a thread only in blocks of 2) 97 in 28-row blocks, 160 in
@@ -112,7 +118,7 @@ def split(m: int, rows: int, panels: int, mc_max: int, threads: int) -> tuple[in
     row_panels = -(-m // rows)
     fewest = -(-row_panels // max(1, mc_max // rows))
     found = [(_busiest(row_panels, nb, panels, shares, threads, by), nb * shares, nb, by, shares)
-             for nb in range(fewest, min(row_panels, fewest + 8 * threads) + 1)
+             for nb in range(fewest, min(row_panels, fewest + 2 * threads) + 1)
              for shares in range(1, min(panels, 4 * threads) + 1) for by in (False, True)]
     least = min(f[0] for f in found)
     _, nb, by_share, _, shares = min((items, nb, by, busiest, shares) for busiest, items, nb, by, shares in found
