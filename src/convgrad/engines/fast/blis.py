@@ -180,6 +180,7 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
         block of rows into the thread's (kc/depth, mc, depth), the BLIS way (zero past M and K),
         and the kernel reads it there."""
         nr = vecs * width
+        line = 64 // a.itemsize
         pack_a = apack.shape[0] > 0 and copy_lda == 0
         copy_a = copy_lda > 0
         rounding = out.shape[0] > 0
@@ -268,10 +269,18 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
                         src = first_row * lda + (s0 * depth + i) * astep
                         for r in range(rows):
                             dst[r * depth] = a[src + r * lda] if r < kept and i < valid else 0
+                pf_k = (s0 + steps) * depth                        # the next step's rows of a transposed A,
+                pf_n = min(steps * depth, k_hi * depth - pf_k, k - pf_k) if pack_a and lda == 1 else 0
+                calls, call = (last - first) * row_panels, 0       # prefetched while the kernels run
                 for jp in range(first, last):
                     boff = jp * poff + s0 * bstep
                     for rp in range(row_panels):
                         row0 = m0 + rp * rows
+                        if pf_n > 0:
+                            for kk in range(pf_k + call * pf_n // calls, pf_k + (call + 1) * pf_n // calls):
+                                for e in range(0, block, line):
+                                    microkernel.prefetch(a, kk * astep + m0 + e)
+                            call += 1
                         if copy_a:                                # A: the thread's copied rows
                             src, aoff, alda, astp = (apack[numba.get_thread_id()].view(a.dtype), rp * rows * copy_lda,
                                                      copy_lda, depth)

@@ -610,17 +610,18 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | N
 
 
 def _channel_blocks(a: np.ndarray, groups: int, rows: int, lo: tuple[int, ...], size: tuple[int, ...]) -> np.ndarray:
-    """Canonical (N, *X, C) data as a zeroed f32 (G, RB, N, P0, P1, P2, R) array: each group's
+    """Canonical (N, *X, C) data as an f32 (G, RB, N, P0, P1, P2, R) array: each group's
     channels in blocks of ``rows`` (zero past them), each block zero-padded (``size`` = P, ``a``
     at offsets ``lo``) and contiguous, so that a register block's rows share cache lines."""
     a3 = spatial3(a)
     cg = a3.shape[-1] // groups
     blocks = -(-cg // rows)
     shape = (groups, blocks, a3.shape[0], *size, rows)
-    out = workspace.zeros(math.prod(shape), F32).reshape(shape)
     if a3.dtype == F32:
-        _fill_blocks(a3, out, *lo)
+        out = workspace.empty(math.prod(shape), F32).reshape(shape)
+        _block_filler(rows)(a3, out, *lo)
         return out
+    out = workspace.zeros(math.prod(shape), F32).reshape(shape)
     inner = tuple(slice(b, b + n) for b, n in zip(lo, a3.shape[1:4]))   # 16-bit data, widened by NumPy
     for g in range(groups):
         for ib in range(blocks):
@@ -629,24 +630,42 @@ def _channel_blocks(a: np.ndarray, groups: int, rows: int, lo: tuple[int, ...], 
     return out
 
 
-@numba.njit(parallel=True, cache=True)
-def _fill_blocks(a3, out, lo0, lo1, lo2):  # pragma: no cover - compiled
-    """``out[g, b, n, lo0 + i0, lo1 + i1, lo2 + i2, r] = a3[n, i0, i1, i2, g*Cg + b*R + r]`` for
-    the channels r < R of block b within the group (the rest of ``out`` as it was: zeros)."""
-    groups, blocks, _, _, _, _, rows = out.shape
-    n_, i0_, i1_, i2_, c_ = a3.shape
-    cg = c_ // groups
-    for row in numba.prange(n_ * i0_):
-        n, i0 = row // i0_, row % i0_
-        for i1 in range(i1_):
-            for i2 in range(i2_):
-                src = a3[n, i0, i1, i2]
-                for g in range(groups):
-                    for b in range(blocks):
-                        c0 = g * cg + b * rows
-                        dst = out[g, b, n, lo0 + i0, lo1 + i1, lo2 + i2]
-                        for r in range(min(rows, cg - b * rows)):
-                            dst[r] = src[c0 + r]
+@functools.cache
+def _block_filler(rows: int) -> Callable:
+    """The fill of :func:`_channel_blocks` for blocks of ``rows`` channels (compiled for that
+    size: a position's block is a few stores)."""
+    @microkernel.cached_njit(parallel=True)
+    def fill(a3, out, lo0, lo1, lo2):  # pragma: no cover - compiled
+        """``out[g, b, n, p0, p1, p2, r] = a3[n, p0 - lo0, p1 - lo1, p2 - lo2, g*Cg + b*R + r]``
+        where that lies in ``a3`` and r < Cg - b*R, else 0: every value written once, rows (n, p0)
+        in parallel."""
+        groups, blocks, n_, p0_, p1_, p2_, _ = out.shape
+        i0_, i1_, i2_, c_ = a3.shape[1], a3.shape[2], a3.shape[3], a3.shape[4]
+        cg = c_ // groups
+        for row in numba.prange(n_ * p0_):
+            n, p0 = row // p0_, row % p0_
+            i0 = p0 - lo0
+            for g in range(groups):
+                for b in range(blocks):
+                    c0 = g * cg + b * rows
+                    width = min(rows, cg - b * rows)
+                    slab = out[g, b, n, p0]
+                    for p1 in range(p1_):
+                        i1 = p1 - lo1
+                        for p2 in range(p2_):
+                            i2 = p2 - lo2
+                            dst = slab[p1, p2]
+                            if 0 <= i0 < i0_ and 0 <= i1 < i1_ and 0 <= i2 < i2_ and width == rows:
+                                src = a3[n, i0, i1, i2, c0:c0 + rows]
+                                for r in range(rows):
+                                    dst[r] = src[r]
+                            elif 0 <= i0 < i0_ and 0 <= i1 < i1_ and 0 <= i2 < i2_:
+                                for r in range(rows):
+                                    dst[r] = a3[n, i0, i1, i2, c0 + r] if r < width else 0
+                            else:
+                                for r in range(rows):
+                                    dst[r] = 0
+    return fill
 
 
 @functools.cache
@@ -714,8 +733,8 @@ def _pair_blocks(g: ConvGeometry, x: np.ndarray, rows: int, out: np.ndarray | No
     ``[.., q, r, j]`` = padded x at position ``2*S*q + j*S + ph`` and channel r of the block (zero
     past the data and the channels), so that output positions 2i and 2i+1 of a tap with offset
     ``k*D`` (phase ``k*D mod 2S``, pair ``i + k*D // 2S``) are a pair; and the taps' offsets.
-    ``out``: such an array of at least N images from an earlier call on the same geometry, whose
-    zeros stay where they are (every other value of the first N images is written again)."""
+    ``out``: such an array of at least N images from an earlier call on the same geometry (the
+    first N images are written again, every value)."""
     s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
     lo, size, insize = spatial(g.pads_begin, 0), spatial(g.padded_size, 1), spatial(g.in_size, 1)
     phases, q = _pair_phases(g)
@@ -723,7 +742,7 @@ def _pair_blocks(g: ConvGeometry, x: np.ndarray, rows: int, out: np.ndarray | No
     blocks = -(-g.icg // rows)
     if out is None:
         shape = (len(phases), g.groups, blocks, g.n, size[0], size[1], q, rows, 2)
-        out = workspace.zeros(math.prod(shape), np.uint16).reshape(shape)
+        out = workspace.empty(math.prod(shape), np.uint16).reshape(shape)
     step = 2 * s[2]
     spans = np.zeros((len(phases), 2, 3), np.int64)   # per (phase, j): first pair, stop, first x position
     for pi, ph in enumerate(phases):
@@ -745,29 +764,36 @@ def _pair_filler(rows: int) -> Callable:
     copies are a few stores, not loops; 1.6x faster)."""
     @microkernel.cached_njit(parallel=True)
     def fill(x3, out, spans, step, lo0, lo1, icg):  # pragma: no cover - compiled
-        phases, groups, blocks, _, _, _, _, _ = out.shape
+        phases, groups, blocks, _, p0_, p1_, q_, _ = out.shape
         n_, i0_, i1_ = x3.shape[:3]
-        for row in numba.prange(n_ * i0_ * i1_):
-            n, i0, i1 = row // (i0_ * i1_), row // i1_ % i0_, row % i1_
+        for row in numba.prange(n_ * p0_ * p1_):
+            n, p0, p1 = row // (p0_ * p1_), row // p1_ % p0_, row % p1_
+            i0, i1 = p0 - lo0, p1 - lo1
+            if not (0 <= i0 < i0_ and 0 <= i1 < i1_):        # a padding row
+                for ph in range(phases):
+                    for gi in range(groups):
+                        for b in range(blocks):
+                            out[ph, gi, b, n, p0, p1] = 0
+                continue
             src = x3[n, i0, i1]
             pair = np.zeros(blocks * rows, np.uint32)      # the channels' pairs; zero past icg
             for ph in range(phases):
-                f0, s0, p0 = spans[ph, 0, 0], spans[ph, 0, 1], spans[ph, 0, 2]
-                f1, s1, p1 = spans[ph, 1, 0], spans[ph, 1, 1], spans[ph, 1, 2]
+                f0, s0, p0s = spans[ph, 0, 0], spans[ph, 0, 1], spans[ph, 0, 2]
+                f1, s1, p1s = spans[ph, 1, 0], spans[ph, 1, 1], spans[ph, 1, 2]
                 for gi in range(groups):
-                    for q in range(min(f0, f1), max(s0, s1)):
+                    for q in range(q_):
                         if f0 <= q < s0:
-                            lo = src[p0 + (q - f0) * step, gi * icg:(gi + 1) * icg]
+                            lo = src[p0s + (q - f0) * step, gi * icg:(gi + 1) * icg]
                             for c in range(icg):
                                 pair[c] = np.uint32(lo[c])
                         else:
                             pair[:icg] = 0
                         if f1 <= q < s1:
-                            hi = src[p1 + (q - f1) * step, gi * icg:(gi + 1) * icg]
+                            hi = src[p1s + (q - f1) * step, gi * icg:(gi + 1) * icg]
                             for c in range(icg):
                                 pair[c] |= np.uint32(hi[c]) << np.uint32(16)
                         for b in range(blocks):
-                            dst = out[ph, gi, b, n, lo0 + i0, lo1 + i1, q]
+                            dst = out[ph, gi, b, n, p0, p1, q]
                             for r in range(rows):
                                 dst[r] = pair[b * rows + r]
     return fill
@@ -777,9 +803,10 @@ def _fill_pairs(x3: np.ndarray, out: np.ndarray, spans: np.ndarray, step: int, l
     """With ``out`` the pairs as uint32 (PH, G, RB, N, P0, P1, Q, R), low half j = 0:
     ``out[ph, g, b, n, lo0 + i0, lo1 + i1, q, r]`` half j = ``x3[n, i0, i1, spans[ph, j, 2] + (q
     - spans[ph, j, 0])*step, g*icg + b*R + r]`` for q in [spans[ph, j, 0], spans[ph, j, 1]), else
-    zero (and zero past the group's channels), the rest of ``out`` as it was. Per input row
-    (parallel over all of them) and pair q, both halves of every channel are joined in one
-    vectorised pass, then dealt to the blocks (3x faster than a loop per block of R channels)."""
+    zero (and zero past the group's channels, and in the padding rows): every value of the first
+    N images written once. Per padded row (parallel over all of them) and pair q, both halves of
+    every channel are joined in one vectorised pass, then dealt to the blocks (3x faster than a
+    loop per block of R channels)."""
     _pair_filler(out.shape[-1])(x3, out, spans, step, lo0, lo1, icg)
 
 

@@ -333,6 +333,25 @@ def run(typingctx, width, rows, vecs, native, c, coff, ldc, a, aoff, lda, astep,
     return sig, codegen
 
 
+@intrinsic
+def prefetch(typingctx, arr, index):
+    """Hint the cache line of ``arr[index]`` into L2 (``prefetcht1``: ``llvm.prefetch``, read,
+    locality 2): a stream the caller will read soon, fetched while the kernels compute."""
+    if not isinstance(arr, types.Array):
+        raise errors.TypingError(f"microkernel.prefetch: arr must be an array, got {arr}")
+
+    def codegen(context, builder, signature, argv):
+        data = cgutils.create_struct_proxy(signature.args[0])(context, builder, value=argv[0]).data
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(builder.gep(data, [argv[1]]), i8p), ir.Constant(i32, 0),
+                          ir.Constant(i32, 2), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, types.int64), codegen
+
+
 def cached_njit(**options) -> Callable:
     """``numba.njit(cache=True, **options)`` whose disk cache is also keyed on this module's
     and :mod:`convgrad.casts`' source (:data:`SOURCE_DIGEST`): an edited kernel invalidates the callers' cached code, which
