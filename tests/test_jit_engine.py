@@ -22,7 +22,7 @@ import pytest
 import convgrad as cg
 from convgrad import casts
 from convgrad.engines import get_engine
-from convgrad.engines.fast import Features, Plan, forced_strategy, isa, jit, microkernel, select
+from convgrad.engines.fast import Features, Plan, forced_strategy, geometry, isa, jit, microkernel, select
 from convgrad.problem import ConvGeometry
 from engine_support import MUTATION_SLACK
 from engine_support import geometry as _geometry
@@ -54,6 +54,8 @@ CASES = {
     "output 1": _geometry(2, 1, 7, 9, (3, 3), (3, 3)),
     "many groups": _geometry(2, 12, 2, 3, (6, 5), (3, 3), pb=(1, 1), pe=(1, 1)),
     "wide 1x1": _geometry(2, 1, 40, 50, (6, 7), (1, 1)),
+    "strided 1x1": _geometry(2, 1, 20, 36, (7, 9), (1, 1), (2, 3)),      # last positions read by none
+    "3-D strided 1x1": _geometry(1, 1, 5, 17, (3, 5, 4), (1, 1, 1), (2, 1, 3)),
 }
 
 
@@ -350,3 +352,21 @@ def test_packed_weights_against_their_definition(groups, icg, ocg, kernel, vw, c
     np.testing.assert_array_equal(got_values, want.reshape(*want.shape[:3], rows // depth, depth, vw).swapaxes(4, 5))
     if depth == 1:
         np.testing.assert_array_equal(got, jit._packed_weights(g, w.astype(np.float64), vw, transpose, 1, columns))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.uint16])
+@pytest.mark.parametrize("size, strides", [((7, 9), (2, 3)), ((3, 5, 4), (2, 1, 3)), ((11,), (4,))])
+def test_sampled_and_spread_positions(size, strides, dtype, rng):
+    """A strided 1x1 convolution's positions: ``sampled`` is NumPy's strided slice, ``spread``
+    puts rows back there with zeros elsewhere (every value written: the output starts as junk)."""
+    out_size = tuple((i - 1) // s + 1 for i, s in zip(size, strides))
+    a = rng.integers(1, 60000, (2, *size, 5)).astype(np.uint16).view(dtype) if dtype != np.float32 else \
+        rng.standard_normal((2, *size, 5)).astype(np.float32)
+    kept = (slice(None), *(slice(None, o * s, s) for o, s in zip(out_size, strides)), slice(None))
+    got = geometry.sampled(a, strides, out_size)
+    assert got.flags.c_contiguous and got.shape == a[kept].shape
+    np.testing.assert_array_equal(got.view(np.uint8), np.ascontiguousarray(a[kept]).view(np.uint8))
+    junk = np.full(a.shape, 7, a.dtype)
+    want = np.zeros_like(a)
+    want[kept] = got
+    np.testing.assert_array_equal(geometry.spread(got, strides, junk).view(np.uint8), want.view(np.uint8))

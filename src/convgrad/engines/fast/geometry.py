@@ -18,7 +18,8 @@ import numpy as np
 from ...problem import ConvGeometry
 from . import workspace
 
-__all__ = ["spatial", "spatial3", "params", "tap", "stride_phase", "phase_taps", "tap_weights", "padded", "flat"]
+__all__ = ["spatial", "spatial3", "params", "tap", "stride_phase", "phase_taps", "tap_weights", "padded", "flat", "sampled",
+           "spread"]
 
 
 def spatial(values: tuple[int, ...], fill: int) -> tuple[int, ...]:
@@ -113,6 +114,61 @@ def _fill_padded(a3, out, lo0, lo1, lo2):  # pragma: no cover - compiled
                 i2 = p2 - lo2
                 if 0 <= i0 < i0_ and 0 <= i1 < i1_ and 0 <= i2 < i2_:
                     out[n, p0, p1, p2, :] = a3[n, i0, i1, i2, :]
+                else:
+                    out[n, p0, p1, p2, :] = 0
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """``a`` viewed as unsigned integers of its item size (numba copies bits of any dtype)."""
+    return a.view(f"u{a.itemsize}")
+
+
+def sampled(a: np.ndarray, strides: tuple[int, ...], out_size: tuple[int, ...]) -> np.ndarray:
+    """The positions a strided 1x1 convolution reads, ``a[:, ::S0, ::S1, ::S2][:, :O0, :O1, :O2]``
+    of canonical (N, *X, C) data, as a C-contiguous (N, *O, C) array (of the engine's cache: a
+    fresh one faults its pages in each call), copied by a parallel loop (NumPy's is one thread)."""
+    a3, o = spatial3(a), spatial(out_size, 1)
+    out = workspace.empty(a3.shape[0] * math.prod(o) * a3.shape[-1], a.dtype)
+    _sample(_bits(a3), *spatial(strides, 1), _bits(out).reshape(a3.shape[0], *o, a3.shape[-1]))
+    return out.reshape(a.shape[0], *out_size, a.shape[-1])
+
+
+@numba.njit(parallel=True, cache=True)
+def _sample(a3, s0, s1, s2, out):  # pragma: no cover - compiled
+    """``out[n, i0, i1, i2] = a3[n, i0*S0, i1*S1, i2*S2]``, rows (n, i0) in parallel."""
+    n_, o0_, o1_, o2_ = out.shape[:4]
+    for row in numba.prange(n_ * o0_):
+        n, i0 = row // o0_, row % o0_
+        for i1 in range(o1_):
+            for i2 in range(o2_):
+                out[n, i0, i1, i2, :] = a3[n, i0 * s0, i1 * s1, i2 * s2, :]
+
+
+def spread(rows: np.ndarray, strides: tuple[int, ...], out: np.ndarray) -> np.ndarray:
+    """``out`` (canonical (N, *X, C), NXC memory) holding ``rows`` (N, *O, C) at the positions a
+    strided 1x1 convolution reads (:func:`sampled`) and zero elsewhere: every value written once,
+    in parallel (a zeroing pass and NumPy's strided assignment were two passes of one thread)."""
+    _spread(_bits(spatial3(rows)), *spatial(strides, 1), _bits(spatial3(out)))
+    return out
+
+
+@numba.njit(parallel=True, cache=True)
+def _spread(r3, s0, s1, s2, out):  # pragma: no cover - compiled
+    """``out[n, p0, p1, p2] = r3[n, p0/S0, p1/S1, p2/S2]`` where every ``p`` is a multiple of its
+    stride within ``r3``, else 0; rows (n, p0) in parallel."""
+    n_, p0_, p1_, p2_ = out.shape[:4]
+    o0_, o1_, o2_ = r3.shape[1], r3.shape[2], r3.shape[3]
+    for row in numba.prange(n_ * p0_):
+        n, p0 = row // p0_, row % p0_
+        i0 = p0 // s0
+        row_kept = p0 % s0 == 0 and i0 < o0_
+        for p1 in range(p1_):
+            i1 = p1 // s1
+            kept = row_kept and p1 % s1 == 0 and i1 < o1_
+            for p2 in range(p2_):
+                i2 = p2 // s2
+                if kept and p2 % s2 == 0 and i2 < o2_:
+                    out[n, p0, p1, p2, :] = r3[n, i0, i1, i2, :]
                 else:
                     out[n, p0, p1, p2, :] = 0
 

@@ -180,18 +180,27 @@ def pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Pl
         return result.view(out) if out != F32 else result
 
     operand = (lambda v: v) if widened else _operand
-    keep = (slice(None), *(slice(None, o * s, s) for o, s in zip(g.out_size, g.strides)), slice(None))
     if task == "backward_data":
         rows = gemm(operand(a).reshape(-1, g.oc), operand(b).reshape(g.ic, g.oc).T)
-        if all(s == 1 for s in g.strides) and tuple(g.out_size) == tuple(g.in_size):
+        if all(s == 1 for s in g.strides):      # every position kept (1x1, unpadded: O = I)
             return np.ascontiguousarray(rows).reshape(g.x_shape)
-        dx = empty_like_data(g.x_shape, out, a, fill=True)
-        dx[keep] = rows.reshape(g.y_shape[:-1] + (g.ic,))
-        return dx
-    xs = operand(a)[keep].reshape(-1, g.ic)
+        return geometry.spread(rows.reshape(g.y_shape[:-1] + (g.ic,)), g.strides,
+                               empty_like_data(g.x_shape, out, a))
+    xs = _positions(operand(a), g)
     if task == "forward":
         return np.ascontiguousarray(gemm(xs, operand(b).reshape(g.ic, g.oc))).reshape(g.y_shape)
     return np.ascontiguousarray(gemm(xs.T, operand(b).reshape(-1, g.oc))).reshape(g.w_shape)
+
+
+def _positions(a: np.ndarray, g: ConvGeometry) -> np.ndarray:
+    """The positions of canonical ``a`` that a 1x1 convolution of ``g`` reads, as (M, IC) rows:
+    a view where they are evenly spaced (every position, or a stride along one axis only), else a
+    parallel copy (:func:`.geometry.sampled`)."""
+    kept = a[(slice(None), *(slice(None, o * s, s) for o, s in zip(g.out_size, g.strides)), slice(None))]
+    try:
+        return np.reshape(kept, (-1, g.ic), copy=False)
+    except ValueError:
+        return geometry.sampled(a, g.strides, g.out_size).reshape(-1, g.ic)
 
 
 #: Chunks of a widened 16-bit pointwise GEMM (:func:`_widened_gemm`).
