@@ -363,14 +363,15 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
     ``native``: :func:`.microkernel.run`'s flag)."""
     @microkernel.cached_njit(parallel=True)
     def outputs(src, steps, taps_a, out, out16, kind, out_base, out_steps, out_grid, pitch, valid, wp, per_block,
-                taps_b, groups, kred, depth, channels, blocks_outer):  # pragma: no cover - compiled
+                taps_b, groups, kred, depth, channels, blocks_outer, parts):  # pragma: no cover - compiled
         """``out[out_base + n*os0 + q0*os1 + (m // pitch)*os2 + (m % pitch)*os3 + g*channels + j] =
         sum over taps t and i < kred*depth of src[n*s0 + q0*s1 + q1*s2 + m*s3 + ta[t] + g*kred*depth + i]
         * wp[(g*NB + nb)*per_block + tb[t] + i*VW + j]`` (``depth`` 2: bf16 pairs, ``wp``'s pairs
         interleaved) over the grid ``out_grid`` = (N, Q0, Q1, M), for ``m % pitch < valid``
         (``pitch`` > ``valid``: rows of a source flattened with their padding columns, computed and
-        dropped). Items (n, q0, q1, g, nb) run in parallel, channel blocks innermost, or outermost
-        with ``blocks_outer`` (each block's weights then stay in cache while the rows stream by).
+        dropped). Items (n, q0, q1, part, g, nb) run in parallel, channel blocks innermost, or
+        outermost with ``blocks_outer`` (each block's weights then stay in cache while the rows
+        stream by); ``parts`` cut each row of M into that many runs of whole register blocks.
         A non-empty ``out16`` takes the sums instead, as 16-bit bits of ``kind`` (bf16 or f16:
         :func:`convgrad.casts.narrowed`) rounded as they are stored. The kernel stores a whole
         tile (its rows one output row's, every lane a channel) in place, bf16 rounded in
@@ -380,7 +381,8 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
         nblocks = -(-channels // vw)
         n_, q0_, q1_, m_ = out_grid[0], out_grid[1], out_grid[2], out_grid[3]
         ntaps = taps_a.shape[0]
-        places = n_ * q0_ * q1_
+        places = n_ * q0_ * q1_ * parts
+        per_part = -(-(-(-m_ // rows)) // parts) * rows
         for item in numba.prange(places * groups * nblocks):
             if blocks_outer:
                 place = item % places
@@ -390,6 +392,8 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
                 nb = item % nblocks
                 g = item // nblocks % groups
                 place = item // (nblocks * groups)
+            part = place % parts
+            place //= parts
             q1 = place % q1_
             q0 = place // q1_ % q0_
             n = place // (q1_ * q0_)
@@ -398,7 +402,7 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
             boff = (g * nblocks + nb) * per_block
             src_row = n * steps[0] + q0 * steps[1] + q1 * steps[2] + g * kred * depth
             base = out_base + n * out_steps[0] + q0 * out_steps[1] + q1 * out_steps[2] + g * channels + nb * vw
-            for m in range(0, m_, rows):
+            for m in range(part * per_part, min(m_, (part + 1) * per_part), rows):
                 a1 = m // pitch
                 a2 = m - a1 * pitch
                 if m + rows <= m_ and a2 + rows <= valid and lanes == vw and kind != F16_BITS:
@@ -448,12 +452,14 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_
         shape, pitch = (n, q0, 1, flat), pitch
     else:
         shape, pitch = (n, q0, q1, q2), q2
+    items = math.prod(shape[:3]) * groups * -(-channels // vw)          # a flattened image: few items,
+    parts = min(-(-shape[3] // rows), -(-TUNING.items_per_thread * numba.get_num_threads() // items))  # so cut its rows
     flat_out, none = out.reshape(-1), np.empty(0, np.uint16 if out.dtype == F32 else F32)
     f32_out, bits_out = (flat_out, none) if out.dtype == F32 else (none, flat_out)
     _outputs(width, rows, vecs, depth == 2 and isa.bf16_native())(geometry.flat(src), steps, taps_a, f32_out, bits_out,
                                                                   kind, out_base, out_steps,
                                 np.array(shape, np.int64), pitch, q2, wp, taps * kred * depth * vw, taps_b, groups,
-                                kred, depth, channels, wp.nbytes > cache_bytes)
+                                kred, depth, channels, wp.nbytes > cache_bytes, max(1, parts))
 
 
 def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, depth: int = 1,

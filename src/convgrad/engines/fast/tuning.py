@@ -97,6 +97,10 @@ class Tuning:
     #: positions) where dw has more than this times the values of x and dy together, else the
     #: output positions (a partial dw per thread, then summed).
     weights_split: float = 0.25
+    #: ``jit``: forward and backward data cut each flattened row of positions into runs of whole
+    #: register blocks until there are at least this many items of work per thread (one image
+    #: flattened was one item: mb 1 ran on one thread).
+    items_per_thread: int = 4
     #: ``gemm``: bytes of per-chunk temporaries (frame buffers, or the output-row GEMMs' Z or
     #: gathered taps); a chunk also takes at most half the op's inputs + output, but is never
     #: cut below ``min_chunk_bytes`` for that; at least one image.
