@@ -370,3 +370,32 @@ def test_sampled_and_spread_positions(size, strides, dtype, rng):
     want = np.zeros_like(a)
     want[kept] = got
     np.testing.assert_array_equal(geometry.spread(got, strides, junk).view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.parametrize("width", microkernel.WIDTHS)
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16])
+def test_transpose32_tiles(width, dtype, rng):
+    """``microkernel.transpose32``: unit j of source row i lands as unit i of destination row j,
+    from any element offsets and row strides (uint16: a unit is a pair), nothing else written."""
+    import numba
+
+    @numba.njit
+    def run(src, soff, sld, dst, doff, dld):  # pragma: no cover - compiled
+        if width == 16:
+            microkernel.transpose32(16, src, soff, sld, dst, doff, dld)
+        else:
+            microkernel.transpose32(8, src, soff, sld, dst, doff, dld)
+
+    per = 2 if dtype == np.uint16 else 1
+    src = rng.integers(0, 60000, (width + 5, 3 * width * per)).astype(dtype)
+    dst = np.full((width + 4, 2 * width * per + 3), 7, dtype)
+    before = dst.copy()
+    run(src.reshape(-1), 2 * src.shape[1] + 3 * per, src.shape[1], dst.reshape(-1), 1 * dst.shape[1] + per, dst.shape[1])
+    block = src[2:2 + width, 3 * per:(3 + width) * per]
+    want = before.copy()
+    if per == 1:
+        want[1:1 + width, 1:1 + width] = block.T
+    else:
+        pairs = block.reshape(width, width, 2)                 # (row i, unit j, half)
+        want[1:1 + width, 2:2 + 2 * width] = pairs.transpose(1, 0, 2).reshape(width, 2 * width)
+    np.testing.assert_array_equal(dst, want)

@@ -352,6 +352,49 @@ def prefetch(typingctx, arr, index):
     return types.void(arr, types.int64), codegen
 
 
+@intrinsic
+def transpose32(typingctx, width, src, soff, sld, dst, doff, dld):
+    """A ``width`` x ``width`` transpose of 32-bit units (``width`` a constant: 8 or 16): unit
+    ``j`` of source row ``i`` (the ``width`` units from element ``soff + i*sld`` of ``src``) is
+    stored as unit ``i`` of destination row ``j`` (from element ``doff + j*dld`` of ``dst``);
+    offsets and strides count each array's own elements (uint16 data: a unit is a pair). In
+    registers: ``log2(width)`` rounds of block swaps between row pairs (``shufflevector``)."""
+    if not (isinstance(src, types.Array) and isinstance(dst, types.Array)):
+        raise errors.TypingError("microkernel.transpose32: src and dst must be arrays")
+
+    def codegen(context, builder, signature, argv):
+        w = _constant(argv[0], "width")
+        if w not in WIDTHS:
+            raise errors.NumbaValueError(f"microkernel.transpose32: width {w}, expected one of {WIDTHS}")
+        i32, i64, i8p = ir.IntType(32), ir.IntType(64), ir.IntType(8).as_pointer()
+        vec = ir.VectorType(i32, w)
+
+        def address(array_type, array, offset, stride, row):
+            data = cgutils.create_struct_proxy(array_type)(context, builder, value=array).data
+            item = context.get_abi_sizeof(context.get_data_type(array_type.dtype))
+            at = builder.add(offset, builder.mul(stride, ir.Constant(i64, row)))
+            byte = builder.gep(builder.bitcast(data, i8p), [builder.mul(at, ir.Constant(i64, item))])
+            return builder.bitcast(byte, vec.as_pointer())
+
+        rows = [builder.load(address(signature.args[1], argv[1], argv[2], argv[3], i), align=1) for i in range(w)]
+        b = w // 2
+        while b:
+            for i in range(w):
+                if i & b:
+                    continue
+                j = i + b
+                low = [k if not k & b else w + k - b for k in range(w)]
+                high = [k + b if not k & b else w + k for k in range(w)]
+                rows[i], rows[j] = (builder.shuffle_vector(rows[i], rows[j], ir.Constant(ir.VectorType(i32, w), low)),
+                                    builder.shuffle_vector(rows[i], rows[j], ir.Constant(ir.VectorType(i32, w), high)))
+            b //= 2
+        for j in range(w):
+            builder.store(rows[j], address(signature.args[4], argv[4], argv[5], argv[6], j), align=1)
+        return context.get_dummy_value()
+
+    return types.void(types.int64, src, types.int64, types.int64, dst, types.int64, types.int64), codegen
+
+
 def cached_njit(**options) -> Callable:
     """``numba.njit(cache=True, **options)`` whose disk cache is also keyed on this module's
     and :mod:`convgrad.casts`' source (:data:`SOURCE_DIGEST`): an edited kernel invalidates the callers' cached code, which
