@@ -872,6 +872,41 @@ def _fill_dy_pairs(d3, out, groups, ocg):  # pragma: no cover - compiled
                             dst[l] = np.uint32(lo[l])
 
 
+def _lanes(dy: np.ndarray, groups: int, ocg: int, lanes: int) -> np.ndarray:
+    """f32 dy (N, *O, G, ``lanes``): each group's channels padded with zeros to ``lanes`` (the
+    f32 weights gradient's vectors). C-contiguous f32 dy whose groups fill their lanes already
+    is that array (a view: copying it was a tenth of a 64-channel 3x3 gradient); else a copy,
+    f32 data by a parallel loop writing every value once."""
+    shape = (*dy.shape[:-1], groups, lanes)
+    if dy.dtype == F32 and ocg == lanes and dy.flags.c_contiguous:
+        return dy.reshape(shape)
+    out = workspace.empty(math.prod(shape), F32).reshape(shape)
+    if dy.dtype == F32:
+        _fill_lanes(spatial3(dy), out.reshape(dy.shape[0], *(1,) * (5 - dy.ndim), *shape[1:]), ocg)
+    else:                       # 16-bit data read as f32: converted as NumPy assigns it
+        out[..., ocg:] = 0
+        out[..., :ocg] = dy.reshape(*dy.shape[:-1], groups, ocg)    # a view, whatever dy's memory order
+    return out
+
+
+@numba.njit(parallel=True, cache=True)
+def _fill_lanes(d3, out, ocg):  # pragma: no cover - compiled
+    """``out[n, o0, o1, o2, g, l] = d3[n, o0, o1, o2, g*OCg + l]`` for l < OCg, else 0; rows
+    (n, o0) in parallel."""
+    n_, o0_, o1_, o2_, groups, lanes = out.shape
+    for row in numba.prange(n_ * o0_):
+        n, o0 = row // o0_, row % o0_
+        for o1 in range(o1_):
+            for o2 in range(o2_):
+                src = d3[n, o0, o1, o2]
+                for gi in range(groups):
+                    dst = out[n, o0, o1, o2, gi]
+                    for l in range(ocg):
+                        dst[l] = src[gi * ocg + l]
+                    for l in range(ocg, lanes):
+                        dst[l] = 0
+
+
 def _pair_images(g: ConvGeometry, rows: int, lanes: int) -> tuple[int, int]:
     """(images, row ranges) per call of the bf16 pairs' weights gradient: their copies of x and
     dy (a few times an image each: two phases, padding) within ``TUNING.pair_bytes``: a few
@@ -991,9 +1026,7 @@ def _weight_sums(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, t0:
                     taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3]
                                        for k0 in range(kernel[0]) for k1 in range(kernel[1])
                                        for k2 in range(kernel[2])], np.int64)[t0:t1]
-                    shape = (*dyc.shape[:-1], g.groups, nblocks * vw)
-                    dyp = workspace.zeros(math.prod(shape), F32).reshape(shape)
-                    dyp[..., :g.ocg] = dyc.reshape(*dyc.shape[:-1], g.groups, g.ocg)  # a view, whatever dy's memory order
+                    dyp = _lanes(dyc, g.groups, g.ocg, nblocks * vw)
                     block_size = math.prod(xb.shape[2:])
                 rows_total = gc.n * oc[0] * oc[1]
                 _weights(_width(), rows, vecs, depth == 2 and isa.bf16_native())(
