@@ -840,12 +840,12 @@ def _fill_pairs(x3: np.ndarray, out: np.ndarray, spans: np.ndarray, step: int, l
 def _dy_pairs(g: ConvGeometry, dy: np.ndarray, lanes: int, out: np.ndarray | None = None) -> np.ndarray:
     """bf16 dy as uint16 (N, O0, O1, ceil(O2/2), G, OCg padded to ``lanes``, 2): output
     positions 2i and 2i+1 of each lane interleaved (zero past them); ``out``: such an array of
-    at least N images from an earlier call (its zeros stay; the first N images are written)."""
+    at least N images from an earlier call (the first N images are written, every value)."""
     d3 = spatial3(dy).view(np.uint16)
     o2 = d3.shape[3]
     if out is None:
         shape = (*d3.shape[:3], -(-o2 // 2), g.groups, lanes, 2)
-        out = workspace.zeros(math.prod(shape), np.uint16).reshape(shape)
+        out = workspace.empty(math.prod(shape), np.uint16).reshape(shape)
     _fill_dy_pairs(d3, out.view(np.uint32).reshape(out.shape[:-1]), g.groups, g.ocg)
     return out
 
@@ -853,8 +853,10 @@ def _dy_pairs(g: ConvGeometry, dy: np.ndarray, lanes: int, out: np.ndarray | Non
 @numba.njit(parallel=True, cache=True)
 def _fill_dy_pairs(d3, out, groups, ocg):  # pragma: no cover - compiled
     """``out[n, o0, o1, i, g, l]`` = ``d3[n, o0, o1, 2i, g*OCg + l]`` | ``d3[.., 2i + 1, ..] << 16``
-    (the high half zero past O2) for l < OCg of the first N images, a pair per 32-bit store."""
+    (the high half zero past O2) for l < OCg, zero for the lanes past OCg, of the first N images:
+    every value written, a pair per 32-bit store."""
     n_, o0_, o1_, o2_ = d3.shape[:4]
+    lanes = out.shape[5]
     for row in numba.prange(n_ * o0_):
         n, o0 = row // o0_, row % o0_
         for o1 in range(o1_):
@@ -870,6 +872,8 @@ def _fill_dy_pairs(d3, out, groups, ocg):  # pragma: no cover - compiled
                     else:
                         for l in range(ocg):
                             dst[l] = np.uint32(lo[l])
+                    for l in range(ocg, lanes):
+                        dst[l] = 0
 
 
 def _lanes(dy: np.ndarray, groups: int, ocg: int, lanes: int) -> np.ndarray:
