@@ -15,8 +15,8 @@ family's vector width, per group ``g``:
   ``S`` (offsets ``c_k = (r + PB - k*D) / S``) and the transposed weights ``w[k]^T`` (oneDNN's
   skipping of non-dividing taps, per phase); a phase without taps is written as zeros.
 - backward weights: ``dw[k, ic, oc] = sum_{n, o} xp[n, o*S + k*D, ic] * dy[n, o, oc]``: blocks of
-  ``R`` input channels (broadcast, from a copy of x blocked by ``R`` channels so that the rows of
-  a block share cache lines) x ``V`` vectors of output channels, the reduction over the
+  ``R`` adjacent input channels (broadcast, from the zero-padded copy of x, as the forward
+  reads it) x ``V`` vectors of output channels, the reduction over the
   positions of a chunk of output rows (about the plan's ``cache_bytes`` of x and dy), every tap and
   channel block run per chunk; each thread sums its share of the rows into its own partial dw,
   then the partials are added (or, with the plan's ``split`` "blocks", each thread owns a share of
@@ -276,8 +276,8 @@ def _block(plan: Plan) -> tuple[int, int, int]:
 
 def workspace_bytes(f: Features, plan: Plan) -> int:
     """Upper estimate of the extra bytes ``task`` allocates (f32 values; for bf16/f16 ``dtype``
-    the f32 result the API rounds included): the padded copy of x (forward; for the weights
-    gradient blocked by R channels) or dy (data) with its slack, the packed weights (forward, data), or for the weights gradient the packed dy,
+    the f32 result the API rounds included): the padded copy of x (forward, weights gradient)
+    or dy (data) with its slack, the packed weights (forward, data), or for the weights gradient the packed dy,
     the partial sums of every share (at most the threads) and their total; plus 64 KiB of tables and
     per-thread accumulator blocks."""
     g, task = f.geometry, f.task
@@ -298,8 +298,8 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
     else:
         source = g.n * math.prod(g.padded_size) * (g.ic + g.groups) + rows * (s[2] * (g.ic + g.groups) + 2) + 64
         other = g.groups * taps * (g.icg + 1) * -(-g.ocg // vw) * vw
-        if task == "backward_weights":   # x blocked by R channels per group (zero past ICg)
-            source = g.n * math.prod(g.padded_size) * g.groups * -(-g.icg // rows) * rows
+        if task == "backward_weights":   # x zero-padded, with a block's slack after it
+            source = g.n * math.prod(g.padded_size) * g.ic + rows
             block = g.groups * taps * -(-g.icg // rows) * rows * -(-g.ocg // vw) * vw
             shares = 1 if plan.param("split") == "blocks" else numba.get_num_threads()
             other = g.n * math.prod(o) * g.groups * -(-g.ocg // vw) * vw + (shares + 1) * block
@@ -636,74 +636,16 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | N
     return dx.view(dy.dtype) if kind else dx
 
 
-def _channel_blocks(a: np.ndarray, groups: int, rows: int, lo: tuple[int, ...], size: tuple[int, ...]) -> np.ndarray:
-    """Canonical (N, *X, C) data as an f32 (G, RB, N, P0, P1, P2, R) array: each group's
-    channels in blocks of ``rows`` (zero past them), each block zero-padded (``size`` = P, ``a``
-    at offsets ``lo``) and contiguous, so that a register block's rows share cache lines."""
-    a3 = spatial3(a)
-    cg = a3.shape[-1] // groups
-    blocks = -(-cg // rows)
-    shape = (groups, blocks, a3.shape[0], *size, rows)
-    if a3.dtype == F32:
-        out = workspace.empty(math.prod(shape), F32).reshape(shape)
-        _block_filler(rows)(a3, out, *lo)
-        return out
-    out = workspace.zeros(math.prod(shape), F32).reshape(shape)
-    inner = tuple(slice(b, b + n) for b, n in zip(lo, a3.shape[1:4]))   # 16-bit data, widened by NumPy
-    for g in range(groups):
-        for ib in range(blocks):
-            width = min(rows, cg - ib * rows)
-            out[(g, ib, slice(None), *inner, slice(0, width))] = a3[..., g * cg + ib * rows:g * cg + ib * rows + width]
-    return out
-
-
-@functools.cache
-def _block_filler(rows: int) -> Callable:
-    """The fill of :func:`_channel_blocks` for blocks of ``rows`` channels (compiled for that
-    size: a position's block is a few stores)."""
-    @microkernel.cached_njit(parallel=True)
-    def fill(a3, out, lo0, lo1, lo2):  # pragma: no cover - compiled
-        """``out[g, b, n, p0, p1, p2, r] = a3[n, p0 - lo0, p1 - lo1, p2 - lo2, g*Cg + b*R + r]``
-        where that lies in ``a3`` and r < Cg - b*R, else 0: every value written once, rows (n, p0)
-        in parallel."""
-        groups, blocks, n_, p0_, p1_, p2_, _ = out.shape
-        i0_, i1_, i2_, c_ = a3.shape[1], a3.shape[2], a3.shape[3], a3.shape[4]
-        cg = c_ // groups
-        for row in numba.prange(n_ * p0_):
-            n, p0 = row // p0_, row % p0_
-            i0 = p0 - lo0
-            for g in range(groups):
-                for b in range(blocks):
-                    c0 = g * cg + b * rows
-                    width = min(rows, cg - b * rows)
-                    slab = out[g, b, n, p0]
-                    for p1 in range(p1_):
-                        i1 = p1 - lo1
-                        for p2 in range(p2_):
-                            i2 = p2 - lo2
-                            dst = slab[p1, p2]
-                            if 0 <= i0 < i0_ and 0 <= i1 < i1_ and 0 <= i2 < i2_ and width == rows:
-                                src = a3[n, i0, i1, i2, c0:c0 + rows]
-                                for r in range(rows):
-                                    dst[r] = src[r]
-                            elif 0 <= i0 < i0_ and 0 <= i1 < i1_ and 0 <= i2 < i2_:
-                                for r in range(rows):
-                                    dst[r] = a3[n, i0, i1, i2, c0 + r] if r < width else 0
-                            else:
-                                for r in range(rows):
-                                    dst[r] = 0
-    return fill
-
-
 @functools.cache
 def _weights(width: int, rows: int, vecs: int, native: bool) -> Callable:
     """The driver of the weights gradient for one kernel variant (compiled for it alone)."""
     @microkernel.cached_njit(parallel=True)
-    def weights(xb, x_steps, block_size, taps_a, dyp, dy_row, rows_grid, chunk, parts, shares, split, groups, icg,
-                channels, depth, ksteps):  # pragma: no cover - compiled
-        """``parts[p, t, g, ic, oc] += sum_(n, o) xb[g, ic // R, n, o*S + tap t, ic % R] * dyp[(n, o), g, oc]``
-        (``xb``: x padded and blocked by R channels, ``block_size`` values per block; ``depth``
-        2: bf16 pairs of positions, :func:`_pair_blocks` and :func:`_dy_pairs`)
+    def weights(xb, x_steps, g_step, block_step, taps_a, dyp, dy_row, rows_grid, chunk, parts, shares, split, groups,
+                icg, channels, depth, ksteps):  # pragma: no cover - compiled
+        """``parts[p, t, g, ic, oc] += sum_(n, o) x[n, o*S + tap t, g, ic] * dyp[(n, o), g, oc]``, the R
+        channels of block ``ic // R`` of group g adjacent from ``g*g_step + (ic // R)*block_step``
+        of the position in ``xb`` (f32: the zero-padded copy of x; ``depth`` 2: bf16 pairs of
+        positions, :func:`_pair_blocks` and :func:`_dy_pairs`)
         over the output rows (n, o0, o1) of ``rows_grid`` = (N, O0, O1, O2), ``ksteps`` kernel
         steps each, in parallel items (p, u): ``shares`` equal shares p of the rows (each with its
         own partial sums ``parts[p]``), each share's (tap, group, channel-row block) triples cut
@@ -737,7 +679,7 @@ def _weights(width: int, rows: int, vecs: int, native: bool) -> Callable:
                     coff = (p * triples + triple) * rows * ldc
                     for nb in range(nblocks):
                         microkernel.run(width, rows, vecs, native, parts, coff + nb * vw, ldc, xb,
-                                        taps_a[t] + (g * row_blocks + ib) * block_size, depth, x_steps[3], dyp,
+                                        taps_a[t] + g * g_step + ib * block_step, depth, x_steps[3], dyp,
                                         (g * ldc + nb * vw) * depth, dy_row, ra, rb, count, ksteps, 1)
     return weights
 
@@ -1022,19 +964,20 @@ def _weight_sums(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, t0:
                     xs = _strides(xb.shape[3:])
                     x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], xs[3]]
                     dyp = _dy_pairs(gc, dyc, nblocks * vw, dyp)
-                    block_size = math.prod(xb.shape[3:])
-                else:
-                    xb = _channel_blocks(xc, g.groups, rows, spatial(g.pads_begin, 0), size)
-                    xs = _strides(xb.shape[2:])
+                    block_step = math.prod(xb.shape[3:])
+                    g_step, flat_x = row_blocks * block_step, xb.reshape(-1)
+                else:     # x zero-padded, a block's rows adjacent channels (the last reads on: dropped)
+                    xb = padded(xc, spatial(g.pads_begin, 0), size, F32, rows)
+                    xs = _strides(xb.shape)
                     x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]]
                     taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3]
                                        for k0 in range(kernel[0]) for k1 in range(kernel[1])
                                        for k2 in range(kernel[2])], np.int64)[t0:t1]
                     dyp = _lanes(dyc, g.groups, g.ocg, nblocks * vw)
-                    block_size = math.prod(xb.shape[2:])
+                    g_step, block_step, flat_x = g.icg, rows, geometry.flat(xb)
                 rows_total = gc.n * oc[0] * oc[1]
                 _weights(_width(), rows, vecs, depth == 2 and isa.bf16_native())(
-                    xb.reshape(-1), np.array(x_steps, np.int64), block_size, taps_a, dyp.reshape(-1),
+                    flat_x, np.array(x_steps, np.int64), g_step, block_step, taps_a, dyp.reshape(-1),
                     g.groups * nblocks * vw * depth, np.array((gc.n, *oc), np.int64), min(chunk, rows_total),
                     parts.reshape(-1), shares, threads if split_blocks else 1, g.groups, g.icg, g.ocg, depth,
                     -(-o[2] // depth))
