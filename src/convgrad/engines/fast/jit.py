@@ -684,16 +684,10 @@ def _weights(width: int, rows: int, vecs: int, native: bool) -> Callable:
     return weights
 
 
-def dot_product(f: Features) -> bool:
-    """Whether ``f`` runs on the bf16 dot instruction (bf16 data on the ``avx512_bf16`` family):
-    its copies stay bf16 (the ``gemm`` strategy's widen it to f32)."""
-    return _depth(f.data_dtype) == 2
-
-
 def weights_in_pairs(f: Features) -> bool:
-    """Whether the weights gradient of ``f`` runs on the bf16 dot instruction (pairs of output
-    positions)."""
-    return f.task == "backward_weights" and dot_product(f)
+    """Whether the weights gradient of ``f`` runs on the bf16 dot instruction (bf16 data on the
+    ``avx512_bf16`` family, pairs of output positions): its copies stay bf16."""
+    return f.task == "backward_weights" and _depth(f.data_dtype) == 2
 
 
 def _pair_phases(g: ConvGeometry) -> tuple[list[int], int]:

@@ -60,10 +60,7 @@ class Tuning:
     jit_weights_16_bit: bool = False
     #: A gradient whose frame has this many times more rows than outputs (a large dilation on a
     #: small output) runs as GEMMs over the output rows (``gemm`` variant ``output_rows``), not
-    #: on ``jit`` nor the frame; but a bf16 data gradient on the dot instruction runs on ``jit``
-    #: (0.45-0.80x the time of ``output_rows``, which widens bf16 to f32, on the dilated suite's
-    #: layers 20-25; f32 data gradients and bf16 weights gradients measured faster on
-    #: ``output_rows``: docs/engine-measurements.md, "Eighth round").
+    #: on ``jit`` nor the frame.
     junk_ratio: dict[str, float] = field(default_factory=lambda: {"backward_data": 1.9, "backward_weights": 1.66})
     #: (ICg, OCg) from which a gradient with several taps runs as GEMMs over the output rows
     #: whatever the junk (one wide, or tall, GEMM per chunk instead of one per tap); backward data
