@@ -452,7 +452,7 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_
         shape, pitch = (n, q0, 1, flat), pitch
     else:
         shape, pitch = (n, q0, q1, q2), q2
-    items = math.prod(shape[:3]) * groups * -(-channels // vw)          # a flattened image: few items,
+    items = max(1, math.prod(shape[:3]) * groups * -(-channels // vw))  # a flattened image: few items,
     parts = min(-(-shape[3] // rows), -(-TUNING.items_per_thread * numba.get_num_threads() // items))  # so cut its rows
     flat_out, none = out.reshape(-1), np.empty(0, np.uint16 if out.dtype == F32 else F32)
     f32_out, bits_out = (flat_out, none) if out.dtype == F32 else (none, flat_out)
