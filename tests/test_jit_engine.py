@@ -375,16 +375,13 @@ def test_sampled_and_spread_positions(size, strides, dtype, rng):
 @pytest.mark.parametrize("width", microkernel.WIDTHS)
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16])
 def test_transpose32_tiles(width, dtype, rng):
-    """``microkernel.transpose32``: unit j of source row i lands as unit i of destination row j,
+    """``microkernel.transpose32`` (through ``transpose_tile``): unit j of source row i lands as unit i of destination row j,
     from any element offsets and row strides (uint16: a unit is a pair), nothing else written."""
     import numba
 
     @numba.njit
     def run(src, soff, sld, dst, doff, dld):  # pragma: no cover - compiled
-        if width == 16:
-            microkernel.transpose32(16, src, soff, sld, dst, doff, dld)
-        else:
-            microkernel.transpose32(8, src, soff, sld, dst, doff, dld)
+        microkernel.transpose_tile(width, src, soff, sld, dst, doff, dld)
 
     per = 2 if dtype == np.uint16 else 1
     src = rng.integers(0, 60000, (width + 5, 3 * width * per)).astype(dtype)

@@ -368,10 +368,7 @@ def _pack_across(src, ld, step, k, n, depth, out, width):  # pragma: no cover - 
         whole = cols - cols % width if ld == 1 and k0 + span <= k else 0
         obase = p * (out.strides[0] // item_o) + (k0 // depth) * od
         for l0 in range(0, whole, width):
-            if width == 16:
-                microkernel.transpose32(16, src, (p * nr + l0) * step + k0, step, out, obase + l0 * depth, od)
-            else:
-                microkernel.transpose32(8, src, (p * nr + l0) * step + k0, step, out, obase + l0 * depth, od)
+            microkernel.transpose_tile(width, src, (p * nr + l0) * step + k0, step, out, obase + l0 * depth, od)
         for kk in range(k0, min(k0 + span, kd * depth)):
             o = out[p, kk // depth]
             j = kk % depth

@@ -517,12 +517,8 @@ def _pack(taps, out, width):  # pragma: no cover - compiled
                 first = 0
                 if r0 + span <= red:
                     for c0 in range(0, whole, width):
-                        if width == 16:
-                            microkernel.transpose32(16, taps, base + r0 + c0 * sc, sc, out,
-                                                    obase + (r0 // depth) * od + c0 * depth, od)
-                        else:
-                            microkernel.transpose32(8, taps, base + r0 + c0 * sc, sc, out,
-                                                    obase + (r0 // depth) * od + c0 * depth, od)
+                        microkernel.transpose_tile(width, taps, base + r0 + c0 * sc, sc, out,
+                                                   obase + (r0 // depth) * od + c0 * depth, od)
                     first = whole
                 for r in range(r0, min(r0 + span, rpad)):
                     dst = o[r // depth, :, r % depth]

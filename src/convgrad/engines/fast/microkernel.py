@@ -60,7 +60,7 @@ from . import isa
 from .tuning import TUNING
 
 __all__ = ["BLOCKS", "WIDTHS", "block_for", "idle", "run", "kernel_call", "cached_njit", "kernel_ir", "fma_peak",
-           "register_peak", "SOURCE_DIGEST"]
+           "register_peak", "SOURCE_DIGEST", "prefetch", "transpose32", "transpose_tile"]
 
 #: Register blocks (rows R, vectors V) per vector width, R*V + V + 1 <= the vector registers.
 BLOCKS: dict[int, tuple[tuple[int, int], ...]] = {8: ((8, 1), (6, 2), (4, 3)),
@@ -393,6 +393,15 @@ def transpose32(typingctx, width, src, soff, sld, dst, doff, dld):
         return context.get_dummy_value()
 
     return types.void(types.int64, src, types.int64, types.int64, dst, types.int64, types.int64), codegen
+
+
+@numba.njit(inline="always")
+def transpose_tile(width, src, soff, sld, dst, doff, dld):  # pragma: no cover - compiled
+    """:func:`transpose32` for a ``width`` (8 or 16) known only when the caller runs."""
+    if width == 16:
+        transpose32(16, src, soff, sld, dst, doff, dld)
+    else:
+        transpose32(8, src, soff, sld, dst, doff, dld)
 
 
 def cached_njit(**options) -> Callable:
