@@ -18,6 +18,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is dep
 
 import convgrad  # noqa: E402
 import convgrad.torch as ct  # noqa: E402
+from convgrad.engines import get_engine  # noqa: E402
 from interop_cases import CASES, GROUPED, IDS, Case  # noqa: E402
 
 
@@ -145,6 +146,65 @@ def test_opcheck_every_registered_op() -> None:
     ]
     for op, args, kwargs in samples:
         torch.library.opcheck(op, tuple(t.detach().clone().requires_grad_() for t in args), kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The eager path (plain tensors: no dispatcher) against the registered ops
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_the_eager_path_equals_the_registered_op(case: Case) -> None:
+    """Plain tensors take ``ct._Eager`` (no dispatcher); its values equal the registered op's bit
+    for bit, and so do its gradients, both those its backward computes directly and those of
+    ``create_graph`` (through the differentiable ops)."""
+    leaves = [t.requires_grad_() for t in inputs(case, torch.float32) if t is not None]
+    registered = (torch.ops.convgrad.conv_transpose if case.transposed else torch.ops.convgrad.convolution)
+    eager, dispatched = ours(case)(*leaves), registered(*leaves, **case.attrs)
+    assert type(eager.grad_fn).__name__ == "_EagerBackward" != type(dispatched.grad_fn).__name__
+    assert torch.equal(eager, dispatched)
+    g = _cotangent(eager)
+    direct = torch.autograd.grad(eager, leaves, g)
+    differentiable = torch.autograd.grad(ours(case)(*leaves), leaves, g, create_graph=True)
+    assert all(d.grad_fn is None for d in direct) and all(d.grad_fn is not None for d in differentiable[:2])  # bias: g summed
+    for want, *got in zip(torch.autograd.grad(dispatched, leaves, g), direct, differentiable):
+        assert all(torch.equal(want, t) for t in got)
+
+
+def test_eager_errors_are_the_registered_ops_errors() -> None:
+    """An invalid call fails alike with and without the dispatcher."""
+    x, w = torch.randn(1, 6, 6, 2), torch.randn(3, 3, 2, 4)
+    calls = [((x, w, torch.ones(3)), {}), ((x, w.double()), {}), ((x[0], w), {}), ((x, w), {"dilations": [4, 4]})]
+    for tensors, attrs in calls:
+        messages = []
+        for run in (ct.convolution, torch.ops.convgrad.convolution):
+            with pytest.raises(convgrad.ConvgradError) as info:
+                run(*tensors, **attrs)
+            messages.append((type(info.value), str(info.value)))
+        assert messages[0] == messages[1]
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_backward_computes_only_the_gradients_asked_for(transposed: bool, monkeypatch) -> None:
+    """A backward without create_graph runs the gradient ops of the inputs that want one, each
+    once, in the engine (the first layer's input wants none)."""
+    engine = get_engine(None)
+    tasks: list[str] = []
+    for task in ("forward", "backward_data", "backward_weights"):
+        def counted(*args, _run=getattr(engine, task), _task=task, **kwargs):
+            tasks.append(_task)
+            return _run(*args, **kwargs)
+        monkeypatch.setattr(engine, task, counted)
+    # ConvTranspose's data gradient is a convolution (forward), its weights gradient backward_weights.
+    data_task = "forward" if transposed else "backward_data"
+    function = ct.conv_transpose if transposed else ct.convolution
+    x, w, b = torch.randn(1, 6, 6, 2), torch.randn(3, 3, 4, 2) if transposed else torch.randn(3, 3, 2, 4), torch.randn(4)
+    for wanted, expected in [((True, False, False), [data_task]), ((False, True, False), ["backward_weights"]),
+                             ((False, False, True), []), ((True, True, True), [data_task, "backward_weights"])]:
+        leaves = [t.clone().requires_grad_(want) for t, want in zip((x, w, b), wanted)]
+        y = function(*leaves, pads_begin=1, pads_end=1)
+        tasks.clear()
+        y.sum().backward()
+        assert tasks == expected
+        assert [t.grad is not None for t in leaves] == list(wanted)
 
 
 # ---------------------------------------------------------------------------------------------

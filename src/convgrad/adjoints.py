@@ -34,11 +34,11 @@ differentiable op wrappers, so gradients of gradients follow the same table.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from .problem import Problem
 
-__all__ = ["DIFFERENTIABLE", "resolved_attributes", "bias_axes", "vjp"]
+__all__ = ["DIFFERENTIABLE", "Step", "resolved_attributes", "bias_axes", "steps", "vjp"]
 
 # Per data input (spec order): the op giving its gradient, that op's data arguments ("g" is the
 # cotangent, an int the op's own input of that index) and the shape attribute it takes, with the
@@ -89,26 +89,50 @@ def bias_axes(problem: Problem) -> tuple[int, ...]:
     return tuple(a for a in range(ndim) if a != channel)
 
 
+class Step(NamedTuple):
+    """How one data input's gradient is computed: op ``kind`` on ``args`` (``"g"``: the
+    cotangent; an int: the op's own input of that index) with ``attrs``, the resolved geometry
+    (:func:`resolved_attributes`) plus the shape attribute it takes."""
+
+    kind: str
+    args: tuple[str | int, ...]
+    attrs: dict[str, Any]
+
+
+def steps(problem: Problem, shapes: Sequence[Sequence[int] | None]) -> list[Step | str | None]:
+    """Per data input of ``problem``'s op (spec order; ``shapes``: theirs, None where absent): the
+    :class:`Step` giving its gradient, ``"bias"`` (the cotangent summed over :func:`bias_axes`),
+    or None where the input is absent."""
+    attrs = resolved_attributes(problem)
+    out: list[Step | str | None] = []
+    for rule, shape in zip(_RULES[problem.op], shapes):
+        if shape is None or rule == "bias":
+            out.append(None if shape is None else rule)
+            continue
+        kind, args, shape_of = rule
+        out.append(Step(kind, args, attrs if shape_of is None else {**attrs, shape_of[0]: list(shapes[shape_of[1]])}))
+    out.extend([None] * (len(shapes) - len(out)))
+    return out
+
+
 def vjp(problem: Problem, inputs: Sequence[Any], grad: Any, needed: Sequence[bool],
         apply: Callable[..., Any], sum_over: Callable[[Any, tuple[int, ...]], Any],
-        shape: Callable[[Any], Sequence[int]]) -> list[Any]:
+        shape: Callable[[Any], Sequence[int]], plan: Sequence[Step | str | None] | None = None) -> list[Any]:
     """Gradients of ``problem``'s op with respect to its data inputs (spec order), given the
     cotangent ``grad`` of its output: None where not ``needed`` or where the input is absent.
 
-    ``apply(kind, *data, **attrs)`` runs an op of the family in the framework (differentiably),
-    ``sum_over(g, axes)`` sums an array over axes, ``shape(a)`` is an array's shape."""
-    rules = _RULES[problem.op]
-    attrs = resolved_attributes(problem)
+    ``apply(step, *data)`` runs a :class:`Step`'s op in the framework (differentiably where
+    gradients of gradients are wanted), ``sum_over(g, axes)`` sums an array over axes, ``shape(a)``
+    is an array's shape; ``plan``: the inputs' :func:`steps`, where the caller has them."""
+    if plan is None:
+        plan = steps(problem, [None if a is None else shape(a) for a in inputs])
     grads: list[Any] = []
-    for rule, value, need in zip(rules, inputs, needed):
-        if not need or value is None:
+    for step, need in zip(plan, needed):
+        if not need or step is None:
             grads.append(None)
-        elif rule == "bias":
+        elif step == "bias":
             grads.append(sum_over(grad, bias_axes(problem)))
         else:
-            kind, order, shape_of = rule
-            args = [grad if a == "g" else inputs[a] for a in order]
-            extra = {} if shape_of is None else {shape_of[0]: list(shape(inputs[shape_of[1]]))}
-            grads.append(apply(kind, *args, **attrs, **extra))
+            grads.append(apply(step, *[grad if a == "g" else inputs[a] for a in step.args]))
     grads.extend([None] * (len(inputs) - len(grads)))
     return grads

@@ -77,7 +77,8 @@ def _differentiable(kind: str, key: tuple[tuple[str, Any], ...], present: tuple[
         return primal(*arrays), arrays
 
     def backward(arrays: tuple[Any, ...], grad: jax.Array) -> tuple[Any, ...]:
-        grads = adjoints.vjp(problem(arrays), full(arrays), grad, present, _apply,
+        grads = adjoints.vjp(problem(arrays), full(arrays), grad, present,
+                             lambda step, *data: _apply(step.kind, *data, **step.attrs),
                              lambda g, axes: jnp.sum(g, axis=axes), lambda a: a.shape)
         return tuple(g for g, p in zip(grads, present) if p)
 

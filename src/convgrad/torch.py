@@ -17,6 +17,7 @@ swap a model's ``torch.nn.ConvNd`` / ``ConvTransposeNd`` for convgrad's twins an
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -145,13 +146,52 @@ _NAMES = {kind: interop.data_input_names(OPS[kind]) for kind in adjoints.DIFFERE
 
 def _vjp(problem: Problem, saved: Sequence[torch.Tensor | None], grad: torch.Tensor,
          needs: Sequence[bool]) -> tuple[torch.Tensor | None, ...]:
-    return tuple(adjoints.vjp(problem, saved, grad, needs, _apply, lambda g, axes: g.sum(axes), lambda t: t.shape))
+    """The gradients through the ops themselves (:func:`_apply`: differentiable, so double
+    backward works)."""
+    return tuple(adjoints.vjp(problem, saved, grad, needs, lambda step, *data: _apply(step.kind, *data, **step.attrs),
+                              _sum, _shape))
+
+
+def _gradients(problem: Problem, saved: Sequence[torch.Tensor | None], grad: torch.Tensor,
+               needs: Sequence[bool]) -> tuple[torch.Tensor | None, ...]:
+    """:func:`_vjp`'s gradients where none of them is differentiated again (a backward without
+    ``create_graph`` on plain tensors): each computed directly (no autograd node, no dispatch
+    test), from the gradient ops and attributes remembered for the forward's problem, in one
+    engine call scope."""
+    hit = _plans.get(id(problem))
+    if hit is None or hit[0] is not problem:
+        plan = adjoints.steps(problem, [None if t is None else t.shape for t in saved])
+        ops = {s.kind: interop.op_for(s.kind, s.attrs) for s in plan if isinstance(s, adjoints.Step)}
+        hit = _plans.put(id(problem), (problem, plan, ops))
+    _, plan, ops = hit
+
+    def direct(step: adjoints.Step, *tensors: torch.Tensor) -> torch.Tensor:
+        return _compute(*ops[step.kind].resolve(*_arrays(step.kind, tensors)))
+
+    with getattr(get_engine(None), "scope", contextlib.nullcontext)():
+        return tuple(adjoints.vjp(problem, saved, grad, needs, direct, _sum, _shape, plan))
+
+
+#: Per problem of an eager forward (by identity: the warm path gives one problem object per
+#: signature, and an entry holds its problem, so the id is not reused meanwhile): its gradients'
+#: steps and their ops (:func:`_gradients`).
+_plans: Memo[int, tuple[Problem, list[adjoints.Step | str | None], dict[str, Op]]] = Memo(512)
+
+
+def _sum(grad: torch.Tensor, axes: tuple[int, ...]) -> torch.Tensor:
+    return grad.sum(axes)
+
+
+def _shape(tensor: torch.Tensor) -> torch.Size:
+    return tensor.shape
 
 
 class _Eager(torch.autograd.Function):
     """A registered op's computation and autograd formula, called without the dispatcher's layers
-    (tens of microseconds a call): ``apply(problem, arrays, *tensors)`` with the problem and the
-    NumPy views :meth:`convgrad.Op.prepare` made of the tensors. (The ``ctx`` form of forward:
+    (tens of microseconds a call): ``apply(problem, arrays, estimates, *tensors)`` with what
+    :meth:`convgrad.Op.resolve` made of the tensors. Its backward computes the gradients
+    directly (:func:`_gradients`) unless they are to be differentiated again (``create_graph``)
+    or a mode or transform watches (then the ops, :func:`_vjp`). (The ``ctx`` form of forward:
     ``setup_context`` would cost an ``inspect.signature`` per call; ``torch.func`` calls, which
     need it, take the registered op.)"""
 
@@ -164,9 +204,14 @@ class _Eager(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return None, None, None, *_vjp(ctx.problem, ctx.saved_tensors, grad, ctx.needs_input_grad[3:])
+        saved, needs = ctx.saved_tensors, ctx.needs_input_grad[3:]
+        gradients = _vjp if torch.is_grad_enabled() or not _eager((grad, *saved)) else _gradients
+        return None, None, None, *gradients(ctx.problem, saved, grad, needs)
 
 
+#: ``_Eager.apply`` without ``torch.autograd.Function.apply``'s Python layer (about 2 µs), whose
+#: work is for functorch transforms and ``setup_context``: none of them where :func:`_eager` holds.
+_eager_apply = super(torch.autograd.Function, _Eager).apply
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
@@ -175,7 +220,7 @@ def _eager(tensors: Sequence[torch.Tensor | None]) -> bool:
     """Whether a call may skip the dispatcher: plain tensors, nothing tracing or transforming them
     (``torch.compile``, ``torch.export``, fake or proxy tensors, ``torch.func``, modes)."""
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
-            or torch._C._is_torch_function_mode_enabled():
+            or torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active():
         return False
     return all(t is None or type(t) in _PLAIN and not _functorch_wrapped(t) for t in tensors)
 
@@ -185,16 +230,22 @@ def _apply(kind: str, *tensors: torch.Tensor | None, **attrs: Any) -> torch.Tens
     return _run(kind, tensors, attrs, None)
 
 
-def _run(kind: str, tensors: Sequence[torch.Tensor | None], attrs: Mapping[str, Any], op: Op | None) -> torch.Tensor:
+def _arrays(kind: str, tensors: Sequence[torch.Tensor | None]) -> list[np.ndarray | None]:
+    """NumPy views of op ``kind``'s data inputs."""
+    return [None if t is None else to_numpy(t, kind, name) for t, name in zip(tensors, _NAMES[kind])]
+
+
+def _run(kind: str, tensors: Sequence[torch.Tensor | None], attrs: Mapping[str, Any], op: Op | None,
+         eager: bool | None = None) -> torch.Tensor:
     """Op ``kind`` of plain attributes on tensors (``op``: their :func:`~convgrad.interop.op_for`,
-    where the caller has it): eagerly (:class:`_Eager`, or no autograd node where no gradient is
-    wanted) where :func:`_eager` allows, else the registered op."""
-    if not _eager(tensors):
+    ``eager``: :func:`_eager` of the tensors, where the caller has them): eagerly (:class:`_Eager`,
+    or no autograd node where no gradient is wanted) where :func:`_eager` allows, else the
+    registered op."""
+    if not (_eager(tensors) if eager is None else eager):
         return _REGISTERED[kind](*tensors, **attrs)
-    problem, arrays, estimates = (op or interop.op_for(kind, attrs)).resolve(
-        *[None if t is None else to_numpy(t, kind, name) for t, name in zip(tensors, _NAMES[kind])])
+    problem, arrays, estimates = (op or interop.op_for(kind, attrs)).resolve(*_arrays(kind, tensors))
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return _Eager.apply(problem, arrays, estimates, *tensors)
+        return _eager_apply(problem, arrays, estimates, *tensors)
     return _compute(problem, arrays, estimates)
 
 
@@ -224,7 +275,9 @@ def _call(kind: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> torch.T
     ``torch.compile`` nothing is remembered: Dynamo traces this code)."""
     plain, op = interop.attributes_and_op(kind, attrs, getattr(tensors[0], "ndim", 2) - 2,  # ConvgradError if bad
                                           remember=not torch.compiler.is_compiling())
-    refuse_tangents(kind, list(zip(_NAMES[kind], tensors)))
+    eager = _eager(tensors)
+    if not eager or forward_ad._current_level >= 0:  # else no tensor can carry a tangent (refuse_tangents' test)
+        refuse_tangents(kind, list(zip(_NAMES[kind], tensors)))
     for tensor, name in zip(tensors, _NAMES[kind]):
         if tensor is None:
             continue
@@ -233,7 +286,7 @@ def _call(kind: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> torch.T
                                  "(convgrad's functional API takes NumPy arrays)")
         if not tensor.is_cpu:
             raise InputTypeError(kind, name, f"is on device {tensor.device}: expected a CPU tensor")
-    return _run(kind, tensors, plain, op)
+    return _run(kind, tensors, plain, op, eager)
 
 
 # ---------------------------------------------------------------------------------------------
