@@ -207,6 +207,17 @@ def test_backward_computes_only_the_gradients_asked_for(transposed: bool, monkey
         assert [t.grad is not None for t in leaves] == list(wanted)
 
 
+def test_backward_keeps_no_memory_of_the_inputs() -> None:
+    """After a backward (no retain_graph) autograd has freed the saved inputs, and the op's node,
+    alive as long as its output, holds nothing else of them: its problem only."""
+    x, w = torch.randn(1, 6, 6, 2, requires_grad=True), torch.randn(3, 3, 2, 4, requires_grad=True)
+    y = ct.convolution(x * 2, w, pads_begin=1, pads_end=1)
+    y.sum().backward()
+    with pytest.raises(RuntimeError, match="freed"):
+        y.grad_fn.saved_tensors
+    assert [type(v).__name__ for v in vars(y.grad_fn).values()] == ["Problem"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Precisions, strides, zero-copy
 # ---------------------------------------------------------------------------------------------

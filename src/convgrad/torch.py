@@ -152,12 +152,14 @@ def _vjp(problem: Problem, saved: Sequence[torch.Tensor | None], grad: torch.Ten
                               _sum, _shape))
 
 
-def _gradients(problem: Problem, views: Sequence[np.ndarray | None], grad: torch.Tensor,
+def _gradients(problem: Problem, saved: Sequence[torch.Tensor | None], grad: torch.Tensor,
                needs: Sequence[bool]) -> tuple[torch.Tensor | None, ...]:
     """:func:`_vjp`'s gradients where none of them is differentiated again (a backward without
-    ``create_graph`` on plain tensors), computed directly (no autograd node, no dispatch test)
-    on NumPy views: the forward's of its inputs (``views``) and one of ``grad``; the gradient ops
-    and attributes are remembered for the forward's problem; one engine call scope for all."""
+    ``create_graph`` on plain tensors), computed directly on NumPy views (no autograd node, no
+    dispatch test, ``grad`` viewed once), with the gradient ops and attributes remembered for
+    the forward's problem, in one engine call scope. (The views are made here, not kept from the
+    forward: they would hold the inputs' memory after autograd frees its saved tensors.)"""
+    views = _arrays(problem.op, saved)
     hit = _plans.get(id(problem))
     if hit is None or hit[0] is not problem:
         plan = adjoints.steps(problem, [None if v is None else v.shape for v in views])
@@ -189,26 +191,24 @@ def _shape(tensor: torch.Tensor) -> torch.Size:
 
 class _Eager(torch.autograd.Function):
     """A registered op's computation and autograd formula, called without the dispatcher's layers
-    (tens of microseconds a call): ``apply(problem, views, arrays, estimates, *tensors)`` with the
-    tensors' NumPy views (:func:`_arrays`) and what :meth:`convgrad.Op.resolve` made of them. Its
-    backward computes the gradients directly (:func:`_gradients`) unless they are to be
+    (tens of microseconds a call): ``apply(problem, arrays, estimates, *tensors)`` with what
+    :meth:`convgrad.Op.resolve` made of the tensors' NumPy views. Its backward computes the gradients directly (:func:`_gradients`) unless they are to be
     differentiated again (``create_graph``) or a mode watches (then the ops, :func:`_vjp`).
     (The ``ctx`` form of forward: ``setup_context`` would cost an ``inspect.signature`` per call;
     ``torch.func`` calls, which need it, take the registered op.)"""
 
     @staticmethod
-    def forward(ctx: Any, problem: Problem, views: list[np.ndarray | None], arrays: dict[str, np.ndarray],
-                estimates: Memo | None, *tensors: torch.Tensor | None) -> torch.Tensor:
-        ctx.problem, ctx.views = problem, views
+    def forward(ctx: Any, problem: Problem, arrays: dict[str, np.ndarray], estimates: Memo | None,
+                *tensors: torch.Tensor | None) -> torch.Tensor:
+        ctx.problem = problem
         ctx.save_for_backward(*tensors)
         return _compute(problem, arrays, estimates)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        saved, needs = ctx.saved_tensors, ctx.needs_input_grad[4:]  # saved_tensors: autograd's in-place check
-        if torch.is_grad_enabled() or not _eager((grad,)):
-            return None, None, None, None, *_vjp(ctx.problem, saved, grad, needs)
-        return None, None, None, None, *_gradients(ctx.problem, ctx.views, grad, needs)
+        saved, needs = ctx.saved_tensors, ctx.needs_input_grad[3:]
+        gradients = _vjp if torch.is_grad_enabled() or not _eager((grad, *saved)) else _gradients
+        return None, None, None, *gradients(ctx.problem, saved, grad, needs)
 
 
 #: ``_Eager.apply`` without ``torch.autograd.Function.apply``'s Python layer (about 2 µs), whose
@@ -245,10 +245,9 @@ def _run(kind: str, tensors: Sequence[torch.Tensor | None], attrs: Mapping[str, 
     registered op."""
     if not (_eager(tensors) if eager is None else eager):
         return _REGISTERED[kind](*tensors, **attrs)
-    views = _arrays(kind, tensors)
-    problem, arrays, estimates = (op or interop.op_for(kind, attrs)).resolve(*views)
+    problem, arrays, estimates = (op or interop.op_for(kind, attrs)).resolve(*_arrays(kind, tensors))
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return _eager_apply(problem, views, arrays, estimates, *tensors)
+        return _eager_apply(problem, arrays, estimates, *tensors)
     return _compute(problem, arrays, estimates)
 
 
