@@ -182,6 +182,17 @@ def test_eager_errors_are_the_registered_ops_errors() -> None:
         assert messages[0] == messages[1]
 
 
+def test_plain_tensors_under_a_functorch_transform_take_the_registered_op() -> None:
+    """Inside ``torch.func.vmap`` (a transform active, though these tensors are not batched) a
+    call that wants a gradient takes the registered op: ``ct._Eager`` has no ``setup_context``,
+    which PyTorch requires of a Function under functorch transforms."""
+    x, w = torch.randn(1, 6, 6, 2), torch.randn(3, 3, 2, 4, requires_grad=True)
+    want = ct.convolution(x, w, pads_begin=1, pads_end=1)
+    got = torch.func.vmap(lambda s: s * ct.convolution(x, w, pads_begin=1, pads_end=1))(torch.tensor([1.0, 2.0]))
+    assert torch.equal(got[0], want.detach()) and torch.equal(got[1], 2 * want.detach())
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), w), torch.autograd.grad(3 * want.sum(), w))
+
+
 @pytest.mark.parametrize("transposed", [False, True])
 def test_backward_computes_only_the_gradients_asked_for(transposed: bool, monkeypatch) -> None:
     """A backward without create_graph runs the gradient ops of the inputs that want one, each
