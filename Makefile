@@ -1,6 +1,8 @@
 # `make demo` runs the main job, `make test` the tests. Also: `make fuzz`, the long fuzz run
 # (FUZZ_EXAMPLES per fuzz test); `make bench`, the benchmark against PyTorch (writes
 # benchmarks/RESULTS.md and benchmarks/results.png; BENCH_ARGS=--quick for a short check).
+# `make test-all`, the tests with every case of the kernels' cross products (CONVGRAD_EXHAUSTIVE=1:
+# the cases marked `exhaustive`, which `make test` leaves out to stay within ~10 minutes).
 # `make mutate`, mutation testing (mutmut) of the modules in MUTATE_MODULES (docs/testing.md).
 # All install what they need into .venv.
 PYTHON ?= python3
@@ -8,7 +10,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install -qq --disable-pip-version-check
 
-.PHONY: demo test fuzz bench mutate install clean
+.PHONY: demo test test-all fuzz bench mutate install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +33,9 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -n 2 -q
+
+test-all: $(VENV)/.installed-test
+	CONVGRAD_EXHAUSTIVE=1 $(BIN)/python -m pytest -n 2 -q
 
 FUZZ_EXAMPLES ?= 5000
 fuzz: $(VENV)/.installed-test

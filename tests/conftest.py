@@ -13,6 +13,19 @@ os.environ["CONVGRAD_PLANS"] = "off"
 os.environ.pop("CONVGRAD_AUTOTUNE", None)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Cases marked ``exhaustive`` (the rest of a cross product of kernel variants, whose code
+    paths the default suite runs with fewer compiled kernels: each variant costs seconds of
+    numba compilation on a fresh checkout) run only with ``CONVGRAD_EXHAUSTIVE=1`` (``make
+    test-all``); the default suite deselects them."""
+    if os.environ.get("CONVGRAD_EXHAUSTIVE") == "1":
+        return
+    kept = [item for item in items if item.get_closest_marker("exhaustive") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("exhaustive")])
+        items[:] = kept
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     """A fresh, unseeded generator per test (random non-zero inputs, fresh per case)."""

@@ -6,6 +6,8 @@ Inf, and NaN-poisoned allocations."""
 
 from __future__ import annotations
 
+import itertools
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -36,6 +38,23 @@ SHAPES = {
     "3-D": ((4, 5, 6), (3, 3, 3), (1, 2, 1), (1, 1, 2), (1, 0, 2), (1, 1, 2)),
 }
 CHANNELS = (1, 15, 16, 17, 33, 64)
+
+
+def _cases(rows: list[tuple], default) -> list:
+    """pytest parameters of ``rows``, those for which ``default(*row)`` is false marked
+    ``exhaustive`` (conftest.py): each kernel variant costs seconds to compile, so the default
+    suite takes a cross product's 16-bit cases pairwise (every shape with some 16-bit dtype and
+    channel count, every dtype and channel count with some shape)."""
+    return [pytest.param(*row, marks=() if default(*row) else pytest.mark.exhaustive) for row in rows]
+
+
+#: The 16-bit dtype the default suite runs shape ``NARROW[i]`` with at 15 (and 33) channels (the
+#: other one at 32: two vectors).
+NARROW = ["3x3", "3x3 stride 2, asymmetric pads", "5x5 stride 2 dilation 2", "3-D"]
+
+
+def _narrow_dtype(shape: str, channels: int) -> str:
+    return "bf16" if (NARROW.index(shape) % 2 == 0) == (channels != 32) else "f16"
 
 
 def _geometry(shape: str, channels: int, n: int = 2) -> ConvGeometry:
@@ -77,9 +96,12 @@ def test_kernels_against_reference(shape, channels, rng, kernel_calls):
     assert kernel_calls == {"gather": 2, "weights": 1} or isa.family() == "portable"
 
 
-@pytest.mark.parametrize("dtype_name", ["f32", "bf16", "f16", "f64"])
-@pytest.mark.parametrize("channels_first", [False, True])
-@pytest.mark.parametrize("shape", ["3x3 stride 2, asymmetric pads", "5x5 dilation 2", "1-D stride 2", "3-D"])
+LAYOUT_SHAPES = {"3x3 stride 2, asymmetric pads": "f16", "5x5 dilation 2": "bf16", "1-D stride 2": "bf16", "3-D": "f16"}
+
+
+@pytest.mark.parametrize("shape, channels_first, dtype_name", _cases(
+    list(itertools.product(LAYOUT_SHAPES, (False, True), ("f32", "bf16", "f16", "f64"))),
+    lambda shape, first, dtype: first or dtype in ("f32", "f64", LAYOUT_SHAPES[shape])))
 def test_layouts_and_dtypes_against_reference(shape, channels_first, dtype_name, rng):
     """Through the engine (results in the accumulation dtype: f32 for bf16/f16 data, which the API
     rounds later): NXC and NCX, every dtype."""
@@ -93,8 +115,9 @@ def test_layouts_and_dtypes_against_reference(shape, channels_first, dtype_name,
             _check(got, getattr(REF, task)(g, *inputs[task]), rtol, f"{shape} {dtype_name} {task}")
 
 
-@pytest.mark.parametrize("dtype_name", ["bf16", "f16"])
-@pytest.mark.parametrize("shape", ["3x3", "5x5 stride 2 dilation 2", "3-D"])
+@pytest.mark.parametrize("shape, dtype_name", _cases(
+    list(itertools.product(["3x3", "5x5 stride 2 dilation 2", "3-D"], ("bf16", "f16"))),
+    lambda shape, dtype: dtype == _narrow_dtype(shape, 33)))
 def test_narrow_data_sums_in_f32(shape, dtype_name, rng, kernel_calls):
     """bf16/f16 data widened to f32 once: the f32 results (before the API rounds them) equal the
     sums of the widened values within f32 rounding."""
@@ -116,9 +139,9 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return bits
 
 
-@pytest.mark.parametrize("dtype_name", ["bf16", "f16"])
-@pytest.mark.parametrize("channels", [15, 32])
-@pytest.mark.parametrize("shape", ["3x3", "3x3 stride 2, asymmetric pads", "5x5 stride 2 dilation 2", "3-D"])
+@pytest.mark.parametrize("shape, channels, dtype_name", _cases(
+    list(itertools.product(NARROW, (15, 32), ("bf16", "f16"))),
+    lambda shape, channels, dtype: dtype == _narrow_dtype(shape, channels)))
 def test_narrow_data_read_where_it_lies_and_rounded_once(shape, channels, dtype_name, rng, kernel_calls, monkeypatch):
     """bf16/f16 NXC data: the kernels read it without a widened copy (``casts.astype`` is never
     asked), and a rounded data result equals, bit for bit, the f32 sums of the widened data
@@ -242,9 +265,17 @@ LONG_ROWS = {
 }
 
 
-@pytest.mark.parametrize("dtype_name", ["f32", "bf16"])
-@pytest.mark.parametrize("channels", [16, 17, 32, 40])
-@pytest.mark.parametrize("shape", sorted(LONG_ROWS))
+def _long_default(shape: str, channels: int, dtype: str) -> bool:
+    """The default suite's long rows: f32 in one vector (16, 17, 40 channels) on every shape, in
+    two (32) on every other shape, bf16 in one vector on the others (bf16 in two: the narrow
+    tests)."""
+    odd = sorted(LONG_ROWS).index(shape) % 2 == 1
+    return channels != 32 and (dtype == "f32" or not odd) or channels == 32 and dtype == "f32" and odd
+
+
+@pytest.mark.parametrize("shape, channels, dtype_name", _cases(
+    list(itertools.product(sorted(LONG_ROWS), (16, 17, 32, 40), ("f32", "bf16"))),
+    lambda shape, channels, dtype: _long_default(shape, channels, dtype)))
 def test_gather_blocks_of_long_rows(shape, channels, dtype_name, rng, kernel_calls):
     """Forward and data gradient on rows of several blocks (random non-zero inputs; bf16 read in
     place, widened in the registers), against the reference: every block kind and the channel

@@ -192,8 +192,9 @@ def _shape(tensor: torch.Tensor) -> torch.Size:
 class _Eager(torch.autograd.Function):
     """A registered op's computation and autograd formula, called without the dispatcher's layers
     (tens of microseconds a call): ``apply(problem, arrays, estimates, *tensors)`` with what
-    :meth:`convgrad.Op.resolve` made of the tensors' NumPy views. Its backward computes the gradients directly (:func:`_gradients`) unless they are to be
-    differentiated again (``create_graph``) or a mode watches (then the ops, :func:`_vjp`).
+    :meth:`convgrad.Op.resolve` made of the tensors' NumPy views. Its backward computes the
+    gradients directly (:func:`_gradients`) unless they are to be differentiated again
+    (``create_graph``) or a mode watches (then the ops, :func:`_vjp`).
     (The ``ctx`` form of forward: ``setup_context`` would cost an ``inspect.signature`` per call;
     ``torch.func`` calls, which need it, take the registered op.)"""
 
