@@ -30,6 +30,26 @@ def _sizes() -> list[tuple[int, int, int]]:
             (5, 70, 131), (3, b.kc + 5, 4 * b.nr + 3)]            # few rows: a B stored along K swapped
 
 
+def _bf16_cases() -> list:
+    """(m, k, n, standin) of the bf16 GEMM tests: every size on the dot instruction where the host
+    has it, and on its stand-in; on such a host the stand-in's sizes other than those of
+    :data:`STANDIN_SIZES` are ``exhaustive`` (conftest.py: every register block is a driver of its
+    own to compile, about 10 s; the native runs cover every block and the stand-in's own
+    exactness is tested bit for bit in test_kernels.py)."""
+    sizes, native = _sizes(), isa.bf16_host()
+    cases = [pytest.param(*size, False, id=f"{'-'.join(map(str, size))}-native",
+                          marks=() if native else pytest.mark.skip(reason="no AVX512_BF16")) for size in sizes]
+    return cases + [pytest.param(*size, True, id=f"{'-'.join(map(str, size))}-standin",
+                                 marks=pytest.mark.exhaustive if native and i not in STANDIN_SIZES else ())
+                    for i, size in enumerate(sizes)]
+
+
+#: Indices in :func:`_sizes` of the stand-in's sizes on a host with the dot instruction: a single
+#: value, tails on every side, K split, B read in place, and A swapped with a B stored along K (on
+#: the 16x1 and 14x2 register blocks).
+STANDIN_SIZES = (0, 3, 8, 11, 12)
+
+
 @pytest.mark.parametrize("m, k, n", _sizes())
 def test_f32_gemm_against_float64(m, k, n):
     rng = np.random.default_rng()
@@ -43,9 +63,7 @@ def test_f32_gemm_against_float64(m, k, n):
         np.testing.assert_allclose(got, want, atol=tol, rtol=0)
 
 
-@pytest.mark.parametrize("standin", [pytest.param(False, marks=pytest.mark.skipif(not isa.bf16_host(), reason="no AVX512_BF16")),
-                                     True], ids=["native", "standin"])
-@pytest.mark.parametrize("m, k, n", _sizes())
+@pytest.mark.parametrize("m, k, n, standin", _bf16_cases())
 def test_bf16_gemm_on_pairs(m, k, n, standin):
     """bf16 bits in, pairs along K (odd K padded), f32 sums: close to float64, in place (K even,
     rows adjacent) and packed (a transposed A)."""
@@ -115,9 +133,7 @@ def test_the_split_keeps_every_thread_nearly_as_busy_as_any_split_can(threads):
         assert nb * shares == min(c * s for c, s, _ in close), (m, rows, panels, mc_max, threads, (nb, shares))
 
 
-@pytest.mark.parametrize("standin", [pytest.param(False, marks=pytest.mark.skipif(not isa.bf16_host(), reason="no AVX512_BF16")),
-                                     True], ids=["native", "standin"])
-@pytest.mark.parametrize("m, k, n", _sizes())
+@pytest.mark.parametrize("m, k, n, standin", _bf16_cases())
 def test_bf16_gemm_rounded_as_it_stores(m, k, n, standin):
     """``rounded``: the bf16 bits of the f32 result, each rounded once to nearest even (ties, NaN,
     overflow to inf included), whether its tiles took one K step or several, or K was split."""
