@@ -121,3 +121,44 @@ def test_the_lock_is_reentrant_and_run_nests():
     with pool.serial(), pool.serial():
         assert cg.convolution(np.ones((1, 4, 4, 2), np.float32), np.ones((1, 1, 2, 2), np.float32)).shape == (1, 4, 4, 2)
     assert pool.run(pool.run, sum, (1, 2)) == 3
+
+
+def test_a_large_blas_call_stops_openblas_threads_and_blas_still_works(monkeypatch, rng):
+    """After a ``gemm`` plan of at least ``TUNING.quiet_blas_flops`` FLOPs the engine stops
+    OpenBLAS's spinning threads (:func:`pool.quiet_blas`), not after a smaller one nor a ``jit``
+    one; NumPy's BLAS computes correct products afterwards (its next call starts them again)."""
+    import dataclasses
+    from convgrad.engines import fast
+    from convgrad.engines.fast import Plan, forced_plan
+    calls = []
+    monkeypatch.setattr(pool, "quiet_blas", lambda: calls.append(1))
+    x = rng.standard_normal((4, 20, 20, 16)).astype(np.float32)
+    dy = rng.standard_normal((4, 20, 20, 32)).astype(np.float32)
+    flops = 2 * 4 * 20 * 20 * 32 * 16 * 9
+    want = cg.convolution_backward_weights(x, dy, [3, 3, 16, 32], pads_begin=1, pads_end=1, engine="reference")
+    for strategy, threshold, quieted in (("gemm", flops, 1), ("gemm", flops + 1, 0), ("jit", flops, 0)):
+        calls.clear()
+        monkeypatch.setattr(fast, "TUNING", dataclasses.replace(fast.TUNING, quiet_blas_flops=threshold))
+        with forced_plan(Plan(strategy)):
+            got = cg.convolution_backward_weights(x, dy, [3, 3, 16, 32], pads_begin=1, pads_end=1)
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
+        assert len(calls) == quieted, (strategy, threshold)
+    monkeypatch.undo()
+    pool.quiet_blas()                   # the real one: OpenBLAS's threads stopped where NumPy has it
+    a, b = rng.standard_normal((300, 200)), rng.standard_normal((200, 100))
+    np.testing.assert_allclose(a @ b, np.einsum("ik,kj->ij", a, b), rtol=1e-12, atol=1e-12)
+
+
+def test_quiet_blas_finds_numpys_openblas_and_leaves_it_alone_beside_other_threads(monkeypatch):
+    """NumPy's OpenBLAS is among the libraries shut down (where NumPy's BLAS is OpenBLAS); with
+    another Python thread alive (it could be inside a BLAS call) nothing is shut down."""
+    if "openblas" in str(np.__config__.CONFIG.get("Build Dependencies", {}).get("blas", {})).lower():
+        assert pool._openblas_shutdowns(), "NumPy's OpenBLAS not found among the mapped libraries"
+    stopped = []
+    monkeypatch.setattr(pool, "_shutdowns", [[lambda: stopped.append(1)]])
+    pool.quiet_blas()
+    assert stopped == [1]
+    with ThreadPoolExecutor(1) as other:
+        other.submit(lambda: None).result()
+        pool.quiet_blas()
+    assert stopped == [1]

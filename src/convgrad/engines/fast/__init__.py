@@ -55,17 +55,19 @@ class FastEngine:
             if task == "backward_weights":
                 return np.zeros(g.w_shape, acc)
             return empty_like_data(g.y_shape if task == "forward" else g.x_shape, acc, a, fill=True)
-        f, result = pool.run(FastEngine._planned_run, g, task, a, b, out_dtype)
+        f, plan, result = pool.run(FastEngine._planned_run, g, task, a, b, out_dtype)
+        if plan.strategy == "gemm" and f.flops >= TUNING.quiet_blas_flops:
+            pool.quiet_blas()
         tune.ran(f)
         return result
 
     @staticmethod
     def _planned_run(g: ConvGeometry, task: str, a: np.ndarray, b: np.ndarray,
-                     out_dtype: np.dtype | None) -> tuple[Features, np.ndarray]:
+                     out_dtype: np.dtype | None) -> tuple[Features, Plan, np.ndarray]:
         f, plan, _ = planned(g, task, a.dtype, layout.channels_first(a), tune=True)
         rounded = out_dtype is not None and np.dtype(out_dtype) == a.dtype != compute_dtype(a.dtype)
         with workspace.call():   # the call's temporaries come from, and go back to, the engine's cache
-            return f, strategy_module(plan.strategy).run(plan, g, a, b, task, rounded)
+            return f, plan, strategy_module(plan.strategy).run(plan, g, a, b, task, rounded)
 
     def forward(self, g: ConvGeometry, x: np.ndarray, w: np.ndarray, out_dtype: np.dtype | None = None) -> np.ndarray:
         return self._run(g, "forward", x, w, out_dtype)

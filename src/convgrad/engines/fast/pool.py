@@ -14,6 +14,12 @@
 - **One call at a time**: every fast-engine call holds :func:`serial`'s lock (``workqueue``
   terminates the process on concurrent parallel launches; OpenMP would oversubscribe the
   cores). The lock is re-created in a forked child.
+- **No BLAS threads spinning after a call**: after a call that ran on NumPy's BLAS (the ``gemm``
+  strategy), OpenBLAS's threads keep spinning (its timeout: 2^28 cycles, about 70 ms) on the
+  cores numba's and PyTorch's threads need next: ResNet-50's bf16 first-layer weights gradient
+  took 18-24 ms alone and 45-64 ms right after the first layer's data gradient (on BLAS).
+  :func:`quiet_blas` shuts OpenBLAS's threads down (its ``blas_thread_shutdown_``, 60-110 µs;
+  its next call starts them again) where no other Python thread could be inside a BLAS call.
 
 The layer is chosen when this module is imported, before any parallel kernel runs; a process
 that already ran one keeps the layer it has.
@@ -30,7 +36,7 @@ from typing import Callable, TypeVar
 
 import numba
 
-__all__ = ["run", "serial", "layer"]
+__all__ = ["run", "serial", "layer", "quiet_blas"]
 
 T = TypeVar("T")
 
@@ -104,3 +110,30 @@ def layer() -> str:
         return numba.threading_layer()
     except ValueError:          # no parallel kernel has run yet
         return numba.config.THREADING_LAYER
+
+
+def _openblas_shutdowns() -> list[Callable[[], None]]:
+    """``blas_thread_shutdown_`` of every OpenBLAS the process has loaded (NumPy's, and SciPy's
+    where it is loaded: found in the process's mappings); none for another BLAS, or off Linux."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = dict.fromkeys(line.split()[-1] for line in maps
+                                  if "openblas" in line.rsplit("/", 1)[-1].lower())
+        found = (getattr(ctypes.CDLL(path), "blas_thread_shutdown_", None) for path in paths)
+        return [fn for fn in found if fn is not None]
+    except OSError:
+        return []
+
+
+_shutdowns: list[list[Callable[[], None]]] = []
+
+
+def quiet_blas() -> None:
+    """Stop OpenBLAS's threads spinning after a BLAS-based call (module docstring), unless
+    another Python thread is running (it could be inside a BLAS call of its own)."""
+    if threading.active_count() > 1:
+        return
+    if not _shutdowns:
+        _shutdowns.append(_openblas_shutdowns())
+    for shutdown in _shutdowns[0]:
+        shutdown()

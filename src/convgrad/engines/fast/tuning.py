@@ -71,6 +71,11 @@ class Tuning:
     #: runs as one GEMM per image (``gemm`` variant ``image_gemms``).
     image_gemm_rows: int = 128
 
+    #: A ``gemm`` call of at least this many FLOPs (about a millisecond on BLAS) stops
+    #: OpenBLAS's spinning threads when it ends (:func:`.pool.quiet_blas`, 60-110 µs): they
+    #: halved the next calls on numba's threads (docs/engine-measurements.md, "OpenBLAS spinning").
+    quiet_blas_flops: int = 100_000_000
+
     #: Problems whose chosen plan :func:`.plan.planned` remembers for repeated calls (then it
     #: starts afresh).
     planned_entries: int = 1024
