@@ -1,6 +1,7 @@
 """Benchmark convgrad's default engine against PyTorch CPU on real topologies.
 
     make bench                                   # every suite, writes RESULTS.md and results.png
+                                                 # (--output X.md: X.md and x.png beside it)
     python benchmarks/run.py --quick             # a short check (a few layers per suite)
     python benchmarks/run.py --suite resnet_50 --dtype f32 bf16 --mb 16 --no-write
     python benchmarks/run.py --threads 1         # both sides on one thread (see below)
@@ -378,8 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     if not args.no_write:
         args.output.write_text("\n".join(lines))
-        plot(rows, args.output.with_name("results.png"))
-        print(f"wrote {args.output} and {args.output.with_name('results.png')}")
+        figure = args.output.with_name(args.output.stem.lower() + ".png")   # RESULTS.md: results.png
+        plot(rows, figure)
+        print(f"wrote {args.output} and {figure}")
     return 0
 
 
