@@ -155,7 +155,7 @@ def test_quiet_blas_finds_numpys_openblas_and_leaves_it_alone_beside_other_threa
     if "openblas" in str(np.__config__.CONFIG.get("Build Dependencies", {}).get("blas", {})).lower():
         assert pool._openblas_shutdowns(), "NumPy's OpenBLAS not found among the mapped libraries"
     stopped = []
-    monkeypatch.setattr(pool, "_shutdowns", [[lambda: stopped.append(1)]])
+    monkeypatch.setattr(pool, "_openblas_shutdowns", lambda: [lambda: stopped.append(1)])
     pool.quiet_blas()
     assert stopped == [1]
     with ThreadPoolExecutor(1) as other:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextvars
 import ctypes
+import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -112,9 +113,11 @@ def layer() -> str:
         return numba.config.THREADING_LAYER
 
 
+@functools.cache
 def _openblas_shutdowns() -> list[Callable[[], None]]:
-    """``blas_thread_shutdown_`` of every OpenBLAS the process has loaded (NumPy's, and SciPy's
-    where it is loaded: found in the process's mappings); none for another BLAS, or off Linux."""
+    """``blas_thread_shutdown_`` of every OpenBLAS the process has loaded at the first call
+    (NumPy's, and SciPy's where it is loaded: found in the process's mappings); none for another
+    BLAS, or off Linux."""
     try:
         with open("/proc/self/maps") as maps:
             paths = dict.fromkeys(line.split()[-1] for line in maps
@@ -125,15 +128,10 @@ def _openblas_shutdowns() -> list[Callable[[], None]]:
         return []
 
 
-_shutdowns: list[list[Callable[[], None]]] = []
-
-
 def quiet_blas() -> None:
     """Stop OpenBLAS's threads spinning after a BLAS-based call (module docstring), unless
     another Python thread is running (it could be inside a BLAS call of its own)."""
     if threading.active_count() > 1:
         return
-    if not _shutdowns:
-        _shutdowns.append(_openblas_shutdowns())
-    for shutdown in _shutdowns[0]:
+    for shutdown in _openblas_shutdowns():
         shutdown()
