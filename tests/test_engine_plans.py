@@ -137,12 +137,18 @@ def test_the_tuning_tables_rule(case, task, dtype, channels_first, want, avx2):
     ((16, 1, 3, 48, (230, 230), (5, 5), (2, 2)), "backward_weights", np.float32, "gemm"),  # 7x3: 4 rows idle
     ((16, 1, 2, 64, (28, 28), (3, 3)), "backward_weights", np.float32, "gemm"),             # below 3 channels
     ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_data", np.float32, "gemm"),
+    ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_weights", np.float32, "gemm"),
+    ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_data", cg.dtypes.bfloat16,
+     {"avx512": "gemm", "avx512_bf16": "jit"}),                             # junk-heavy: jit on the dot product
+    ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_weights", cg.dtypes.bfloat16,
+     {"avx512": "gemm", "avx512_bf16": "jit"}),
     ((16, 1, 64, 64, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_data", np.float64, "gemm"),
 ])
 def test_one_pool_rule_on_avx512(case, task, dtype, want, family):
     """On the AVX-512 families every f32-accumulating problem goes to our kernels (one pool),
     whatever its taps and channels, but for narrow inputs of a gradient (a weights gradient of 3
-    to 7 where its block leaves no rows idle), junk-heavy frames, a multi-tap 16-bit weights
+    to 7 where its block leaves no rows idle), junk-heavy frames (but of bf16 on the dot
+    instruction, whose drivers skip rows of padding), a multi-tap 16-bit weights
     gradient (but bf16 pairs on the dot instruction) and f64."""
     before = isa.set_family(family, allow_emulated=True)
     try:

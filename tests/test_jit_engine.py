@@ -21,6 +21,7 @@ import pytest
 
 import convgrad as cg
 from convgrad import casts
+from convgrad.dtypes import DATA_DTYPES
 from convgrad.engines import get_engine
 from convgrad.engines.fast import Features, Plan, forced_strategy, geometry, isa, jit, microkernel, select
 from convgrad.problem import ConvGeometry
@@ -122,6 +123,30 @@ def test_families_give_identical_bits(rng):
                 np.testing.assert_array_equal(getattr(jit, task)(g, *args), narrow, f"{case} {task}")
     finally:
         isa.set_family(before)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("dims", [2, 3])
+def test_taps_reading_rows_of_padding_are_skipped(dtype, dims, rng):
+    """Padding is not part of the sums (docs/semantics.md): an output row whose tap reads only
+    rows of padding does not compute that tap, so an Inf in the tap's weights reaches the rows
+    the tap reads and no others (0 * Inf would be NaN), forward and backward data; the 3-D case
+    skips along both outer axes. The kernel's last axis is 1: no column of padding is read."""
+    size, kernel, dil, pad = ((6, 32), (3, 1), (3, 1), (3, 0)) if dims == 2 else \
+        ((4, 6, 32), (2, 3, 1), (2, 3, 1), (1, 3, 0))     # rows cut, not flattened (fewer taps computed)
+    g = _geometry(2, 1, 5, 7, size, kernel, dilations=dil, pb=pad, pe=pad)
+    args = _inputs(g, rng, DATA_DTYPES[dtype])
+    w = args["forward"][1].copy()
+    w[(0,) * (dims - 1)] = np.inf                  # the first tap of the outer axes
+    reference = get_engine("reference")
+    for task in ("forward", "backward_data"):
+        a = args[task][0]
+        want = getattr(reference, task)(g, a, w).astype(np.float64)
+        got = getattr(jit, task)(g, a, w).astype(np.float64)
+        finite = np.isfinite(want)
+        assert finite.any() and not finite.all(), f"{task}: the case must put the Inf in some rows only"
+        np.testing.assert_array_equal(np.isfinite(got), finite, f"{task} {dtype} {dims}-D")
+        _close(got[finite], want[finite], TOLERANCE[dtype], f"{task} {dtype} {dims}-D")
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16", "f64"])

@@ -363,7 +363,7 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
     ``native``: :func:`.microkernel.run`'s flag)."""
     @microkernel.cached_njit(parallel=True)
     def outputs(src, steps, taps_a, out, out16, kind, out_base, out_steps, out_grid, pitch, valid, wp, per_block,
-                taps_b, groups, kred, depth, channels, blocks_outer, parts):  # pragma: no cover - compiled
+                taps_b, groups, kred, depth, channels, blocks_outer, parts, tap_rows, rows_in):  # pragma: no cover
         """``out[out_base + n*os0 + q0*os1 + (m // pitch)*os2 + (m % pitch)*os3 + g*channels + j] =
         sum over taps t and i < kred*depth of src[n*s0 + q0*s1 + q1*s2 + m*s3 + ta[t] + g*kred*depth + i]
         * wp[(g*NB + nb)*per_block + tb[t] + i*VW + j]`` (``depth`` 2: bf16 pairs, ``wp``'s pairs
@@ -375,7 +375,10 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
         A non-empty ``out16`` takes the sums instead, as 16-bit bits of ``kind`` (bf16 or f16:
         :func:`convgrad.casts.narrowed`) rounded as they are stored. The kernel stores a whole
         tile (its rows one output row's, every lane a channel) in place, bf16 rounded in
-        registers; the others, and f16, go through a tile in L1."""
+        registers; the others, and f16, go through a tile in L1. Taps that read a source row
+        outside ``rows_in`` (lo0, hi0, lo1, hi1) at this item's (q0, q1) are skipped (rows of
+        padding: ``tap_rows[t]`` = (a0, b0, a1, b1), the source row of axis i is ``q_i*a_i + b_i``;
+        a flattened axis 1 has ``a1`` = 0 and its whole window)."""
         vw = vecs * width
         rounding = out16.shape[0] > 0
         nblocks = -(-channels // vw)
@@ -398,6 +401,16 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
             q0 = place // q1_ % q0_
             n = place // (q1_ * q0_)
             c = np.empty(rows * vw, np.float32)
+            ta = np.empty(ntaps, np.int64)
+            tb = np.empty(ntaps, np.int64)
+            live = 0
+            for t in range(ntaps):
+                r0 = q0 * tap_rows[t, 0] + tap_rows[t, 1]
+                r1 = q1 * tap_rows[t, 2] + tap_rows[t, 3]
+                if rows_in[0] <= r0 < rows_in[1] and rows_in[2] <= r1 < rows_in[3]:
+                    ta[live] = taps_a[t]
+                    tb[live] = taps_b[t]
+                    live += 1
             lanes = min(vw, channels - nb * vw)
             boff = (g * nblocks + nb) * per_block
             src_row = n * steps[0] + q0 * steps[1] + q1 * steps[2] + g * kred * depth
@@ -409,13 +422,13 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
                     at = base + a1 * out_steps[2] + a2 * out_steps[3]        # a whole tile: stored in place
                     if rounding:
                         microkernel.run(width, rows, vecs, native, out16, at, out_steps[3], src, src_row + m * steps[3],
-                                        steps[3], depth, wp, boff, vw * depth, taps_a, taps_b, ntaps, kred, 0)
+                                        steps[3], depth, wp, boff, vw * depth, ta, tb, live, kred, 0)
                     else:
                         microkernel.run(width, rows, vecs, native, out, at, out_steps[3], src, src_row + m * steps[3],
-                                        steps[3], depth, wp, boff, vw * depth, taps_a, taps_b, ntaps, kred, 0)
+                                        steps[3], depth, wp, boff, vw * depth, ta, tb, live, kred, 0)
                     continue
                 microkernel.run(width, rows, vecs, native, c, 0, vw, src, src_row + m * steps[3], steps[3], depth, wp, boff,
-                                vw * depth, taps_a, taps_b, ntaps, kred, 0)
+                                vw * depth, ta, tb, live, kred, 0)
                 for r in range(min(rows, m_ - m)):
                     a1 = (m + r) // pitch
                     a2 = m + r - a1 * pitch
@@ -435,21 +448,28 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
 
 def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_a: np.ndarray, out: np.ndarray,
                  out_base: int, out_steps: np.ndarray, grid: tuple[int, ...], wp: np.ndarray, taps: int,
-                 taps_b: np.ndarray, groups: int, kred: int, channels: int, cache_bytes: int, kind: int = 0) -> None:
+                 taps_b: np.ndarray, groups: int, kred: int, channels: int, cache_bytes: int, tap_rows: np.ndarray,
+                 rows_in: tuple[int, int, int, int], kind: int = 0) -> None:
     """:func:`_outputs` on ``src`` (a padded array of :func:`_source`: f32, or bf16 pairs) for the
-    output ``grid`` (N, Q0, Q1, Q2): the last two axes flattened into rows of the source's width
-    where the source steps by one position along both and that computes fewer junk positions than
-    blocks cut at every output row; the channel blocks outermost where the packed weights exceed
-    ``cache_bytes``. ``kred``: kernel steps per tap (channel pairs for bf16). ``out``: f32, or
-    uint16 for 16-bit bits of ``kind`` rounded as they are stored."""
+    output ``grid`` (N, Q0, Q1, Q2), skipping the taps that read rows of padding (``tap_rows``,
+    ``rows_in``: see :func:`_outputs`): the last two axes flattened into rows of the source's
+    width where the source steps by one position along both and that computes fewer tap-positions
+    (junk positions, and no skipping along axis 1) than blocks cut at every output row; the
+    channel blocks outermost where the packed weights exceed ``cache_bytes``. ``kred``: kernel
+    steps per tap (channel pairs for bf16). ``out``: f32, or uint16 for 16-bit bits of ``kind``
+    rounded as they are stored."""
     width = _width()
     vw, depth = vecs * width, 2 if src.dtype == np.uint16 else 1
     n, q0, q1, q2 = grid
     pitch = src.shape[3]
-    cut = q1 * -(-q2 // rows) * rows
+    along1 = np.arange(q1)[:, None] * tap_rows[:, 2] + tap_rows[:, 3]
+    live = int(((along1 >= rows_in[2]) & (along1 < rows_in[3])).sum())       # taps x rows computed when cut
     flat = (q1 - 1) * pitch + q2
-    if steps[2] == pitch * steps[3] and steps[3] == src.shape[4] and -(-flat // rows) * rows < cut:
+    tap_rows = np.ascontiguousarray(tap_rows, np.int64)
+    if steps[2] == pitch * steps[3] and steps[3] == src.shape[4] and \
+            -(-flat // rows) * rows * len(tap_rows) < -(-q2 // rows) * rows * live:
         shape, pitch = (n, q0, 1, flat), pitch
+        tap_rows[:, 2], tap_rows[:, 3] = 0, rows_in[2]                    # one flattened row: no skipping
     else:
         shape, pitch = (n, q0, q1, q2), q2
     items = max(1, math.prod(shape[:3]) * groups * -(-channels // vw))  # a flattened image: few items,
@@ -459,7 +479,8 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_
     _outputs(width, rows, vecs, depth == 2 and isa.bf16_native())(geometry.flat(src), steps, taps_a, f32_out, bits_out,
                                                                   kind, out_base, out_steps,
                                 np.array(shape, np.int64), pitch, q2, wp, taps * kred * depth * vw, taps_b, groups,
-                                kred, depth, channels, wp.nbytes > cache_bytes, max(1, parts))
+                                kred, depth, channels, wp.nbytes > cache_bytes, max(1, parts), tap_rows,
+                                np.array(rows_in, np.int64))
 
 
 def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, depth: int = 1,
@@ -550,7 +571,7 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = N
     rows, vecs, vw = _block(plan)
     depth = _depth(x.dtype)
     s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
-    size = spatial(g.padded_size, 1)
+    size, pb, i_size = spatial(g.padded_size, 1), spatial(g.pads_begin, 0), spatial(g.in_size, 1)
     icg = -(-g.icg // depth) * depth                               # bf16: channels padded to pairs
     kind = _rounding(x.dtype, rounded)
     y = workspace.result(g.y_shape, np.uint16 if kind else F32)
@@ -560,16 +581,18 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = N
     images, channels = _chunks(g, x.dtype, depth, 4 * math.prod(size) * g.ic, 4 * taps * g.icg, g.ocg, vw)
     for n0, n1 in images:
         with workspace.part():
-            xp = _source(x[n0:n1], spatial(g.pads_begin, 0), size, _tail(rows, s[2] * g.groups * icg), g.groups, depth)
+            xp = _source(x[n0:n1], pb, size, _tail(rows, s[2] * g.groups * icg), g.groups, depth)
             xs = _strides(xp.shape)
-            taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3] for k0 in range(kernel[0])
-                               for k1 in range(kernel[1]) for k2 in range(kernel[2])], np.int64)
+            ks = list(itertools.product(*map(range, kernel)))
+            taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3] for k0, k1, k2 in ks], np.int64)
+            tap_rows = np.array([(s[0], k0 * d[0], s[1], k1 * d[1]) for k0, k1, _ in ks], np.int64)
             for c0, c1 in channels:
                 with workspace.part():
                     wp = _packed_weights(g, w, vw, False, depth, slice(c0, c1)).reshape(-1)
                     _run_outputs(rows, vecs, xp, np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64),
                                  taps_a, y, n0 * ys[0] + c0, ys[:4], (n1 - n0, *o), wp, taps, taps_b, g.groups,
-                                 icg // depth, c1 - c0, plan.param("cache_bytes"), kind)
+                                 icg // depth, c1 - c0, plan.param("cache_bytes"), tap_rows,
+                                 (pb[0], pb[0] + i_size[0], pb[1], pb[1] + i_size[1]), kind)
     return y.view(x.dtype) if kind else y
 
 
@@ -626,9 +649,12 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | N
                                           np.int64)
                         taps_b = np.array([((a[0] * kernel[1] + b[0]) * kernel[2] + c[0]) * ocg * vw
                                            for a, b, c in taps], np.int64)
+                        tap_rows = np.array([(1, a[1] + lo[0], 1, b[1] + lo[1]) for a, b, _ in taps], np.int64)
                         base = n0 * xs[0] + r0 * xs[1] + r1 * xs[2] + r2 * xs[3] + c0
                         _run_outputs(rows, vecs, dyp, steps, taps_a, dx, base, out_steps, grid, wp, math.prod(kernel),
-                                     taps_b, g.groups, ocg // depth, c1 - c0, plan.param("cache_bytes"), kind)
+                                     taps_b, g.groups, ocg // depth, c1 - c0, plan.param("cache_bytes"),
+                                     tap_rows.reshape(-1, 4), (lo[0], lo[0] + o_size[0], lo[1], lo[1] + o_size[1]),
+                                     kind)
     return dx.view(dy.dtype) if kind else dx
 
 
