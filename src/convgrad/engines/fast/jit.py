@@ -401,16 +401,21 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
             q0 = place // q1_ % q0_
             n = place // (q1_ * q0_)
             c = np.empty(rows * vw, np.float32)
-            ta = np.empty(ntaps, np.int64)
-            tb = np.empty(ntaps, np.int64)
             live = 0
             for t in range(ntaps):
                 r0 = q0 * tap_rows[t, 0] + tap_rows[t, 1]
                 r1 = q1 * tap_rows[t, 2] + tap_rows[t, 3]
-                if rows_in[0] <= r0 < rows_in[1] and rows_in[2] <= r1 < rows_in[3]:
-                    ta[live] = taps_a[t]
-                    tb[live] = taps_b[t]
-                    live += 1
+                live += rows_in[0] <= r0 < rows_in[1] and rows_in[2] <= r1 < rows_in[3]
+            ta, tb = taps_a, taps_b
+            if live < ntaps:                           # an output row at a border: its taps compacted
+                ta, tb = np.empty(live, np.int64), np.empty(live, np.int64)
+                live = 0
+                for t in range(ntaps):
+                    r0 = q0 * tap_rows[t, 0] + tap_rows[t, 1]
+                    r1 = q1 * tap_rows[t, 2] + tap_rows[t, 3]
+                    if rows_in[0] <= r0 < rows_in[1] and rows_in[2] <= r1 < rows_in[3]:
+                        ta[live], tb[live] = taps_a[t], taps_b[t]
+                        live += 1
             lanes = min(vw, channels - nb * vw)
             boff = (g * nblocks + nb) * per_block
             src_row = n * steps[0] + q0 * steps[1] + q1 * steps[2] + g * kred * depth
