@@ -32,10 +32,10 @@ demo: $(VENV)/.installed
 	$(BIN)/convgrad demo
 
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 --dist loadfile -q
 
 test-all: $(VENV)/.installed-test
-	CONVGRAD_EXHAUSTIVE=1 $(BIN)/python -m pytest -n 2 -q
+	CONVGRAD_EXHAUSTIVE=1 $(BIN)/python -m pytest -n 2 --dist loadfile -q
 
 FUZZ_EXAMPLES ?= 5000
 fuzz: $(VENV)/.installed-test

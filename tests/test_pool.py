@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes.util
 import subprocess
 import sys
+import threading
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
@@ -156,9 +157,14 @@ def test_quiet_blas_finds_numpys_openblas_and_leaves_it_alone_beside_other_threa
         assert pool._openblas_shutdowns(), "NumPy's OpenBLAS not found among the mapped libraries"
     stopped = []
     monkeypatch.setattr(pool, "_openblas_shutdowns", lambda: [lambda: stopped.append(1)])
+    alone = threading.active_count()        # earlier tests in this process may have left threads
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
     pool.quiet_blas()
     assert stopped == [1]
+    monkeypatch.undo()
+    monkeypatch.setattr(pool, "_openblas_shutdowns", lambda: [lambda: stopped.append(1)])
     with ThreadPoolExecutor(1) as other:
         other.submit(lambda: None).result()
+        assert threading.active_count() > alone
         pool.quiet_blas()
     assert stopped == [1]
