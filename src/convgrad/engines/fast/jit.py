@@ -603,16 +603,20 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = N
 
 def _chunks(g: ConvGeometry, dtype: np.dtype, depth: int, image_bytes: int, channel_bytes: int, channels: int,
             vw: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """The (first, stop) images and output channels a driver runs at a time: all of them, but
-    for 16-bit data read as f32 (f16; bf16 off the dot product), whose padded f32 copy of the
-    source (``image_bytes`` an image) and f32 packed weights (``channel_bytes`` an output
-    channel; one group only) take at most ``TUNING.widened_bytes`` per chunk (at least one
-    image, one vector of channels): whole f32 copies took 2.1-2.5x the inputs and output of
-    f16 3x3 layers (ResNet-50 res4-5)."""
+    """The (first, stop) images and output channels a driver runs at a time: all of them where
+    the padded source (``image_bytes`` an image in f32) is at most the op's inputs + output, else
+    images in chunks of half that (a large dilation pads a small dy to 2-7x its size: the promise
+    is 2x the inputs + output); for 16-bit data read as f32 (f16; bf16 off the dot product),
+    whose padded f32 copy of the source and f32 packed weights (``channel_bytes`` an output
+    channel; one group only) take at most ``TUNING.widened_bytes`` per chunk (at least one image,
+    one vector of channels): whole f32 copies took 2.1-2.5x the inputs and output of f16 3x3
+    layers (ResNet-50 res4-5)."""
     def cut(total: int, per: int) -> list[tuple[int, int]]:
         return [(lo, min(total, lo + per)) for lo in range(0, total, per)]
     if dtype == F32 or depth == 2:
-        return cut(g.n, g.n), cut(channels, channels)
+        io = (math.prod(g.x_shape) + math.prod(g.y_shape) + math.prod(g.w_shape)) * dtype.itemsize
+        image = image_bytes // 2 if depth == 2 else image_bytes                # bf16 pairs: 2 bytes a value
+        return cut(g.n, g.n if g.n * image <= io else max(1, io // 2 // image)), cut(channels, channels)
     per_channels = channels if g.groups > 1 else max(vw, TUNING.widened_bytes // channel_bytes // vw * vw)
     return cut(g.n, max(1, TUNING.widened_bytes // image_bytes)), cut(channels, per_channels)
 

@@ -11,9 +11,9 @@ applies), else :func:`default_plan`, the tuning table's rule:
 3. ``jit`` (f32-accumulating problems on a family of ``TUNING.jit_families``; pointwise ones on
    our GEMM, :mod:`.blis`), for the gradients from ``TUNING.jit_min_input_channels[task]`` input
    channels (a weights gradient of fewer than backward data's only where its block idles at
-   most ``TUNING.jit_narrow_idle``), a junk-heavy gradient (``Features.junk_heavy``) only for the data
-   gradient of bf16 on the dot instruction (the drivers skip the taps that read rows of padding),
-   and a multi-tap weights gradient only
+   most ``TUNING.jit_narrow_idle``), a junk-heavy gradient (``Features.junk_heavy``) only for the
+   unit-stride data gradient of bf16 on the dot instruction (the drivers skip the taps that read
+   rows of padding), and a multi-tap weights gradient only
    of f32 data or of bf16 pairs on the dot instruction (:func:`.jit.weights_in_pairs`): on a
    family of ``TUNING.one_pool_families`` every such problem of bf16 data, of NXC data, or of any
    data where PyTorch's threads share the cores (``Features.shared``); elsewhere those of several taps with
@@ -119,7 +119,7 @@ def jit_selected(f: Features) -> bool:
     if not jit.applies(f) or f.family not in TUNING.jit_families:
         return False
     pairs = f.dtype == "bfloat16" and f.family == "avx512_bf16"       # the bf16 dot-product kernel
-    if f.junk_heavy() and not (pairs and f.task == "backward_data"):
+    if f.junk_heavy() and not (pairs and f.task == "backward_data" and all(s == 1 for s in f.strides)):
         return False
     if f.task == "backward_weights" and f.data_dtype != f.acc and not f.pointwise and not TUNING.jit_weights_16_bit \
             and not jit.weights_in_pairs(f):
