@@ -234,6 +234,7 @@ CASES = {
     "3-D": _geometry(2, 1, 3, 9, (4, 5, 3), (2, 3, 2), (2, 1, 1), (1, 1, 2), (1, 0, 1), (0, 2, 1)),
     "1x1 strided": _geometry(2, 1, 6, 10, (5, 7), (1, 1), (2, 1)),
     "1x1": _geometry(3, 1, 9, 5, (12, 11), (1, 1)),
+    "1x1 few positions": _geometry(3, 1, 40, 48, (3, 3), (1, 1)),      # NCX weights: one GEMM over the images
     "depthwise": _geometry(2, 6, 1, 1, (6, 7), (3, 3), (2, 1), (1, 2), (1, 1), (1, 1)),
     "dilated gradient": _geometry(3, 1, 8, 12, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)),
 }
@@ -254,7 +255,7 @@ def test_every_candidate_against_reference(case, channels_first, dtype_name, rng
             _close(got, want, TOLERANCE[dtype_name], f"{case} {task} {dtype_name} {plan}")
 
 
-@pytest.mark.parametrize("case", ["2-D tails", "3-D", "1x1", "depthwise", "dilated gradient"])
+@pytest.mark.parametrize("case", ["2-D tails", "3-D", "1x1", "1x1 few positions", "depthwise", "dilated gradient"])
 @pytest.mark.parametrize("dtype_name", ["f32", "bf16"])
 @pytest.mark.parametrize("channels_first", [False, True])
 def test_every_candidates_memory_bound(case, dtype_name, channels_first, rng):

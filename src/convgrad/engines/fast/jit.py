@@ -246,16 +246,24 @@ def _f32(a: np.ndarray) -> np.ndarray:
 def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Plan | None) -> np.ndarray:
     """:func:`pointwise` on NCX data, image by image, each image's (channels, positions) matrix
     read where it lies: forward ``y_n = w^T @ x_n`` (OC x IC x P), backward data ``dx_n = w @
-    dy_n`` (IC x OC x P), backward weights ``dw = sum_n x_n @ dy_n^T`` (IC x P x OC)."""
+    dy_n`` (IC x OC x P); backward weights ``dw = sum_n x_n @ dy_n^T`` (IC x P x OC), or where
+    adding N partial dw moves more than copying x and dy (IC*OC > (IC + OC)*P) one GEMM over
+    every image's positions, ``dw = X @ DY^T`` (IC x NP x OC) of x's kept positions and dy copied
+    channel-major, (C, N*P) (ResNet-50's res5 1x1 weights gradients, 49 positions: 1.3-8x faster)."""
     block = _block(plan)[:2] if plan is not None else None
     keep = (slice(None), slice(None), *(slice(None, o * s, s) for o, s in zip(g.out_size, g.strides)))
     first = np.moveaxis(_operand(a), -1, 1)                          # (N, C, *X): its NCX memory
     if task == "backward_weights":                                   # a is x, b is dy
         x_s, dy = first[keep], np.moveaxis(_operand(b), -1, 1)
-        dw = np.zeros((g.ic, g.oc), F32)
-        for n in range(g.n):
-            dw += blis.gemm(x_s[n].reshape(g.ic, -1), dy[n].reshape(g.oc, -1).T, block)
-        return dw.reshape(g.w_shape)
+        if g.ic * g.oc <= (g.ic + g.oc) * math.prod(g.out_size):   # dw's N sums <= copies of x and dy
+            dw = np.zeros((g.ic, g.oc), F32)
+            for n in range(g.n):
+                dw += blis.gemm(x_s[n].reshape(g.ic, -1), dy[n].reshape(g.oc, -1).T, block)
+            return dw.reshape(g.w_shape)
+
+        def channel_major(v: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(np.moveaxis(v.reshape(v.shape[0], v.shape[1], -1), 1, 0)).reshape(v.shape[1], -1)
+        return blis.gemm(channel_major(x_s), channel_major(dy).T, block).reshape(g.w_shape)
     w2 = _operand(b).reshape(g.ic, g.oc)
     out_c, out_x = (g.oc, g.out_size) if task == "forward" else (g.ic, g.in_size)
     out = np.zeros((g.n, out_c, *out_x), F32) if task == "backward_data" and out_x != g.out_size else \
@@ -283,10 +291,11 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
     g, task = f.geometry, f.task
     rows, _, vw = _block(plan)
     if f.pointwise:    # the GEMM's workspace, x_s (strided or widened), a zeroed dx, the f32 result
-        m = g.n * math.prod(g.out_size)
+        m = g.n * math.prod(g.out_size)    # (and NCX dy copied channel-major for a weights gradient)
         k, n = {"forward": (g.ic, g.oc), "backward_data": (g.oc, g.ic), "backward_weights": (m, g.oc)}[task]
         rows_ = g.ic if task == "backward_weights" else m
-        return blis.workspace_bytes(rows_, k, n, 4) + 4 * (m * g.ic + math.prod(g.x_shape)
+        dy_copy = m * g.oc if task == "backward_weights" and f.channels_first else 0
+        return blis.workspace_bytes(rows_, k, n, 4) + 4 * (m * g.ic + math.prod(g.x_shape) + dy_copy
                                                            + math.prod(f.result_shape)) + (64 << 10)
     s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
     taps, o = math.prod(g.kernel), spatial(g.out_size, 1)
