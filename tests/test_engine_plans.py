@@ -294,7 +294,7 @@ def test_dilated_gradients_stay_within_twice_the_arrays(case, task, dtype_name, 
     inputs = task_inputs(g, rng, DATA_DTYPES[dtype_name], False)[task]
     op = cg.Op("ConvolutionBackwardData" if task == "backward_data" else "ConvolutionBackwardWeights",
                strides=list(g.strides), dilations=list(g.dilations), pads_begin=list(g.pads_begin),
-               pads_end=list(g.pads_end), data_format="NXC", weights_format="XIO")
+               pads_end=list(g.pads_end), groups=g.groups, data_format="NXC", weights_format="XIO")
     shape = np.array(g.x_shape if task == "backward_data" else g.w_shape)
     op(*inputs, shape)
     workspace.clear()                     # a cold call: every block it takes is new
