@@ -366,6 +366,15 @@ def _source(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], slack: in
     return out.reshape(*shape[:4], groups * cpad)
 
 
+@numba.njit(inline="always", cache=True)
+def _reads_data(tap_rows, rows_in, t, q0, q1):  # pragma: no cover - compiled
+    """Whether tap ``t`` reads a row of data (not of padding) at outer positions (q0, q1)
+    (:func:`_outputs`' ``tap_rows`` and ``rows_in``)."""
+    r0 = q0 * tap_rows[t, 0] + tap_rows[t, 1]
+    r1 = q1 * tap_rows[t, 2] + tap_rows[t, 3]
+    return rows_in[0] <= r0 < rows_in[1] and rows_in[2] <= r1 < rows_in[3]
+
+
 @functools.cache
 def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
     """The driver of forward and backward data for one kernel variant (compiled for it alone;
@@ -412,17 +421,13 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
             c = np.empty(rows * vw, np.float32)
             live = 0
             for t in range(ntaps):
-                r0 = q0 * tap_rows[t, 0] + tap_rows[t, 1]
-                r1 = q1 * tap_rows[t, 2] + tap_rows[t, 3]
-                live += rows_in[0] <= r0 < rows_in[1] and rows_in[2] <= r1 < rows_in[3]
+                live += _reads_data(tap_rows, rows_in, t, q0, q1)
             ta, tb = taps_a, taps_b
             if live < ntaps:                           # an output row at a border: its taps compacted
                 ta, tb = np.empty(live, np.int64), np.empty(live, np.int64)
                 live = 0
                 for t in range(ntaps):
-                    r0 = q0 * tap_rows[t, 0] + tap_rows[t, 1]
-                    r1 = q1 * tap_rows[t, 2] + tap_rows[t, 3]
-                    if rows_in[0] <= r0 < rows_in[1] and rows_in[2] <= r1 < rows_in[3]:
+                    if _reads_data(tap_rows, rows_in, t, q0, q1):
                         ta[live], tb[live] = taps_a[t], taps_b[t]
                         live += 1
             lanes = min(vw, channels - nb * vw)
@@ -479,7 +484,7 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_
     along1 = np.arange(q1)[:, None] * tap_rows[:, 2] + tap_rows[:, 3]
     live = int(((along1 >= rows_in[2]) & (along1 < rows_in[3])).sum())       # taps x rows computed when cut
     flat = (q1 - 1) * pitch + q2
-    tap_rows = np.ascontiguousarray(tap_rows, np.int64)
+    tap_rows = np.array(tap_rows, np.int64)                                # a copy: changed below
     if steps[2] == pitch * steps[3] and steps[3] == src.shape[4] and \
             -(-flat // rows) * rows * len(tap_rows) < -(-q2 // rows) * rows * live:
         shape, pitch = (n, q0, 1, flat), pitch
@@ -724,10 +729,15 @@ def _weights(width: int, rows: int, vecs: int, native: bool) -> Callable:
     return weights
 
 
+def on_dot_product(f: Features) -> bool:
+    """Whether ``f`` runs on the bf16 dot instruction: bf16 data on the ``avx512_bf16`` family."""
+    return f.dtype == "bfloat16" and f.family == "avx512_bf16"
+
+
 def weights_in_pairs(f: Features) -> bool:
-    """Whether the weights gradient of ``f`` runs on the bf16 dot instruction (bf16 data on the
-    ``avx512_bf16`` family, pairs of output positions): its copies stay bf16."""
-    return f.task == "backward_weights" and _depth(f.data_dtype) == 2
+    """Whether the weights gradient of ``f`` runs on the bf16 dot instruction (pairs of output
+    positions): its copies stay bf16."""
+    return f.task == "backward_weights" and on_dot_product(f)
 
 
 def _pair_phases(g: ConvGeometry) -> tuple[list[int], int]:

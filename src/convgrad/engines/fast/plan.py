@@ -118,8 +118,7 @@ def jit_selected(f: Features) -> bool:
     """Whether the rule picks the jit strategy for ``f`` (rule 3 of the module docstring)."""
     if not jit.applies(f) or f.family not in TUNING.jit_families:
         return False
-    pairs = f.dtype == "bfloat16" and f.family == "avx512_bf16"       # the bf16 dot-product kernel
-    if f.junk_heavy() and not (pairs and f.task == "backward_data" and all(s == 1 for s in f.strides)):
+    if f.junk_heavy() and not (jit.on_dot_product(f) and f.task == "backward_data" and all(s == 1 for s in f.strides)):
         return False
     if f.task == "backward_weights" and f.data_dtype != f.acc and not f.pointwise and not TUNING.jit_weights_16_bit \
             and not jit.weights_in_pairs(f):
