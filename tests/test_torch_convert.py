@@ -216,12 +216,13 @@ def test_refusals_of_a_module_given_alone_and_of_the_constructors() -> None:
 class Bottleneck(nn.Module):
     """torchvision's ResNet-50 block (v1.5: the stride on the 3x3 convolution)."""
 
-    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None) -> None:
+    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None,
+                 act: type[nn.Module] = nn.ReLU) -> None:
         super().__init__()
         self.conv1, self.bn1 = nn.Conv2d(inplanes, planes, 1, bias=False), nn.BatchNorm2d(planes)
         self.conv2, self.bn2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False), nn.BatchNorm2d(planes)
         self.conv3, self.bn3 = nn.Conv2d(planes, planes * 4, 1, bias=False), nn.BatchNorm2d(planes * 4)
-        self.relu, self.downsample = nn.ReLU(inplace=True), downsample
+        self.relu, self.downsample = act(inplace=True), downsample
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.relu(self.bn1(self.conv1(x)))
@@ -233,11 +234,11 @@ class Bottleneck(nn.Module):
 class ResNet50(nn.Module):
     """torchvision.models.resnet50's architecture (layers 3, 4, 6, 3) and initialisation."""
 
-    def __init__(self, num_classes: int = 10) -> None:
+    def __init__(self, num_classes: int = 10, act: type[nn.Module] = nn.ReLU) -> None:
         super().__init__()
-        self.inplanes = 64
+        self.inplanes, self.act = 64, act
         self.conv1, self.bn1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64)
-        self.relu, self.maxpool = nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)
+        self.relu, self.maxpool = act(inplace=True), nn.MaxPool2d(3, 2, 1)
         self.layer1, self.layer2 = self._layer(64, 3), self._layer(128, 4, 2)
         self.layer3, self.layer4 = self._layer(256, 6, 2), self._layer(512, 3, 2)
         self.avgpool, self.fc = nn.AdaptiveAvgPool2d(1), nn.Linear(2048, num_classes)
@@ -250,9 +251,9 @@ class ResNet50(nn.Module):
         if stride != 1 or self.inplanes != planes * 4:
             downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes * 4, 1, stride, bias=False),
                                        nn.BatchNorm2d(planes * 4))
-        layers = [Bottleneck(self.inplanes, planes, stride, downsample)]
+        layers = [Bottleneck(self.inplanes, planes, stride, downsample, self.act)]
         self.inplanes = planes * 4
-        return nn.Sequential(*layers, *(Bottleneck(self.inplanes, planes) for _ in range(1, blocks)))
+        return nn.Sequential(*layers, *(Bottleneck(self.inplanes, planes, act=self.act) for _ in range(1, blocks)))
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
@@ -265,8 +266,9 @@ class UNet(nn.Module):
     a strided one down, two transposed ones up (kernel 2 stride 2; kernel 3 stride 2 with
     output_padding) and skip connections."""
 
-    def __init__(self, channels: int = 3, classes: int = 2) -> None:
+    def __init__(self, channels: int = 3, classes: int = 2, act: Callable[[Tensor], Tensor] = F.relu) -> None:
         super().__init__()
+        self.act = act
         self.down = nn.ModuleList([
             nn.Conv2d(channels, 8, 3, padding=1), nn.Conv2d(8, 8, 4, padding="same"),
             nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.Conv2d(16, 16, 3, padding=2, dilation=2, groups=2),
@@ -276,25 +278,27 @@ class UNet(nn.Module):
         self.merge = nn.ModuleList([nn.Conv2d(32, 16, 3, padding=1), nn.Conv2d(16, classes, 1)])
 
     def forward(self, x: Tensor) -> Tensor:
-        a = F.relu(self.down[1](F.relu(self.down[0](x))))
-        b = F.relu(self.down[3](F.relu(self.down[2](a))))
-        c = F.relu(self.down[5](F.relu(self.down[4](b))))
-        b = F.relu(self.merge[0](torch.cat([b, self.up[0](c)], dim=1)))
-        return self.merge[1](F.relu(torch.cat([a, self.up[1](b)], dim=1)))
+        act = self.act
+        a = act(self.down[1](act(self.down[0](x))))
+        b = act(self.down[3](act(self.down[2](a))))
+        c = act(self.down[5](act(self.down[4](b))))
+        b = act(self.merge[0](torch.cat([b, self.up[0](c)], dim=1)))
+        return self.merge[1](act(torch.cat([a, self.up[1](b)], dim=1)))
 
 
-def unet() -> UNet:
+def unet(smooth: bool = False) -> UNet:
+    """The U-Net; ``smooth``: SiLU instead of ReLU (see :func:`assert_as_accurate_as_pytorch`)."""
     torch.manual_seed(0)
-    return UNet()
+    return UNet(act=F.silu if smooth else F.relu)
 
 
-def resnet50() -> ResNet50:
+def resnet50(smooth: bool = False) -> ResNet50:
     """In eval mode, batch norm an affine map (running statistics 0 and 1, random scales and
     shifts, each block's last scale small so that the residual sums stay O(1)). With 2 images of
     32x32, training-mode batch norm normalises 2 values per channel in the last stage and makes
     the model chaotic (PyTorch's own f32 output differs from its f64 one by half its size)."""
     torch.manual_seed(0)
-    model = ResNet50()
+    model = ResNet50(act=nn.SiLU if smooth else nn.ReLU)
     for name, m in model.named_modules():
         if isinstance(m, nn.BatchNorm2d):
             m.weight.data.uniform_(0.5, 1.5).mul_(0.2 if name.endswith("bn3") else 1.0)
@@ -304,12 +308,13 @@ def resnet50() -> ResNet50:
 
 #: name: (the model, its input's shape, an SGD learning rate at which ten steps learn steadily,
 #: the training target for an input: ten scores an image; two of the input's channels)
-NETS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], float, Callable[[Tensor], Tensor]]] = {
+NETS: dict[str, tuple[Callable[..., nn.Module], tuple[int, ...], float, Callable[[Tensor], Tensor]]] = {
     "resnet50": (resnet50, (2, 3, 32, 32), 1e-3, lambda x: torch.linspace(-1, 1, 10 * len(x)).view(len(x), 10)),
     "unet": (unet, (2, 3, 16, 16), 0.2, lambda x: x[:, :2].detach().clone()),
 }
-#: relative error bound: this factor times PyTorch's, or this floor (measured over 4 seeds: the
-#: factor at most 2.9 in f32 and 2.4 in bf16, on ResNet-50 with NCHW data).
+#: relative error bound: this factor times PyTorch's, or this floor (the smooth nets, 3 seeds,
+#: both layouts, Zen 3 AVX2, 2026-11-27: the factor at most 0.38 in f32 and 1.46 in bf16; with
+#: ReLU, up to 6.6 in bf16, see :func:`assert_as_accurate_as_pytorch`).
 TOLERANCES = {torch.float32: (4.0, 2 ** -16), torch.bfloat16: (4.0, 2 ** -7)}
 
 
@@ -328,7 +333,10 @@ def _relative_error(got: Tensor, want: Tensor) -> float:
 def assert_as_accurate_as_pytorch(model: nn.Module, x: Tensor) -> None:
     """The converted model's output and gradients are as close to the f64 result of the same
     (rounded) weights and input as PyTorch's: each tensor's relative error (2-norm) within
-    TOLERANCES of the dtype."""
+    TOLERANCES of the dtype. Build ``model`` ``smooth``: with ReLU, a pre-activation within
+    rounding of 0 takes either sign, and its gradient goes through or not (a Zen 3, bf16 U-Net: 2
+    of merge.0's 2,048 masks flipped against PyTorch's gave its weights 6.6x PyTorch's error, and
+    the sums' order differs by CPU): that measures the luck of the draw, not the convolutions."""
     factor, floor = TOLERANCES[x.dtype]
     names = ["output"] + [n for n, _ in model.named_parameters()]
     exact = _outputs(copy.deepcopy(model).double(), x.double())
@@ -344,7 +352,7 @@ def test_net_output_and_every_gradient_as_pytorch_f32_and_bf16(net, memory_forma
     build, shape, _, _ = NETS[net]
     x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
     for dtype in TOLERANCES:
-        model = build().to(dtype=dtype, memory_format=memory_format)
+        model = build(smooth=True).to(dtype=dtype, memory_format=memory_format)
         assert_as_accurate_as_pytorch(model, x.to(dtype).contiguous(memory_format=memory_format))
 
 
@@ -367,7 +375,7 @@ def test_the_comparison_catches_a_wrong_padding_or_weight_layout(mutation, dtype
 
     monkeypatch.setattr(torch_modules, name, wrong)
     with pytest.raises(AssertionError, match="relative error"):
-        assert_as_accurate_as_pytorch(unet().to(dtype), torch.randn(2, 3, 16, 16, dtype=dtype))
+        assert_as_accurate_as_pytorch(unet(smooth=True).to(dtype), torch.randn(2, 3, 16, 16, dtype=dtype))
 
 
 def _train(model: nn.Module, x: Tensor, net: str, steps: int = 10) -> list[float]:
