@@ -123,3 +123,13 @@ def test_make_demo_times_like_the_benchmark(capsys):
     out = capsys.readouterr().out
     assert "median ms" in out and "spread" in out and "all checks passed" in out
     assert "(slowest - fastest) / median" in out
+
+
+def test_make_demo_finite_difference_catches_a_wrong_weights_gradient(capsys, monkeypatch):
+    """The demo's finite-difference check fails a weights gradient whose kernel is flipped (a
+    check that cannot fail proves nothing), on the scale of its terms."""
+    real = demo.convolution_backward_weights
+    monkeypatch.setattr(demo, "convolution_backward_weights", lambda *a, **k: real(*a, **k)[::-1, ::-1].copy())
+    assert not demo.run(mb=1, seed=os.getpid(), console=Console(width=200, force_terminal=False))
+    row = next(line for line in capsys.readouterr().out.splitlines() if "finite difference" in line)
+    assert "FAILED" in row

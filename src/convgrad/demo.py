@@ -115,13 +115,16 @@ def run(mb: int = 4, seed: int | None = None, console: Console | None = None) ->
                         ("<w, bwd_weights(x, dy)>", float(np.vdot(w64, dw)))):
         checks.append(Check(f"<conv(x,w), dy> = {name} (gap / ||y||·||dy||)", (value - lhs) / scale, 1e-6))
 
-    # Finite difference of L(w) = <conv(x, w), dy> along a random direction (exact: L is linear in w).
+    # Finite difference of L(w) = <conv(x, w), dy> along a random direction (exact: L is linear in
+    # w). <dw, direction> is a sum of terms of either sign that may cancel to near 0 (a relative
+    # gap then failed a correct dw, 1 seed in some hundreds), so the gap is measured on the scale
+    # of its terms, sum |dw * direction|: f32 rounding of dw gives about 1e-9 there.
     direction = rng.standard_normal(w.shape)
     eps = 1e-3
     step = convolution(x64, w64 + eps * direction, **attrs, engine="reference")
     fd = (float(np.vdot(step, dy64)) - float(np.vdot(convolution(x64, w64, **attrs, engine="reference"), dy64))) / eps
-    checks.append(Check("finite difference vs <dw, direction> (relative)",
-                        (fd - float(np.vdot(dw, direction))) / abs(fd), 1e-4))
+    checks.append(Check("finite difference vs <dw, direction> (gap / sum |dw * direction|)",
+                        (fd - float(np.vdot(dw, direction))) / float(np.vdot(np.abs(dw), np.abs(direction))), 1e-7))
 
     verdict = Table(title="verification")
     verdict.add_column("check")
