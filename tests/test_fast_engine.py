@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from convgrad.engines.fast import Features, Plan, forced_plan, forced_strategy, 
 from convgrad.problem import ConvGeometry
 from engine_support import MUTATION_SLACK
 from poison import poisoned_allocations
+from reliability_support import FUZZ_EXAMPLES
 
 FAST, REF = get_engine("fast"), get_engine("reference")
 TASKS = ("forward", "backward_data", "backward_weights")
@@ -134,7 +136,13 @@ def geometries(draw) -> ConvGeometry:
     return g
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: Examples of the random-geometry test: each new kernel shape compiles kernel variants (130 s of
+#: a cold suite at 100 on a Zen 3), so the default suite draws 40; ``make test-all`` 100, ``make
+#: fuzz``'s ``CONVGRAD_FUZZ_EXAMPLES`` that many.
+RANDOM_GEOMETRIES = FUZZ_EXAMPLES or (100 if os.environ.get("CONVGRAD_EXHAUSTIVE") == "1" else 40)
+
+
+@settings(max_examples=RANDOM_GEOMETRIES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(g=geometries(), dtype=st.sampled_from([np.float64, np.float32]), channels_first=st.booleans(),
        path=st.sampled_from(PATHS))
 def test_random_geometries_against_reference(g, dtype, channels_first, path):
