@@ -112,10 +112,14 @@ def avx2():
      "gemm variant=output_rows"),
     ((16, 1, 64, 256, (56, 56), (1, 1)), "forward", cg.dtypes.bfloat16, False, "gemm variant=pointwise"),
     ((16, 1, 64, 256, (56, 56), (1, 1)), "forward", np.float32, True, "gemm variant=image_gemms"),
-    ((16, 1, 64, 256, (56, 56), (1, 1)), "forward", np.float32, False, "gemm variant=frame"),
+    ((16, 1, 64, 256, (56, 56), (1, 1)), "forward", np.float32, False, "jit"),       # 1x1 f32 NXC: our GEMM
+    ((16, 1, 256, 64, (56, 56), (1, 1)), "backward_data", np.float32, False, "jit"),
+    ((16, 1, 256, 64, (56, 56), (1, 1)), "backward_weights", np.float32, False, "gemm variant=frame"),
+    ((16, 1, 64, 256, (56, 56), (1, 1)), "backward_data", np.float32, "shared", "jit"),   # NCX beside PyTorch
 ])
 def test_the_tuning_tables_rule(case, task, dtype, channels_first, want, avx2):
-    f = Features.of(_geometry(*case), task, dtype, channels_first)
+    """The rule on AVX2 (``channels_first`` "shared": NCX data beside PyTorch's threads)."""
+    f = Features.of(_geometry(*case), task, dtype, bool(channels_first), shared=channels_first == "shared")
     plan = default_plan(f)
     assert select(f) == plan and str(plan).startswith(want.split(" ")[0])
     assert all(item in str(plan).split(" ") for item in want.split(" ")[1:]), plan

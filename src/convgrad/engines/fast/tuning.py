@@ -44,7 +44,12 @@ class Tuning:
     #: limits (2026-11-26, four alternating rounds); NCX f32 keeps the limits (BLAS reads NCX 1x1
     #: layers as they lie: 626 against 879 ms).
     one_pool_families: tuple[str, ...] = ("avx512_bf16", "avx512")
-    #: Elsewhere the rule selects ``jit`` for kernels of several taps with at most this many
+    #: Elsewhere the rule selects ``jit`` for pointwise f32 problems of these tasks on NXC data or
+    #: beside PyTorch's threads: on a Zen 3 (AVX2), ResNet-50's seven 1x1 layers of stages 2-3
+    #: after a PyTorch call, forward 128 against 166 ms on BLAS, data gradient 141 against 170;
+    #: the weights gradient took 2x BLAS's time on our GEMM (2026-11-27).
+    jit_pointwise_tasks: tuple[str, ...] = ("forward", "backward_data")
+    #: ... and for kernels of several taps with at most this many
     #: channels per group on either side, per task ...
     jit_channels: dict[str, float] = field(default_factory=lambda: _per_task(128, 64, 64))
     #: ... for the gradients from this many input channels per group, per task (fewer leave most
