@@ -20,6 +20,9 @@ def geometry(n, groups, icg, ocg, in_size, kernel, strides=None, dilations=None,
     rank = len(in_size)
     strides, dilations = strides or (1,) * rank, dilations or (1,) * rank
     pb, pe = pb or (0,) * rank, pe or (0,) * rank
+    if min(strides) < 1 or min(dilations) < 1 or not len(strides) == len(dilations) == len(pb) == len(pe) == rank:
+        raise ValueError(f"geometry(..., strides={strides}, dilations={dilations}, pb={pb}, pe={pe}): expected "
+                         f"{rank} values each, strides and dilations >= 1 (the order: strides, dilations, pads)")
     out = tuple((i + b + e - (k - 1) * d - 1) // s + 1
                 for i, b, e, k, d, s in zip(in_size, pb, pe, kernel, dilations, strides))
     return ConvGeometry(n, groups, groups * icg, groups * ocg, tuple(in_size), out, tuple(kernel), tuple(strides),
