@@ -81,12 +81,12 @@ def test_bf16_gemm_on_pairs(m, k, n, standin):
 
 
 def test_block_sizes_follow_the_caches():
-    """kc: a B micro-panel in TUNING.gemm_panel_l1 L1 caches; mc: an A block in at most half the
+    """kc: a B micro-panel in TUNING.gemm_panel_l1[width] L1 caches; mc: an A block in at most half the
     L2, whole register blocks; every thread gets work."""
     l1, l2, _ = isa.cache_sizes()
     assert l1 >= 4096 and l2 >= l1
     b = blis.blocks(100_000, 4096, 256, 4)
-    assert b.kc * b.nr * 4 <= TUNING.gemm_panel_l1 * l1 and b.kc % 2 == 0
+    assert b.kc * b.nr * 4 <= TUNING.gemm_panel_l1[b.width] * l1 and b.kc % 2 == 0
     assert b.mc % b.rows == 0 and b.mc * b.kc * 4 <= l2 // 2
     small = blis.blocks(30, 4096, 256, 4)
     assert small.k_chunks == min(numba.get_num_threads(), -(-4096 // small.kc))     # deep: K split

@@ -10,7 +10,7 @@ with the kernel's roles: ``A`` broadcast (``mr`` rows), ``B`` loaded as vectors 
             for jr over the share's panels: for ir over the mr-panels:
                 C[ir, jr] += A[ir] . Bp[pc, jr]                     (the kernel, kc deep)
 
-``kc``: a B micro-panel (``kc x nr``) fills ``TUNING.gemm_panel_l1`` L1 data caches (it streams
+``kc``: a B micro-panel (``kc x nr``) fills ``TUNING.gemm_panel_l1[width]`` L1 data caches (it streams
 from L2: longer kernel calls cost fewer C tile loads and restart fewer A streams); ``mc``: an A
 block (``mc x kc``) at most half the L2; both from the host's cache sizes
 (:func:`.isa.cache_sizes`); blocks and shares of the panels dealt evenly to the threads.
@@ -129,7 +129,7 @@ def split(m: int, rows: int, panels: int, mc_max: int, threads: int) -> tuple[in
 def blocks(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None = None) -> Blocks:
     """The blocks for an ``m x k x n`` GEMM of ``itemsize``-byte packed operands (2: bf16 pairs):
     the register block (``block``, else :func:`register_block`), ``kc`` from the L1 (a B
-    micro-panel in ``TUNING.gemm_panel_l1`` of it), ``mc`` at most an A block in half the L2, and
+    micro-panel in ``TUNING.gemm_panel_l1[width]`` of it), ``mc`` at most an A block in half the L2, and
     the threads' work: a deep reduction (:func:`deep`) splits K, one chunk
     per thread into a C of its own (B read once, every thread as busy); others split M and N
     (:func:`split`)."""
@@ -137,7 +137,7 @@ def blocks(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None 
     rows, vecs = block or register_block(n, width, m, itemsize)
     l1, l2, _ = isa.cache_sizes()
     nr, threads = vecs * width, numba.get_num_threads()
-    kc = max(16, min(-(-k // 2) * 2, int(TUNING.gemm_panel_l1 * l1) // (nr * itemsize) // 16 * 16))
+    kc = max(16, min(-(-k // 2) * 2, int(TUNING.gemm_panel_l1[width] * l1) // (nr * itemsize) // 16 * 16))
     mc_max = max(rows, (l2 // 2) // (kc * itemsize) // rows * rows)
     k_chunks = min(threads, -(-k // kc)) if deep(m, k, n) else 1
     mc, m_blocks, shares, by_share = split(m, rows, -(-n // nr), mc_max, -(-threads // k_chunks))

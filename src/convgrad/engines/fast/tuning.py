@@ -134,8 +134,11 @@ class Tuning:
     #: Register block (rows, vectors) of our GEMM per (vector width, operand bytes), where the
     #: output has that many vectors; elsewhere the fewest idle lanes (``microkernel.block_for``).
     gemm_blocks: dict[tuple[int, int], tuple[int, int]] = field(default_factory=lambda: {(16, 4): (14, 2)})
-    #: L1 caches' worth of bytes of one B micro-panel (kc x nr): sets kc.
-    gemm_panel_l1: float = 2.0
+    #: L1 caches' worth of bytes of one B micro-panel (kc x nr), per vector width: sets kc. A Zen 3
+    #: (AVX2, 2026-11-27, our GEMM forced): ResNet-50's 1x1 weights gradients (K = positions) of
+    #: stages 2-4 at 0.5 / 1 / 2: 147 / 171 / 218 ms in all, their forward and data gradients the
+    #: same at each (124 / 120 / 119, 109 / 108 / 110); the Zen 4's measurements set 2.
+    gemm_panel_l1: dict[int, float] = field(default_factory=lambda: {8: 0.5, 16: 2.0})
     #: A GEMM reducing over K > this times (M + N) (a weights gradient) splits K among the threads.
     gemm_deep: float = 4.0
     #: A B stored along K (a data gradient's transposed weights) with at least this many times
