@@ -254,7 +254,7 @@ def _mutate_topology(draw: st.DrawFn, doc: dict[str, Any]) -> None:
     if action == "duplicate op":
         ops.append(copy.deepcopy(draw(st.sampled_from(ops))))
     elif action == "same id":
-        ops[-1]["id"] = ops[0]["id"]
+        ops[-1]["id"] = ops[0].get("id")   # an earlier mutation may have removed it
     elif action == "same output":
         ops[-1]["outputs"][0]["id"] = ops[0]["outputs"][0].get("id")
     elif ops[0]["inputs"]:
