@@ -28,6 +28,13 @@ from convgrad.problem import auto_pads, data_shape, weights_shape
 FUZZ_EXAMPLES = int(os.environ.get("CONVGRAD_FUZZ_EXAMPLES", "0")) or None
 
 
+def examples(suite: int, exhaustive: int) -> int:
+    """Examples of a random test: ``suite`` in the default suite (each new shape compiles kernel
+    variants), ``exhaustive`` with ``CONVGRAD_EXHAUSTIVE=1`` (``make test-all``),
+    ``CONVGRAD_FUZZ_EXAMPLES`` where set."""
+    return FUZZ_EXAMPLES or (exhaustive if os.environ.get("CONVGRAD_EXHAUSTIVE") == "1" else suite)
+
+
 def fuzz_settings(default_examples: int) -> settings:
     """Bounded settings for one fuzz test (no deadline: the machine may be busy)."""
     return settings(max_examples=FUZZ_EXAMPLES or default_examples, deadline=None, derandomize=False,

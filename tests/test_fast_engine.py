@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from convgrad.engines.fast import Features, Plan, forced_plan, forced_strategy, 
 from convgrad.problem import ConvGeometry
 from engine_support import MUTATION_SLACK
 from poison import poisoned_allocations
-from reliability_support import FUZZ_EXAMPLES
+from reliability_support import examples
 
 FAST, REF = get_engine("fast"), get_engine("reference")
 TASKS = ("forward", "backward_data", "backward_weights")
@@ -139,7 +138,7 @@ def geometries(draw) -> ConvGeometry:
 #: Examples of the random-geometry test: each new kernel shape compiles kernel variants (130 s of
 #: a cold suite at 100 on a Zen 3), so the default suite draws 40; ``make test-all`` 100, ``make
 #: fuzz``'s ``CONVGRAD_FUZZ_EXAMPLES`` that many.
-RANDOM_GEOMETRIES = FUZZ_EXAMPLES or (100 if os.environ.get("CONVGRAD_EXHAUSTIVE") == "1" else 40)
+RANDOM_GEOMETRIES = examples(40, 100)
 
 
 @settings(max_examples=RANDOM_GEOMETRIES, deadline=None, suppress_health_check=[HealthCheck.too_slow])

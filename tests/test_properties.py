@@ -7,8 +7,6 @@ Adjointness (with the same attributes, auto_pad included):
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -18,11 +16,11 @@ from convgrad.engines import default_engine_name
 
 from oracle import (AUTO_PADS, OPS, WEIGHTS_FORMATS, Case, Geometry, check, data_layout, fresh_rng,
                     random_tensors, resolve_pads, torch_results, weights_layout)
-from reliability_support import FUZZ_EXAMPLES
+from reliability_support import examples
 
 #: 60 examples per property in the default suite (each new shape compiles kernel variants: 65 s
 #: of a cold suite at 150 on a Zen 3); ``make test-all`` 150, ``CONVGRAD_FUZZ_EXAMPLES`` that many.
-SETTINGS = settings(max_examples=FUZZ_EXAMPLES or (150 if os.environ.get("CONVGRAD_EXHAUSTIVE") == "1" else 60),
+SETTINGS = settings(max_examples=examples(60, 150),
                     deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 
