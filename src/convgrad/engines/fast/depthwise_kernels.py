@@ -125,7 +125,7 @@ class _Vectors:
 
 
 def _loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, init: list[ir.Value],
-          body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]]) -> list[ir.Value]:
+          body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]], unroll: bool = True) -> list[ir.Value]:
     """``for i in range(start, stop): state = body(i, state)``, the state (vectors) carried in
     phis; returns the final state."""
     before = b.block
@@ -137,7 +137,12 @@ def _loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, init: list[ir.Value]
     new = body(i, state)
     nxt = b.add(i, ir.Constant(_I64, 1))
     latch = b.block
-    b.cbranch(b.icmp_signed("<", nxt, stop), head, end)
+    back = b.cbranch(b.icmp_signed("<", nxt, stop), head, end)
+    if not unroll:
+        module = b.module
+        loop_id = module.add_metadata([None, module.add_metadata([ir.MetaDataString(module, "llvm.loop.unroll.disable")])])
+        loop_id.operands = (loop_id, *loop_id.operands[1:])
+        back.set_metadata("llvm.loop", loop_id)
     b.position_at_end(end)
     out = [b.phi(v.type) for v in init]
     i.add_incoming(start, before)
@@ -337,7 +342,7 @@ def gather(typingctx, width, rows, taps, step, mul, out, ooff, ostep, src, soff,
                             new[r * n_vecs + v] = b.select(where[e], f, a) if masked else f
                 return new
 
-            return _loop(b, const(0), nrows_, [ops.zero] * (n_rows * n_vecs), body)
+            return _loop(b, const(0), nrows_, [ops.zero] * (n_rows * n_vecs), body, unroll=False)
 
         versions = [functools.partial(_choose, b, inner, functools.partial(block, False, tail),
                                       functools.partial(block, True, tail)) for tail in (False, True)]
