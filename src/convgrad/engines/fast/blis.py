@@ -487,7 +487,7 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     flat, lda, astep = _flat(a)
     # bf16 pairs not adjacent, or an f32 deep reduction's A far apart along K (x^T of many channels): packed per block
     pack_a = not (astep == 1 and k % 2 == 0) if bf16 else \
-        astep >= TUNING.gemm_pack_stride and lda == 1
+        astep >= TUNING.gemm_pack_stride[bl.width] and lda == 1
     copy_lda = _copy_lda(bl, lda, a.dtype.itemsize, panels) if not pack_a and astep == 1 else 0
     per_thread = -(-bl.mc * copy_lda * a.dtype.itemsize // 4) if copy_lda else (bl.kc // depth) * bl.mc
     apack = workspace.empty(numba.get_num_threads() * per_thread if pack_a or copy_lda else 0, np.uint32)

@@ -147,8 +147,10 @@ class Tuning:
     gemm_swap_ratio: int = 4
     #: An f32 A that steps at least this many values per K step (x^T of as many channels: 2 KB, a
     #: K step's values in two L1 sets) is packed per block of rows and K step, as bf16 is; nearer
-    #: ones are read as they lie (packing cost 10-25 % at 64-256 channels, Zen 4, 2026-11-26).
-    gemm_pack_stride: int = 512
+    #: ones are read as they lie: per vector width (16: packing cost 10-25 % at 64-256 channels,
+    #: Zen 4, 2026-11-26; 8: always packed, ResNet-50's 1x1 weights gradients 313 -> 215 ms on
+    #: two threads of a Zen 3, 2026-11-27).
+    gemm_pack_stride: dict[int, int] = field(default_factory=lambda: {8: 1, 16: 512})
     #: A read in place whose rows lie this many bytes or more apart (x of 256 or more f32
     #: channels) is copied per K step and block of rows at a stride off the page size.
     gemm_copy_rows: int = 1024
