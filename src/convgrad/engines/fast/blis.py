@@ -478,8 +478,8 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     if not (m and k and n):
         return np.zeros((m, n), np.uint16 if rounded and bf16 else np.float32)
     bflat, ldb, bcol = _flat(b)
-    if not bf16 and bcol == 1 and n % bl.nr == 0 and bl.k_chunks > 1:   # a deep reduction's B, in place
-        bp, kd, poff, bstep = bflat, k, bl.nr, ldb
+    if not bf16 and bcol == 1 and n % bl.nr == 0 and bl.k_chunks > 1 and TUNING.gemm_deep_b_in_place[bl.width]:
+        bp, kd, poff, bstep = bflat, k, bl.nr, ldb                     # a deep reduction's B, in place
     else:                                                                  # packed: (panels, K/depth, nr*depth)
         bp = _packed(b, bl.nr, depth)
         kd, poff, bstep = bp.shape[1], bp.shape[1] * bp.shape[2], bl.nr * depth

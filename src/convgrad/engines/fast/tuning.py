@@ -151,6 +151,10 @@ class Tuning:
     #: Zen 4, 2026-11-26; 8: always packed, ResNet-50's 1x1 weights gradients 313 -> 215 ms on
     #: two threads of a Zen 3, 2026-11-27).
     gemm_pack_stride: dict[int, int] = field(default_factory=lambda: {8: 1, 16: 512})
+    #: A deep reduction split along K among the threads reads an f32 B of whole panels in place,
+    #: per vector width (16: packing it was a pass over the larger operand, Zen 4; 8: packed,
+    #: ResNet-50's 1x1 weights gradients 344 -> 265 ms on two threads of a Zen 3, 2026-11-27).
+    gemm_deep_b_in_place: dict[int, bool] = field(default_factory=lambda: {8: False, 16: True})
     #: A read in place whose rows lie this many bytes or more apart (x of 256 or more f32
     #: channels) is copied per K step and block of rows at a stride off the page size.
     gemm_copy_rows: int = 1024
