@@ -114,8 +114,10 @@ def avx2():
     ((16, 1, 64, 256, (56, 56), (1, 1)), "forward", np.float32, True, "gemm variant=image_gemms"),
     ((16, 1, 64, 256, (56, 56), (1, 1)), "forward", np.float32, False, "jit"),       # 1x1 f32 NXC: our GEMM
     ((16, 1, 256, 64, (56, 56), (1, 1)), "backward_data", np.float32, False, "jit"),
-    ((16, 1, 256, 64, (56, 56), (1, 1)), "backward_weights", np.float32, False, "gemm variant=frame"),
+    ((16, 1, 256, 64, (56, 56), (1, 1)), "backward_weights", np.float32, False, "jit"),
+    ((16, 1, 256, 64, (56, 56), (1, 1)), "backward_weights", np.float32, True, "gemm variant=image_gemms"),  # NCX alone
     ((16, 1, 64, 256, (56, 56), (1, 1)), "backward_data", np.float32, "shared", "jit"),   # NCX beside PyTorch
+    ((16, 1, 64, 256, (56, 56), (1, 1)), "backward_weights", np.float32, "shared", "jit"),
 ])
 def test_the_tuning_tables_rule(case, task, dtype, channels_first, want, avx2):
     """The rule on AVX2 (``channels_first`` "shared": NCX data beside PyTorch's threads)."""

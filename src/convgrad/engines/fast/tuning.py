@@ -46,9 +46,10 @@ class Tuning:
     one_pool_families: tuple[str, ...] = ("avx512_bf16", "avx512")
     #: Elsewhere the rule selects ``jit`` for pointwise f32 problems of these tasks on NXC data or
     #: beside PyTorch's threads: on a Zen 3 (AVX2), ResNet-50's seven 1x1 layers of stages 2-3
-    #: after a PyTorch call, forward 128 against 166 ms on BLAS, data gradient 141 against 171;
-    #: the weights gradient took 2x BLAS's time on our GEMM (2026-11-27).
-    jit_pointwise_tasks: tuple[str, ...] = ("forward", "backward_data")
+    #: after a PyTorch call, forward 128 against 166 ms on BLAS, data gradient 141 against 171,
+    #: weights gradient 180-184 against 206-207 (once our GEMM packed A and B there; before, 2x
+    #: BLAS's time) (2026-11-27).
+    jit_pointwise_tasks: tuple[str, ...] = ("forward", "backward_data", "backward_weights")
     #: ... and for kernels of several taps with at most this many
     #: channels per group on either side, per task ...
     jit_channels: dict[str, float] = field(default_factory=lambda: _per_task(128, 64, 64))
