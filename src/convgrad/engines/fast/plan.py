@@ -14,11 +14,10 @@ applies), else :func:`default_plan`, the tuning table's rule:
    most ``TUNING.jit_narrow_idle``), a junk-heavy gradient (``Features.junk_heavy``) only for the
    unit-stride data gradient of bf16 on the dot instruction (the drivers skip the taps that read
    rows of padding), and a multi-tap weights gradient only
-   of f32 data or of bf16 pairs on the dot instruction (:func:`.jit.weights_in_pairs`): on a
-   family of ``TUNING.one_pool_families`` every such problem of bf16 data, of NXC data, or of any
-   data where PyTorch's threads share the cores (``Features.shared``); elsewhere the pointwise f32
-   problems of ``TUNING.jit_pointwise_tasks`` on NXC data or beside PyTorch's threads, and those
-   of several taps with at most ``TUNING.jit_channels[task]`` channels per group on either side;
+   of f32 data or of bf16 pairs on the dot instruction (:func:`.jit.weights_in_pairs`): every
+   such problem of bf16 data, of NXC data, or of any data where PyTorch's threads share the
+   cores (``Features.shared``: one pool); of the others (NCX f32 alone) those of several taps
+   with at most ``TUNING.jit_channels[task]`` channels per group on either side;
 4. ``gemm``, its variant by the first that applies: ``pointwise`` (1x1 bf16/f16 NXC),
    ``output_rows`` (junk-heavy or wide gradients), ``image_gemms`` (1x1 NCX with at least
    ``TUNING.image_gemm_rows`` positions per image), else ``frame``.
@@ -127,10 +126,8 @@ def jit_selected(f: Features) -> bool:
     if f.icg < TUNING.jit_min_input_channels[f.task] or \
             f.icg < TUNING.jit_min_input_channels["backward_data"] and jit.idle(f) > TUNING.jit_narrow_idle:
         return False
-    one_pool = f.family in TUNING.one_pool_families and (f.shared or f.dtype == "bfloat16" or not f.channels_first)
-    pointwise = f.pointwise and f.data_dtype == f.acc and f.task in TUNING.jit_pointwise_tasks \
-        and (f.shared or not f.channels_first)
-    return one_pool or pointwise or f.taps > 1 and max(f.icg, f.ocg) <= TUNING.jit_channels[f.task]
+    one_pool = f.shared or f.dtype == "bfloat16" or not f.channels_first
+    return one_pool or f.taps > 1 and max(f.icg, f.ocg) <= TUNING.jit_channels[f.task]
 
 
 def gemm_variant(f: Features) -> str:

@@ -34,24 +34,19 @@ class Tuning:
     #: 3-8x faster at waste 1.2-1.5, 9x slower at a dilated layer's waste of about 25.
     flat_waste: float = 4.0
     #: Kernel families on which the rule selects the ``jit`` strategy: every family with JIT
-    #: kernels (``portable`` has none).
-    jit_families: tuple[str, ...] = ("avx512_bf16", "avx512", "avx2")
-    #: Families on which the rule selects ``jit`` whatever the taps and channels for bf16 data,
-    #: NXC data, and any data where PyTorch's threads share the cores (one pool: no BLAS threads
-    #: beside numba's and PyTorch's). Measured in sequence on a Zen 4: a ResNet-50 training step
+    #: kernels (``portable`` has none); there, whatever the taps and channels, for bf16 data, NXC
+    #: data, and any data where PyTorch's threads share the cores (one pool: no BLAS threads
+    #: beside numba's and PyTorch's). Measured in sequence: on a Zen 4, a ResNet-50 training step
     #: f32 1390 -> 1030 ms, bf16 1050 -> 850 ms against the channel limits below; without
     #: PyTorch, ResNet-50's 40 f32 NXC gradients back to back 647-757 ms against 679-805 on the
-    #: limits (2026-11-26, four alternating rounds); NCX f32 keeps the limits (BLAS reads NCX 1x1
-    #: layers as they lie: 626 against 879 ms).
-    one_pool_families: tuple[str, ...] = ("avx512_bf16", "avx512")
-    #: Elsewhere the rule selects ``jit`` for pointwise f32 problems of these tasks on NXC data or
-    #: beside PyTorch's threads: on a Zen 3 (AVX2), ResNet-50's seven 1x1 layers of stages 2-3
-    #: after a PyTorch call, forward 128 against 166 ms on BLAS, data gradient 141 against 171,
-    #: weights gradient 180-184 against 206-207 (once our GEMM packed A and B there; before, 2x
-    #: BLAS's time) (2026-11-27).
-    jit_pointwise_tasks: tuple[str, ...] = ("forward", "backward_data", "backward_weights")
-    #: ... and for kernels of several taps with at most this many
-    #: channels per group on either side, per task ...
+    #: limits (2026-11-26, four alternating rounds); on a Zen 3 (AVX2, once our GEMM packed A and
+    #: B for deep reductions), the f32 step 1371 against 1439 ms with the 3x3 layers above the
+    #: limits on BLAS (faster in each of six alternating rounds; PyTorch 1397), bf16 1783 against
+    #: 1744 (2026-11-27). NCX f32 without PyTorch keeps the limits (BLAS reads NCX 1x1 layers as
+    #: they lie: 626 against 879 ms, Zen 4).
+    jit_families: tuple[str, ...] = ("avx512_bf16", "avx512", "avx2")
+    #: ... and for the other problems, kernels of several taps with at most this many channels
+    #: per group on either side, per task ...
     jit_channels: dict[str, float] = field(default_factory=lambda: _per_task(128, 64, 64))
     #: ... for the gradients from this many input channels per group, per task (fewer leave most
     #: lanes of backward data's vectors idle) ...
