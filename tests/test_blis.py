@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from convgrad.engines import get_engine
-from convgrad.engines.fast import blis, isa, jit
+from convgrad.engines.fast import blis, isa, jit, microkernel
 from convgrad.engines.fast.tuning import TUNING
 from convgrad.problem import ConvGeometry
 
@@ -92,6 +92,15 @@ def test_block_sizes_follow_the_caches():
     assert small.k_chunks == min(numba.get_num_threads(), -(-4096 // small.kc))     # deep: K split
     assert -(-30 // small.mc) * small.shares * small.k_chunks >= numba.get_num_threads()
     assert blis.blocks(100_000, 64, 256, 4).k_chunks == 1
+
+
+@pytest.mark.parametrize("n, m, block", [(256, 50176, (6, 2)), (512, 12544, (6, 2)), (1024, 3136, (4, 3))])
+def test_gemm_blocks_weigh_loads_as_measured_for_the_gemm(n, m, block):
+    """8 lanes: our GEMM weighs loads by ``TUNING.gemm_loads_weight`` (6x2 on 256 and 512 output
+    channels, where 4x3 ran the 1x1 layers 25 % slower), the convolution drivers by the family's
+    ``TUNING.block_loads_weight`` (4x3 from 256 channels)."""
+    assert blis.register_block(n, 8, m, 4) == block
+    assert microkernel.block_for(n, 8) == (4, 3)
 
 
 def _busiest(row_panels: int, nb: int, panels: int, shares: int, threads: int, by_share: bool) -> int:

@@ -239,7 +239,8 @@ def test_kernel_rejects_mixed_operands():
     (8, 8, None, (8, 1)), (16, 8, None, (6, 2)), (24, 8, None, (4, 3)), (40, 8, None, (4, 3)), (64, 8, 64, (6, 2)),
     (16, 16, None, (16, 1)), (30, 16, None, (14, 2)), (48, 16, None, (8, 3)), (64, 16, None, (6, 4)),
     (64, 16, 64, (6, 4)), (80, 16, None, (8, 3)), (24, 8, 8, (4, 3)),
-    (256, 16, 50176, (6, 4)), (64, 16, 12544, (6, 4))])    # a partial last block of thousands of rows: no idle rows
+    (256, 16, 50176, (6, 4)), (64, 16, 12544, (6, 4)),     # a partial last block of thousands of rows: no idle rows
+    (256, 8, None, (4, 3)), (512, 8, None, (4, 3)), (128, 8, None, (6, 2))])  # AVX2: loads weigh more
 def test_block_choice(channels, width, rows, block):
     """Fewest idle lanes (and rows, to the percent), then fewest loads per FMA, then most
     accumulators; all fit the register file."""

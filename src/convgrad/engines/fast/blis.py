@@ -63,11 +63,11 @@ class Blocks:
 def register_block(n: int, width: int, m: int, itemsize: int) -> tuple[int, int]:
     """The GEMM's register block: ``TUNING.gemm_blocks`` for the family's width and the operand
     size where it names one and ``n`` fills its vectors, else the fewest idle lanes and rows
-    (:func:`.microkernel.block_for`)."""
+    (:func:`.microkernel.block_for`, loads weighed by ``TUNING.gemm_loads_weight``)."""
     block = TUNING.gemm_blocks.get((width, itemsize))
     if block is not None and n >= block[1] * width:
         return block
-    return microkernel.block_for(n, width, m)
+    return microkernel.block_for(n, width, m, loads_weight=TUNING.gemm_loads_weight)
 
 
 def deep(m: int, k: int, n: int) -> bool:
