@@ -91,8 +91,9 @@ def complete(f: Features, params: dict) -> dict:
         rows, vecs = blis.register_block(channels, _width(), g.icg if f.task == "backward_weights" else positions,
                                          4 // _depth(f.data_dtype))
     else:
-        rows, vecs = microkernel.block_for(channels, _width(), g.icg if f.task == "backward_weights" else None,
-                                           _computed(g, f.task))
+        weights = f.task == "backward_weights"       # rows over input channels: weighed as our GEMM's
+        rows, vecs = microkernel.block_for(channels, _width(), g.icg if weights else None, _computed(g, f.task),
+                                           TUNING.gemm_loads_weight if weights else None)
     by_blocks = math.prod(g.w_shape) > TUNING.weights_split * (math.prod(g.x_shape) + math.prod(g.y_shape))
     cache = TUNING.cache_bytes if f.task == "backward_weights" else max(TUNING.cache_bytes, isa.cache_sizes()[1])
     return {"block": f"{rows}x{vecs}", "cache_bytes": cache,

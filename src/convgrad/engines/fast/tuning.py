@@ -87,8 +87,9 @@ class Tuning:
     #: 14x2 (0.57 loads per FMA) computing no padding columns ran 1.5 % slower than 6x4 (0.42)
     #: computing 3.6 % more; 8 on a Zen 3's (AVX2): 4x3 (0.58) over 6x2 (0.67) from 256 channels.
     block_loads_weight: dict[int, float] = field(default_factory=lambda: {8: 1.0, 16: 0.39})
-    #: ... and for our GEMM's blocks (:func:`.blis.register_block`) on every width: on the Zen 3
-    #: the 1x1 layers of 256 output channels ran 25 % slower on 4x3 than on 6x2.
+    #: ... and for our GEMM's blocks (:func:`.blis.register_block`) and the weights gradient's on
+    #: every width: on the Zen 3 the 1x1 layers of 256 output channels ran 25 % slower on 4x3 than
+    #: on 6x2, the 3x3 weights gradients were within noise at 256 channels and 0-20 % slower at 512.
     gemm_loads_weight: float = 0.39
     #: ``jit``: bytes of operands meant to stay in a core's L2 cache: the weights gradient reduces
     #: over chunks of output rows of about this much x and dy; forward and backward data loop over
