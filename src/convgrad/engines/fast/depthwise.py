@@ -111,10 +111,11 @@ def _gather_into(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarra
     width, kind = kernel
     taps = _weights(g, w, np.dtype(np.float32))
     key, outer0, outer1, phases, spread = _gather_plan(g, transposed, width)
-    kernels.gather_driver(width, kind, *key)(casts.bits(src3).reshape(-1), taps.reshape(-1), casts.bits(out3).reshape(-1),
-                                             np.array(src3.shape, np.int64),
-                                np.array(out3.shape, np.int64), np.array(taps.shape[:3], np.int64), outer0, outer1,
-                                phases, spread, _chunks(out3.shape[0] * out3.shape[1] * out3.shape[2]))
+    chunks = _chunks(out3.shape[0] * out3.shape[1] * out3.shape[2])
+    kernels.gather_driver(width, kind, out.dtype.itemsize == 2, *key)(chunks, chunks, casts.bits(src3).reshape(-1), taps.reshape(-1),
+                                             casts.bits(out3).reshape(-1), np.array(src3.shape, np.int64),
+                                             np.array(out3.shape, np.int64), np.array(taps.shape[:3], np.int64),
+                                             outer0, outer1, phases, spread)
 
 
 @functools.lru_cache(maxsize=256)
@@ -178,9 +179,8 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dw: np.ndar
     acc = np.zeros((count, taps + 1, g.ic), np.float32)  # row ``taps``: the scratch row of taps in the padding
     slide = spatial(g.strides, 1)[2] == 1 and spatial(g.dilations, 1)[2] == 1
     kernels.weights_driver(width, kind, *kernels.reduce_block(kernel, g.ic, width, slide))(
-        casts.bits(x3).reshape(-1), casts.bits(dy3).reshape(-1), acc.reshape(-1), np.array(x3.shape, np.int64),
-        np.array(dy3.shape, np.int64),
-        np.array(kernel, np.int64), *params(g), count)
+        count, casts.bits(x3).reshape(-1), casts.bits(dy3).reshape(-1), acc.reshape(-1), np.array(x3.shape, np.int64),
+        np.array(dy3.shape, np.int64), np.array(kernel, np.int64), *params(g), count)
     dw += acc[:, :taps].sum(axis=0).reshape(dw.shape)
 
 

@@ -45,6 +45,7 @@ from numba.core import cgutils, errors
 from numba.extending import intrinsic
 
 from ...casts import F16_BITS, F32_VALUES
+from . import microkernel
 from .geometry import tap
 from .microkernel import _constant, _rounded, cached_njit
 
@@ -384,52 +385,53 @@ def reduce_block(kernel: tuple[int, int, int], channels: int, width: int, slide:
 
 @functools.cache
 def weights_driver(width: int, kind: int, taps: int, vecs: int, window: int) -> Callable:
-    """``drive(x, dy, acc, xshape, yshape, kshape, stride, dilation, pad, parts)``: adds to
+    """``drive(parts, x, dy, acc, xshape, yshape, kshape, stride, dilation, pad, parts)``: adds to
     ``acc[part, k, c]`` (flat, (parts, K + 1, C); row K a scratch row) the weights gradient of the
     rows ``part`` owns, for C-contiguous flat NXC ``x`` (xshape, 5-D) and ``dy`` (yshape): f32,
     or uint16 bits of ``kind``; ``window`` > 1: the kernel's width, with stride and dilation 1
-    along the innermost axis (:func:`reduce`)."""
+    along the innermost axis (:func:`reduce`); the shapes int64 (:func:`.microkernel.parallel_items`)."""
     block = width * vecs
 
-    @cached_njit(parallel=True)
-    def drive(x, dy, acc, xshape, yshape, kshape, stride, dilation, pad, parts):  # pragma: no cover - compiled
+    def part_of(part, x, dy, acc, xshape, yshape, kshape, stride, dilation, pad, parts):  # pragma: no cover - compiled
         n_, i0_, i1_, i2_, c_ = xshape
         o0_, o1_, o2_ = yshape[1], yshape[2], yshape[3]
         k0_, k1_, k2_ = kshape
         ntaps = k0_ * k1_ * k2_
         rows = n_ * o0_ * o1_
         full = c_ // block * block
-        for part in numba.prange(parts):
-            ts, tk, tw = np.empty(taps, np.int64), np.empty(taps, np.int64), np.empty(taps, np.int64)
-            aoff = part * (ntaps + 1) * c_
-            for row in range(part * rows // parts, (part + 1) * rows // parts):
-                n, o0, o1 = row // (o0_ * o1_), row // o1_ % o0_, row % o1_
-                yoff = row * o2_ * c_
-                for first in range(0, ntaps, taps):
-                    used, lo_k, hi_k = 0, 0, 0
-                    for j in range(taps):
-                        t = first + j
-                        k0, k1, k2 = t // (k1_ * k2_), t // k2_ % k1_, t % k2_
-                        i0 = tap(o0, k0, stride[0], dilation[0], pad[0], i0_, False)
-                        i1 = tap(o1, k1, stride[1], dilation[1], pad[1], i1_, False)
-                        inside = i0 >= 0 and i1 >= 0
-                        ts[j] = ((n * i0_ + i0) * i1_ + i1) * i2_ * c_ if inside else n * i0_ * i1_ * i2_ * c_
-                        tw[j] = t * c_ if inside else ntaps * c_  # a tap in the padding sums into the scratch row
-                        tk[j] = k2 * dilation[2] - pad[2]
-                        used += inside
-                        lo_k, hi_k = min(lo_k, tk[j]) if j else tk[j], max(hi_k, tk[j]) if j else tk[j]
-                    if used == 0:
-                        continue
-                    lo = min(o2_, max(0, -(lo_k // stride[2])))
-                    hi = max(lo, min(o2_, (i2_ - 1 - hi_k) // stride[2] + 1))
-                    for c in range(0, c_, width):
-                        if c < full and c % block == 0:
-                            reduce(width, taps, vecs, acc, aoff + c, tw, x, c, ts, tk, c_, dy, yoff + c, c_,
-                                   (0, lo, hi, o2_), stride[2], i2_, width, kind, window)
-                        elif c >= full:
-                            reduce(width, taps, 1, acc, aoff + c, tw, x, c, ts, tk, c_, dy, yoff + c, c_,
-                                   (0, lo, hi, o2_), stride[2], i2_, min(width, c_ - c), kind, window)
-    return drive
+        ts, tk, tw = np.empty(taps, np.int64), np.empty(taps, np.int64), np.empty(taps, np.int64)
+        aoff = part * (ntaps + 1) * c_
+        for row in range(part * rows // parts, (part + 1) * rows // parts):
+            n, o0, o1 = row // (o0_ * o1_), row // o1_ % o0_, row % o1_
+            yoff = row * o2_ * c_
+            for first in range(0, ntaps, taps):
+                used, lo_k, hi_k = 0, 0, 0
+                for j in range(taps):
+                    t = first + j
+                    k0, k1, k2 = t // (k1_ * k2_), t // k2_ % k1_, t % k2_
+                    i0 = tap(o0, k0, stride[0], dilation[0], pad[0], i0_, False)
+                    i1 = tap(o1, k1, stride[1], dilation[1], pad[1], i1_, False)
+                    inside = i0 >= 0 and i1 >= 0
+                    ts[j] = ((n * i0_ + i0) * i1_ + i1) * i2_ * c_ if inside else n * i0_ * i1_ * i2_ * c_
+                    tw[j] = t * c_ if inside else ntaps * c_  # a tap in the padding sums into the scratch row
+                    tk[j] = k2 * dilation[2] - pad[2]
+                    used += inside
+                    lo_k, hi_k = min(lo_k, tk[j]) if j else tk[j], max(hi_k, tk[j]) if j else tk[j]
+                if used == 0:
+                    continue
+                lo = min(o2_, max(0, -(lo_k // stride[2])))
+                hi = max(lo, min(o2_, (i2_ - 1 - hi_k) // stride[2] + 1))
+                for c in range(0, c_, width):
+                    if c < full and c % block == 0:
+                        reduce(width, taps, vecs, acc, aoff + c, tw, x, c, ts, tk, c_, dy, yoff + c, c_,
+                               (0, lo, hi, o2_), stride[2], i2_, width, kind, window)
+                    elif c >= full:
+                        reduce(width, taps, 1, acc, aoff + c, tw, x, c, ts, tk, c_, dy, yoff + c, c_,
+                               (0, lo, hi, o2_), stride[2], i2_, min(width, c_ - c), kind, window)
+
+    data, table = microkernel.array(np.float32 if kind == F32_VALUES else np.uint16), microkernel.array(np.int64)
+    return microkernel.parallel_items(part_of, (data, data, microkernel.array(np.float32), table, table, table,
+                                                table, table, table, types.int64))
 
 
 def axis_taps(out_size: int, kernel: int, stride: int, dilation: int, pad: int, size: int,
@@ -477,50 +479,55 @@ def gather_block(count: int, taps: int, width: int, channels: int) -> tuple[int,
 
 
 @functools.cache
-def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, ...], step: int, mul: int) -> Callable:
-    """``drive(src, w, out, sshape, oshape, kshape, outer0, outer1, phases, spread, chunks)``:
+def gather_driver(width: int, kind: int, rounded: bool, rows: int, vecs: int, taps: tuple[int, ...], step: int,
+                  mul: int) -> Callable:
+    """``drive(chunks, src, w, out, sshape, oshape, kshape, outer0, outer1, phases, spread)``:
     fills ``out`` (flat, oshape 5-D) from ``src`` (flat, sshape) and ``w`` (flat (K0, K1, K2, C)):
     per row of ``out`` the kernel rows ``(k0, k1)`` that read the source (``outer0[a0, k0]``,
     ``outer1[a1, k1]``: :func:`axis_taps`), per phase (``phases``: :func:`gather_phases`, whose
     ``taps`` are among ``taps``) its positions ``r + P'*m`` (``spread = (P', P)``: phase count
     and tap period) in blocks of ``rows``; rows in ``chunks`` parallel chunks; ``vecs`` > 1 only
-    where the channels are ``vecs`` whole vectors (:func:`gather_block`). ``src`` and
-    ``out`` f32, or uint16 bits of ``kind`` (``out`` rounded as it is stored); ``w`` f32."""
+    where the channels are ``vecs`` whole vectors (:func:`gather_block`). ``src`` f32, or uint16
+    bits of ``kind``; ``out`` f32, or with ``rounded`` uint16 bits of ``kind`` rounded as they are
+    stored; ``w`` f32; the tables int64 (:func:`.microkernel.parallel_items`)."""
     wide, narrow = max(taps), min(taps)
     single = wide == narrow   # one kernel to compile
 
-    @cached_njit(parallel=True)
-    def drive(src, w, out, sshape, oshape, kshape, outer0, outer1, phases, spread, chunks):  # pragma: no cover
+    def chunk_of(chunk, chunks, src, w, out, sshape, oshape, kshape, outer0, outer1, phases, spread):  # pragma: no cover
         n_, s0_, s1_, s2_, c_ = sshape
         a0_, a1_, a2_ = oshape[1], oshape[2], oshape[3]
         k0_, k1_, k2_ = kshape
         lines = n_ * a0_ * a1_
         ostep, wstep = spread[0] * c_, spread[1] * c_
-        for chunk in numba.prange(chunks):
-            ts, tw = np.empty(k0_ * k1_, np.int64), np.empty(k0_ * k1_, np.int64)
-            for line in range(chunk * lines // chunks, (chunk + 1) * lines // chunks):
-                n, a0, a1 = line // (a0_ * a1_), line // a1_ % a0_, line % a1_
-                used = 0
-                for k0 in range(k0_):
-                    b0 = outer0[a0, k0]
-                    for k1 in range(k1_):
-                        b1 = outer1[a1, k1]
-                        if b0 >= 0 and b1 >= 0:
-                            ts[used], tw[used] = ((n * s0_ + b0) * s1_ + b1) * s2_ * c_, (k0 * k1_ + k1) * k2_ * c_
-                            used += 1
-                for m in range(0, phases[0, 4], rows):  # the phases' blocks in turn: the writes move along the row
-                    for ph in range(phases.shape[0]):
-                        r, kfirst, ntaps, tk0, count = phases[ph]
-                        if m >= count:
-                            continue
-                        nrows, span = (used if ntaps else 0), (m, count)
-                        ooff = (line * a2_ + r) * c_
-                        for c in range(0, c_, width * vecs):   # ``vecs`` vectors of channels at a time
-                            lanes = min(width, c_ - c - (vecs - 1) * width)
-                            if single or ntaps == wide:
-                                gather(width, rows, wide, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
-                                       kfirst * c_ + c, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs)
-                            else:
-                                gather(width, rows, narrow, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
-                                       kfirst * c_ + c, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs)
-    return drive
+        ts, tw = np.empty(k0_ * k1_, np.int64), np.empty(k0_ * k1_, np.int64)
+        for line in range(chunk * lines // chunks, (chunk + 1) * lines // chunks):
+            n, a0, a1 = line // (a0_ * a1_), line // a1_ % a0_, line % a1_
+            used = 0
+            for k0 in range(k0_):
+                b0 = outer0[a0, k0]
+                for k1 in range(k1_):
+                    b1 = outer1[a1, k1]
+                    if b0 >= 0 and b1 >= 0:
+                        ts[used], tw[used] = ((n * s0_ + b0) * s1_ + b1) * s2_ * c_, (k0 * k1_ + k1) * k2_ * c_
+                        used += 1
+            for m in range(0, phases[0, 4], rows):  # the phases' blocks in turn: the writes move along the row
+                for ph in range(phases.shape[0]):
+                    r, kfirst, ntaps, tk0, count = phases[ph]
+                    if m >= count:
+                        continue
+                    nrows, span = (used if ntaps else 0), (m, count)
+                    ooff = (line * a2_ + r) * c_
+                    for c in range(0, c_, width * vecs):   # ``vecs`` vectors of channels at a time
+                        lanes = min(width, c_ - c - (vecs - 1) * width)
+                        if single or ntaps == wide:
+                            gather(width, rows, wide, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
+                                   kfirst * c_ + c, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs)
+                        else:
+                            gather(width, rows, narrow, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
+                                   kfirst * c_ + c, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs)
+
+    data, table = microkernel.array(np.float32 if kind == F32_VALUES else np.uint16), microkernel.array(np.int64)
+    f32 = microkernel.array(np.float32)
+    return microkernel.parallel_items(chunk_of, (types.int64, data, f32, data if rounded else f32, table, table,
+                                                 table, microkernel.array(np.int64, 2), microkernel.array(np.int64, 2),
+                                                 microkernel.array(np.int64, 2), table))
