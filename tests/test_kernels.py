@@ -22,6 +22,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 
@@ -226,6 +227,22 @@ def test_bf16_flushing_is_the_instructions(native, rng):
         a[:2], b[:2] = _bits(np.array([a0, a1])), _bits(np.array([b0, b1]))
         got = _one_pair_call(native, np.full(256, c0, np.float32), a, b)[0]
         assert got.view(np.uint32) == np.float32(want).view(np.uint32), ((c0, a1, b1, a0, b0), got, want)
+
+
+def test_parallel_items_runs_every_item_once_in_the_pool():
+    """A driver's serial body, called by address from the shared parallel loop: every item once,
+    on the pool's threads, a body compiled per argument dtypes (f32, then f64 arrays)."""
+    def body(item, out, who, scale):  # pragma: no cover - compiled
+        out[item] += scale * (item + 1)
+        who[item] = numba.get_thread_id()
+
+    drive = microkernel.parallel_items(body)
+    for dtype in (np.float32, np.float64):
+        out, who = np.ones(37, dtype), np.full(37, -1, np.int64)
+        drive(37, out, who, 2.0)
+        np.testing.assert_array_equal(out, 1 + 2 * np.arange(1, 38))
+        assert who.min() >= 0 and len(set(who.tolist())) == min(numba.get_num_threads(), 37)
+    assert len(drive.addresses) == 2
 
 
 def test_kernel_rejects_mixed_operands():

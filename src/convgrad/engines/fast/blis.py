@@ -158,11 +158,10 @@ def workspace_bytes(m: int, k: int, n: int, itemsize: int) -> int:
 
 @functools.cache
 def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
-    """The parallel loops of :func:`gemm` for one register block (compiled for it alone)."""
-    @microkernel.cached_njit(parallel=True)
-    def run(a, lda, astep, m, k, bp, panels, kd, poff, bstep, c, kc, mc, m_blocks, depth, n_shares, by_share,
-            k_chunks, out,
-            scratch, apack, copy_lda):  # pragma: no cover
+    """The loops of :func:`gemm` for one register block, run for each item of work in the pool
+    (:class:`.microkernel.parallel_items`; compiled for that block alone)."""
+    def run(item, a, lda, astep, m, k, bp, panels, kd, poff, bstep, c, kc, mc, m_blocks, depth, n_shares, by_share,
+            k_chunks, out, scratch, apack, copy_lda):  # pragma: no cover
         """``c[:m, :] = A @ B``, A's value (row, kk) at ``a[row*lda + kk*astep]`` (flat; for
         ``depth`` 2 the kernel reads pairs ``kk``, ``kk+1`` adjacent and steps ``astep*depth``),
         B's panel ``jp`` at ``bp[jp*poff + kk*bstep]`` for its ``kd`` steps of K (pairs for depth
@@ -188,122 +187,121 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
         per_chunk = -(-kd // (k_chunks * steps)) * steps
         chunk_rows = c.shape[0] // k_chunks
         zero = np.zeros(1, np.int64)
-        for item in numba.prange(k_chunks * m_blocks * n_shares):
-            chunk, rest = item // (m_blocks * n_shares), item % (m_blocks * n_shares)
-            mb, share = (rest % m_blocks, rest // m_blocks) if by_share else (rest // n_shares, rest % n_shares)
-            k_lo, k_hi = chunk * per_chunk, min(kd, (chunk + 1) * per_chunk)
-            m0, block = block_rows(m, rows, m_blocks, mb)
-            row_panels = -(-block // rows)
-            first, last = panels * share // n_shares, panels * (share + 1) // n_shares
-            tail = row_panels - 1 if m0 + row_panels * rows > m else -1   # a partial last panel
-            one_step = k_hi - k_lo <= steps
-            if not rounding:
-                tiles, t0, t_row, t_col = c, chunk * chunk_rows * c.shape[1], 0, 0
-            elif one_step:   # one register block's tile, rounded right after the kernel
-                tiles, t0, t_row, t_col = np.empty((rows, nr), np.float32), 0, 0, 0
-            else:            # the item's tiles, rounded at its end
-                tiles, t0, t_row, t_col = scratch[numba.get_thread_id()], 0, m0, first * nr
-            ldc = tiles.shape[1]
-            ap = np.empty(steps * rows * depth, a.dtype)
-            mp = row_panels * rows
-            for s0 in range(k_lo, k_hi, steps):
-                ks = min(steps, k_hi - s0)
-                if copy_a:                                        # A's rows at stride copy_lda
-                    cf = apack[numba.get_thread_id()].view(a.dtype)
-                    valid = block
-                    cols = min(ks * depth, k - s0 * depth)
-                    for r in range(mp):
-                        dst = cf[r * copy_lda:r * copy_lda + ks * depth]
-                        if r < valid:
-                            row = a[(m0 + r) * lda + s0 * depth:(m0 + r) * lda + s0 * depth + cols]
-                            for i in range(cols):
-                                dst[i] = row[i]
-                            for i in range(cols, ks * depth):
-                                dst[i] = 0
-                        else:
-                            for i in range(ks * depth):
-                                dst[i] = 0
-                elif pack_a and depth == 1:                       # A's block as (ks, mp) values
-                    pf = apack[numba.get_thread_id()].view(a.dtype)
-                    valid = block
-                    for i2 in range(ks):
-                        kk = s0 + i2
-                        dst = pf[i2 * mp:(i2 + 1) * mp]
-                        if lda == 1:
-                            row = a[kk * astep + m0:kk * astep + m0 + valid]
+        chunk, rest = item // (m_blocks * n_shares), item % (m_blocks * n_shares)
+        mb, share = (rest % m_blocks, rest // m_blocks) if by_share else (rest // n_shares, rest % n_shares)
+        k_lo, k_hi = chunk * per_chunk, min(kd, (chunk + 1) * per_chunk)
+        m0, block = block_rows(m, rows, m_blocks, mb)
+        row_panels = -(-block // rows)
+        first, last = panels * share // n_shares, panels * (share + 1) // n_shares
+        tail = row_panels - 1 if m0 + row_panels * rows > m else -1   # a partial last panel
+        one_step = k_hi - k_lo <= steps
+        if not rounding:
+            tiles, t0, t_row, t_col = c, chunk * chunk_rows * c.shape[1], 0, 0
+        elif one_step:   # one register block's tile, rounded right after the kernel
+            tiles, t0, t_row, t_col = np.empty((rows, nr), np.float32), 0, 0, 0
+        else:            # the item's tiles, rounded at its end
+            tiles, t0, t_row, t_col = scratch[numba.get_thread_id()], 0, m0, first * nr
+        ldc = tiles.shape[1]
+        ap = np.empty(steps * rows * depth, a.dtype)
+        mp = row_panels * rows
+        for s0 in range(k_lo, k_hi, steps):
+            ks = min(steps, k_hi - s0)
+            if copy_a:                                        # A's rows at stride copy_lda
+                cf = apack[numba.get_thread_id()].view(a.dtype)
+                valid = block
+                cols = min(ks * depth, k - s0 * depth)
+                for r in range(mp):
+                    dst = cf[r * copy_lda:r * copy_lda + ks * depth]
+                    if r < valid:
+                        row = a[(m0 + r) * lda + s0 * depth:(m0 + r) * lda + s0 * depth + cols]
+                        for i in range(cols):
+                            dst[i] = row[i]
+                        for i in range(cols, ks * depth):
+                            dst[i] = 0
+                    else:
+                        for i in range(ks * depth):
+                            dst[i] = 0
+            elif pack_a and depth == 1:                       # A's block as (ks, mp) values
+                pf = apack[numba.get_thread_id()].view(a.dtype)
+                valid = block
+                for i2 in range(ks):
+                    kk = s0 + i2
+                    dst = pf[i2 * mp:(i2 + 1) * mp]
+                    if lda == 1:
+                        row = a[kk * astep + m0:kk * astep + m0 + valid]
+                        for r in range(valid):
+                            dst[r] = row[r]
+                    else:
+                        for r in range(valid):
+                            dst[r] = a[(m0 + r) * lda + kk * astep]
+                    for r in range(valid, mp):
+                        dst[r] = 0
+            elif pack_a:                                      # A's block as (ks, mp, 2) pairs
+                pk = apack[numba.get_thread_id()]
+                valid = block
+                for i2 in range(ks):
+                    kk = (s0 + i2) * 2
+                    dst = pk[i2 * mp:(i2 + 1) * mp]
+                    if lda == 1:
+                        lo = a[kk * astep + m0:kk * astep + m0 + valid]
+                        if kk + 1 < k:
+                            hi = a[(kk + 1) * astep + m0:(kk + 1) * astep + m0 + valid]
                             for r in range(valid):
-                                dst[r] = row[r]
-                        else:
-                            for r in range(valid):
-                                dst[r] = a[(m0 + r) * lda + kk * astep]
-                        for r in range(valid, mp):
-                            dst[r] = 0
-                elif pack_a:                                      # A's block as (ks, mp, 2) pairs
-                    pk = apack[numba.get_thread_id()]
-                    valid = block
-                    for i2 in range(ks):
-                        kk = (s0 + i2) * 2
-                        dst = pk[i2 * mp:(i2 + 1) * mp]
-                        if lda == 1:
-                            lo = a[kk * astep + m0:kk * astep + m0 + valid]
-                            if kk + 1 < k:
-                                hi = a[(kk + 1) * astep + m0:(kk + 1) * astep + m0 + valid]
-                                for r in range(valid):
-                                    dst[r] = np.uint32(lo[r]) | (np.uint32(hi[r]) << np.uint32(16))
-                            else:
-                                for r in range(valid):
-                                    dst[r] = np.uint32(lo[r])
+                                dst[r] = np.uint32(lo[r]) | (np.uint32(hi[r]) << np.uint32(16))
                         else:
                             for r in range(valid):
-                                at = (m0 + r) * lda + kk * astep
-                                dst[r] = np.uint32(a[at]) | ((np.uint32(a[at + astep]) << np.uint32(16))
-                                                             if kk + 1 < k else np.uint32(0))
-                        for r in range(valid, mp):
-                            dst[r] = 0
-                elif tail >= 0:                                   # packed as (ks, rows, depth)
-                    first_row = m0 + tail * rows                  # K outer: a transposed A's rows of
-                    kept = min(rows, m - first_row)               # one K step lie side by side
-                    valid = min(ks * depth, k - s0 * depth)
-                    for i in range(ks * depth):
-                        dst = ap[(i // depth) * rows * depth + i % depth:]
-                        src = first_row * lda + (s0 * depth + i) * astep
-                        for r in range(rows):
-                            dst[r * depth] = a[src + r * lda] if r < kept and i < valid else 0
-                pf_k = (s0 + steps) * depth                        # the next step's rows of a transposed A,
-                pf_n = min(steps * depth, k_hi * depth - pf_k, k - pf_k) if pack_a and lda == 1 else 0
-                calls, call = (last - first) * row_panels, 0       # prefetched while the kernels run
-                for jp in range(first, last):
-                    boff = jp * poff + s0 * bstep
-                    for rp in range(row_panels):
-                        row0 = m0 + rp * rows
-                        if pf_n > 0:
-                            for kk in range(pf_k + call * pf_n // calls, pf_k + (call + 1) * pf_n // calls):
-                                for e in range(0, block, line):
-                                    microkernel.prefetch(a, kk * astep + m0 + e)
-                            call += 1
-                        if copy_a:                                # A: the thread's copied rows
-                            src, aoff, alda, astp = (apack[numba.get_thread_id()].view(a.dtype), rp * rows * copy_lda,
-                                                     copy_lda, depth)
-                        elif pack_a:                              # A: the thread's packed block
-                            src, aoff, alda, astp = (apack[numba.get_thread_id()].view(a.dtype), rp * rows * depth,
-                                                     depth, mp * depth)
-                        elif rp == tail:                          # A: the packed tail panel
-                            src, aoff, alda, astp = ap, 0, depth, rows * depth
-                        else:                                     # A where it lies
-                            src, aoff, alda, astp = a, row0 * lda + s0 * depth * astep, lda, astep * depth
-                        if rounding and one_step and row0 + rows <= out.shape[0] and (jp + 1) * nr <= out.shape[1]:
-                            microkernel.run(width, rows, vecs, native, out, row0 * out.shape[1] + jp * nr,
-                                            out.shape[1], src, aoff, alda, astp, bp, boff, bstep, zero, zero, 1, ks,
-                                            0)                    # a whole tile, rounded in registers
-                            continue
-                        coff = 0 if rounding and one_step else t0 + (row0 - t_row) * ldc + jp * nr - t_col
-                        microkernel.run(width, rows, vecs, native, tiles, coff, ldc, src, aoff, alda, astp, bp, boff,
-                                        bstep, zero, zero, 1, ks, s0 - k_lo)
-                        if rounding and one_step:
-                            _round_into(out, tiles, row0, jp * nr, rows, nr)
-            if rounding and not one_step:
-                _round_into(out, tiles, m0, first * nr, block, (last - first) * nr)
-    return run
+                                dst[r] = np.uint32(lo[r])
+                    else:
+                        for r in range(valid):
+                            at = (m0 + r) * lda + kk * astep
+                            dst[r] = np.uint32(a[at]) | ((np.uint32(a[at + astep]) << np.uint32(16))
+                                                         if kk + 1 < k else np.uint32(0))
+                    for r in range(valid, mp):
+                        dst[r] = 0
+            elif tail >= 0:                                   # packed as (ks, rows, depth)
+                first_row = m0 + tail * rows                  # K outer: a transposed A's rows of
+                kept = min(rows, m - first_row)               # one K step lie side by side
+                valid = min(ks * depth, k - s0 * depth)
+                for i in range(ks * depth):
+                    dst = ap[(i // depth) * rows * depth + i % depth:]
+                    src = first_row * lda + (s0 * depth + i) * astep
+                    for r in range(rows):
+                        dst[r * depth] = a[src + r * lda] if r < kept and i < valid else 0
+            pf_k = (s0 + steps) * depth                        # the next step's rows of a transposed A,
+            pf_n = min(steps * depth, k_hi * depth - pf_k, k - pf_k) if pack_a and lda == 1 else 0
+            calls, call = (last - first) * row_panels, 0       # prefetched while the kernels run
+            for jp in range(first, last):
+                boff = jp * poff + s0 * bstep
+                for rp in range(row_panels):
+                    row0 = m0 + rp * rows
+                    if pf_n > 0:
+                        for kk in range(pf_k + call * pf_n // calls, pf_k + (call + 1) * pf_n // calls):
+                            for e in range(0, block, line):
+                                microkernel.prefetch(a, kk * astep + m0 + e)
+                        call += 1
+                    if copy_a:                                # A: the thread's copied rows
+                        src, aoff, alda, astp = (apack[numba.get_thread_id()].view(a.dtype), rp * rows * copy_lda,
+                                                 copy_lda, depth)
+                    elif pack_a:                              # A: the thread's packed block
+                        src, aoff, alda, astp = (apack[numba.get_thread_id()].view(a.dtype), rp * rows * depth,
+                                                 depth, mp * depth)
+                    elif rp == tail:                          # A: the packed tail panel
+                        src, aoff, alda, astp = ap, 0, depth, rows * depth
+                    else:                                     # A where it lies
+                        src, aoff, alda, astp = a, row0 * lda + s0 * depth * astep, lda, astep * depth
+                    if rounding and one_step and row0 + rows <= out.shape[0] and (jp + 1) * nr <= out.shape[1]:
+                        microkernel.run(width, rows, vecs, native, out, row0 * out.shape[1] + jp * nr,
+                                        out.shape[1], src, aoff, alda, astp, bp, boff, bstep, zero, zero, 1, ks,
+                                        0)                    # a whole tile, rounded in registers
+                        continue
+                    coff = 0 if rounding and one_step else t0 + (row0 - t_row) * ldc + jp * nr - t_col
+                    microkernel.run(width, rows, vecs, native, tiles, coff, ldc, src, aoff, alda, astp, bp, boff,
+                                    bstep, zero, zero, 1, ks, s0 - k_lo)
+                    if rounding and one_step:
+                        _round_into(out, tiles, row0, jp * nr, rows, nr)
+        if rounding and not one_step:
+            _round_into(out, tiles, m0, first * nr, block, (last - first) * nr)
+    return microkernel.parallel_items(run)
 
 
 @numba.njit(inline="always")
@@ -492,9 +490,9 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     per_thread = -(-bl.mc * copy_lda * a.dtype.itemsize // 4) if copy_lda else (bl.kc // depth) * bl.mc
     apack = workspace.empty(numba.get_num_threads() * per_thread if pack_a or copy_lda else 0, np.uint32)
     _driver(bl.width, bl.rows, bl.vecs, bf16 and isa.bf16_native())(
-        flat, lda, astep, m, k, bp, panels, kd, poff, bstep, c, bl.kc, bl.mc, bl.m_blocks, depth, bl.shares,
-        bl.by_share, bl.k_chunks, out,
-        scratch, apack.reshape(-1, per_thread) if pack_a or copy_lda else apack.reshape(0, 0), copy_lda)
+        bl.k_chunks * bl.m_blocks * bl.shares, flat, lda, astep, m, k, bp, panels, kd, poff, bstep, c, bl.kc, bl.mc,
+        bl.m_blocks, depth, bl.shares, bl.by_share, bl.k_chunks, out, scratch,
+        apack.reshape(-1, per_thread) if pack_a or copy_lda else apack.reshape(0, 0), copy_lda)
     if rounding:
         return out
     if bl.k_chunks > 1:

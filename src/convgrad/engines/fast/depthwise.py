@@ -112,7 +112,7 @@ def _gather_into(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarra
     taps = _weights(g, w, np.dtype(np.float32))
     key, outer0, outer1, phases, spread = _gather_plan(g, transposed, width)
     chunks = _chunks(out3.shape[0] * out3.shape[1] * out3.shape[2])
-    kernels.gather_driver(width, kind, out.dtype.itemsize == 2, *key)(chunks, chunks, casts.bits(src3).reshape(-1), taps.reshape(-1),
+    kernels.gather_driver(width, kind, *key)(chunks, chunks, casts.bits(src3).reshape(-1), taps.reshape(-1),
                                              casts.bits(out3).reshape(-1), np.array(src3.shape, np.int64),
                                              np.array(out3.shape, np.int64), np.array(taps.shape[:3], np.int64),
                                              outer0, outer1, phases, spread)

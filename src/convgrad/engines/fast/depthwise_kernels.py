@@ -389,7 +389,7 @@ def weights_driver(width: int, kind: int, taps: int, vecs: int, window: int) -> 
     ``acc[part, k, c]`` (flat, (parts, K + 1, C); row K a scratch row) the weights gradient of the
     rows ``part`` owns, for C-contiguous flat NXC ``x`` (xshape, 5-D) and ``dy`` (yshape): f32,
     or uint16 bits of ``kind``; ``window`` > 1: the kernel's width, with stride and dilation 1
-    along the innermost axis (:func:`reduce`); the shapes int64 (:func:`.microkernel.parallel_items`)."""
+    along the innermost axis (:func:`reduce`); the shapes int64 (:class:`.microkernel.parallel_items`)."""
     block = width * vecs
 
     def part_of(part, x, dy, acc, xshape, yshape, kshape, stride, dilation, pad, parts):  # pragma: no cover - compiled
@@ -429,9 +429,7 @@ def weights_driver(width: int, kind: int, taps: int, vecs: int, window: int) -> 
                         reduce(width, taps, 1, acc, aoff + c, tw, x, c, ts, tk, c_, dy, yoff + c, c_,
                                (0, lo, hi, o2_), stride[2], i2_, min(width, c_ - c), kind, window)
 
-    data, table = microkernel.array(np.float32 if kind == F32_VALUES else np.uint16), microkernel.array(np.int64)
-    return microkernel.parallel_items(part_of, (data, data, microkernel.array(np.float32), table, table, table,
-                                                table, table, table, types.int64))
+    return microkernel.parallel_items(part_of)
 
 
 def axis_taps(out_size: int, kernel: int, stride: int, dilation: int, pad: int, size: int,
@@ -479,8 +477,7 @@ def gather_block(count: int, taps: int, width: int, channels: int) -> tuple[int,
 
 
 @functools.cache
-def gather_driver(width: int, kind: int, rounded: bool, rows: int, vecs: int, taps: tuple[int, ...], step: int,
-                  mul: int) -> Callable:
+def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, ...], step: int, mul: int) -> Callable:
     """``drive(chunks, src, w, out, sshape, oshape, kshape, outer0, outer1, phases, spread)``:
     fills ``out`` (flat, oshape 5-D) from ``src`` (flat, sshape) and ``w`` (flat (K0, K1, K2, C)):
     per row of ``out`` the kernel rows ``(k0, k1)`` that read the source (``outer0[a0, k0]``,
@@ -488,8 +485,8 @@ def gather_driver(width: int, kind: int, rounded: bool, rows: int, vecs: int, ta
     ``taps`` are among ``taps``) its positions ``r + P'*m`` (``spread = (P', P)``: phase count
     and tap period) in blocks of ``rows``; rows in ``chunks`` parallel chunks; ``vecs`` > 1 only
     where the channels are ``vecs`` whole vectors (:func:`gather_block`). ``src`` f32, or uint16
-    bits of ``kind``; ``out`` f32, or with ``rounded`` uint16 bits of ``kind`` rounded as they are
-    stored; ``w`` f32; the tables int64 (:func:`.microkernel.parallel_items`)."""
+    bits of ``kind``; ``out`` f32, or uint16 bits of ``kind`` rounded as they are stored; ``w``
+    f32; the tables int64 (:class:`.microkernel.parallel_items`)."""
     wide, narrow = max(taps), min(taps)
     single = wide == narrow   # one kernel to compile
 
@@ -526,8 +523,4 @@ def gather_driver(width: int, kind: int, rounded: bool, rows: int, vecs: int, ta
                             gather(width, rows, narrow, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
                                    kfirst * c_ + c, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs)
 
-    data, table = microkernel.array(np.float32 if kind == F32_VALUES else np.uint16), microkernel.array(np.int64)
-    f32 = microkernel.array(np.float32)
-    return microkernel.parallel_items(chunk_of, (types.int64, data, f32, data if rounded else f32, table, table,
-                                                 table, microkernel.array(np.int64, 2), microkernel.array(np.int64, 2),
-                                                 microkernel.array(np.int64, 2), table))
+    return microkernel.parallel_items(chunk_of)

@@ -378,10 +378,10 @@ def _reads_data(tap_rows, rows_in, t, q0, q1):  # pragma: no cover - compiled
 
 @functools.cache
 def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
-    """The driver of forward and backward data for one kernel variant (compiled for it alone;
-    ``native``: :func:`.microkernel.run`'s flag)."""
-    @microkernel.cached_njit(parallel=True)
-    def outputs(src, steps, taps_a, out, out16, kind, out_base, out_steps, out_grid, pitch, valid, wp, per_block,
+    """The driver of forward and backward data for one kernel variant, run for each item in the
+    pool (:class:`.microkernel.parallel_items`; compiled for it alone; ``native``:
+    :func:`.microkernel.run`'s flag)."""
+    def outputs(item, src, steps, taps_a, out, out16, kind, out_base, out_steps, out_grid, pitch, valid, wp, per_block,
                 taps_b, groups, kred, depth, channels, blocks_outer, parts, tap_rows, rows_in):  # pragma: no cover
         """``out[out_base + n*os0 + q0*os1 + (m // pitch)*os2 + (m % pitch)*os3 + g*channels + j] =
         sum over taps t and i < kred*depth of src[n*s0 + q0*s1 + q1*s2 + m*s3 + ta[t] + g*kred*depth + i]
@@ -405,65 +405,64 @@ def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
         ntaps = taps_a.shape[0]
         places = n_ * q0_ * q1_ * parts
         per_part = -(-(-(-m_ // rows)) // parts) * rows
-        for item in numba.prange(places * groups * nblocks):
-            if blocks_outer:
-                place = item % places
-                nb = item // places % nblocks
-                g = item // (places * nblocks)
-            else:
-                nb = item % nblocks
-                g = item // nblocks % groups
-                place = item // (nblocks * groups)
-            part = place % parts
-            place //= parts
-            q1 = place % q1_
-            q0 = place // q1_ % q0_
-            n = place // (q1_ * q0_)
-            c = np.empty(rows * vw, np.float32)
+        if blocks_outer:
+            place = item % places
+            nb = item // places % nblocks
+            g = item // (places * nblocks)
+        else:
+            nb = item % nblocks
+            g = item // nblocks % groups
+            place = item // (nblocks * groups)
+        part = place % parts
+        place //= parts
+        q1 = place % q1_
+        q0 = place // q1_ % q0_
+        n = place // (q1_ * q0_)
+        c = np.empty(rows * vw, np.float32)
+        live = 0
+        for t in range(ntaps):
+            live += _reads_data(tap_rows, rows_in, t, q0, q1)
+        ta, tb = taps_a, taps_b
+        if live < ntaps:                           # an output row at a border: its taps compacted
+            ta, tb = np.empty(live, np.int64), np.empty(live, np.int64)
             live = 0
             for t in range(ntaps):
-                live += _reads_data(tap_rows, rows_in, t, q0, q1)
-            ta, tb = taps_a, taps_b
-            if live < ntaps:                           # an output row at a border: its taps compacted
-                ta, tb = np.empty(live, np.int64), np.empty(live, np.int64)
-                live = 0
-                for t in range(ntaps):
-                    if _reads_data(tap_rows, rows_in, t, q0, q1):
-                        ta[live], tb[live] = taps_a[t], taps_b[t]
-                        live += 1
-            lanes = min(vw, channels - nb * vw)
-            boff = (g * nblocks + nb) * per_block
-            src_row = n * steps[0] + q0 * steps[1] + q1 * steps[2] + g * kred * depth
-            base = out_base + n * out_steps[0] + q0 * out_steps[1] + q1 * out_steps[2] + g * channels + nb * vw
-            for m in range(part * per_part, min(m_, (part + 1) * per_part), rows):
-                a1 = m // pitch
-                a2 = m - a1 * pitch
-                if m + rows <= m_ and a2 + rows <= valid and lanes == vw and kind != F16_BITS:
-                    at = base + a1 * out_steps[2] + a2 * out_steps[3]        # a whole tile: stored in place
-                    if rounding:
-                        microkernel.run(width, rows, vecs, native, out16, at, out_steps[3], src, src_row + m * steps[3],
-                                        steps[3], depth, wp, boff, vw * depth, ta, tb, live, kred, 0)
+                if _reads_data(tap_rows, rows_in, t, q0, q1):
+                    ta[live], tb[live] = taps_a[t], taps_b[t]
+                    live += 1
+        lanes = min(vw, channels - nb * vw)
+        boff = (g * nblocks + nb) * per_block
+        src_row = n * steps[0] + q0 * steps[1] + q1 * steps[2] + g * kred * depth
+        base = out_base + n * out_steps[0] + q0 * out_steps[1] + q1 * out_steps[2] + g * channels + nb * vw
+        for m in range(part * per_part, min(m_, (part + 1) * per_part), rows):
+            a1 = m // pitch
+            a2 = m - a1 * pitch
+            if m + rows <= m_ and a2 + rows <= valid and lanes == vw and kind != F16_BITS:
+                at = base + a1 * out_steps[2] + a2 * out_steps[3]        # a whole tile: stored in place
+                if rounding:
+                    microkernel.run(width, rows, vecs, native, out16, at, out_steps[3], src, src_row + m * steps[3],
+                                    steps[3], depth, wp, boff, vw * depth, ta, tb, live, kred, 0)
+                else:
+                    microkernel.run(width, rows, vecs, native, out, at, out_steps[3], src, src_row + m * steps[3],
+                                    steps[3], depth, wp, boff, vw * depth, ta, tb, live, kred, 0)
+                continue
+            microkernel.run(width, rows, vecs, native, c, 0, vw, src, src_row + m * steps[3], steps[3], depth, wp, boff,
+                            vw * depth, ta, tb, live, kred, 0)
+            for r in range(min(rows, m_ - m)):
+                a1 = (m + r) // pitch
+                a2 = m + r - a1 * pitch
+                if a2 < valid:
+                    at = base + a1 * out_steps[2] + a2 * out_steps[3]
+                    cr = c[r * vw:r * vw + lanes]
+                    if rounding:                  # row slices: the copy vectorises
+                        o16 = out16[at:at + lanes]
+                        for j in range(lanes):
+                            o16[j] = narrowed(cr[j], kind)
                     else:
-                        microkernel.run(width, rows, vecs, native, out, at, out_steps[3], src, src_row + m * steps[3],
-                                        steps[3], depth, wp, boff, vw * depth, ta, tb, live, kred, 0)
-                    continue
-                microkernel.run(width, rows, vecs, native, c, 0, vw, src, src_row + m * steps[3], steps[3], depth, wp, boff,
-                                vw * depth, ta, tb, live, kred, 0)
-                for r in range(min(rows, m_ - m)):
-                    a1 = (m + r) // pitch
-                    a2 = m + r - a1 * pitch
-                    if a2 < valid:
-                        at = base + a1 * out_steps[2] + a2 * out_steps[3]
-                        cr = c[r * vw:r * vw + lanes]
-                        if rounding:                  # row slices: the copy vectorises
-                            o16 = out16[at:at + lanes]
-                            for j in range(lanes):
-                                o16[j] = narrowed(cr[j], kind)
-                        else:
-                            o = out[at:at + lanes]
-                            for j in range(lanes):
-                                o[j] = cr[j]
-    return outputs
+                        o = out[at:at + lanes]
+                        for j in range(lanes):
+                            o[j] = cr[j]
+    return microkernel.parallel_items(outputs)
 
 
 def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_a: np.ndarray, out: np.ndarray,
@@ -496,11 +495,11 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_
     parts = min(-(-shape[3] // rows), -(-TUNING.items_per_thread * numba.get_num_threads() // items))  # so cut its rows
     flat_out, none = out.reshape(-1), np.empty(0, np.uint16 if out.dtype == F32 else F32)
     f32_out, bits_out = (flat_out, none) if out.dtype == F32 else (none, flat_out)
-    _outputs(width, rows, vecs, depth == 2 and isa.bf16_native())(geometry.flat(src), steps, taps_a, f32_out, bits_out,
-                                                                  kind, out_base, out_steps,
-                                np.array(shape, np.int64), pitch, q2, wp, taps * kred * depth * vw, taps_b, groups,
-                                kred, depth, channels, wp.nbytes > cache_bytes, max(1, parts), tap_rows,
-                                np.array(rows_in, np.int64))
+    parts = max(1, parts)
+    _outputs(width, rows, vecs, depth == 2 and isa.bf16_native())(
+        math.prod(shape[:3]) * parts * groups * -(-channels // vw), geometry.flat(src), steps, taps_a, f32_out,
+        bits_out, kind, out_base, out_steps, np.array(shape, np.int64), pitch, q2, wp, taps * kred * depth * vw, taps_b,
+        groups, kred, depth, channels, wp.nbytes > cache_bytes, parts, tap_rows, np.array(rows_in, np.int64))
 
 
 def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, depth: int = 1,
@@ -684,10 +683,10 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | N
 
 @functools.cache
 def _weights(width: int, rows: int, vecs: int, native: bool) -> Callable:
-    """The driver of the weights gradient for one kernel variant (compiled for it alone)."""
-    @microkernel.cached_njit(parallel=True)
-    def weights(xb, x_steps, g_step, block_step, taps_a, dyp, dy_row, rows_grid, chunk, parts, shares, split, groups,
-                icg, channels, depth, ksteps):  # pragma: no cover - compiled
+    """The driver of the weights gradient for one kernel variant, run for each item in the pool
+    (:class:`.microkernel.parallel_items`; compiled for it alone)."""
+    def weights(item, xb, x_steps, g_step, block_step, taps_a, dyp, dy_row, rows_grid, chunk, parts, shares, split,
+                groups, icg, channels, depth, ksteps):  # pragma: no cover - compiled
         """``parts[p, t, g, ic, oc] += sum_(n, o) x[n, o*S + tap t, g, ic] * dyp[(n, o), g, oc]``, the R
         channels of block ``ic // R`` of group g adjacent from ``g*g_step + (ic // R)*block_step``
         of the position in ``xb`` (f32: the zero-padded copy of x; ``depth`` 2: bf16 pairs of
@@ -704,30 +703,29 @@ def _weights(width: int, rows: int, vecs: int, native: bool) -> Callable:
         total = n_ * o0_ * o1_
         triples = taps_a.shape[0] * groups * row_blocks
         ldc = nblocks * vw
-        for item in numba.prange(shares * split):
-            p, u = item // split, item % split
-            first, last = total * p // shares, total * (p + 1) // shares
-            ra = np.empty(chunk, np.int64)
-            rb = np.empty(chunk, np.int64)
-            for start in range(first, last, chunk):
-                count = min(chunk, last - start)
-                for j in range(count):
-                    row = start + j
-                    o1 = row % o1_
-                    o0 = (row // o1_) % o0_
-                    n = row // (o1_ * o0_)
-                    ra[j] = n * x_steps[0] + o0 * x_steps[1] + o1 * x_steps[2]
-                    rb[j] = row * ksteps * dy_row
-                for triple in range(triples * u // split, triples * (u + 1) // split):
-                    ib = triple % row_blocks
-                    g = triple // row_blocks % groups
-                    t = triple // (row_blocks * groups)
-                    coff = (p * triples + triple) * rows * ldc
-                    for nb in range(nblocks):
-                        microkernel.run(width, rows, vecs, native, parts, coff + nb * vw, ldc, xb,
-                                        taps_a[t] + g * g_step + ib * block_step, depth, x_steps[3], dyp,
-                                        (g * ldc + nb * vw) * depth, dy_row, ra, rb, count, ksteps, 1)
-    return weights
+        p, u = item // split, item % split
+        first, last = total * p // shares, total * (p + 1) // shares
+        ra = np.empty(chunk, np.int64)
+        rb = np.empty(chunk, np.int64)
+        for start in range(first, last, chunk):
+            count = min(chunk, last - start)
+            for j in range(count):
+                row = start + j
+                o1 = row % o1_
+                o0 = (row // o1_) % o0_
+                n = row // (o1_ * o0_)
+                ra[j] = n * x_steps[0] + o0 * x_steps[1] + o1 * x_steps[2]
+                rb[j] = row * ksteps * dy_row
+            for triple in range(triples * u // split, triples * (u + 1) // split):
+                ib = triple % row_blocks
+                g = triple // row_blocks % groups
+                t = triple // (row_blocks * groups)
+                coff = (p * triples + triple) * rows * ldc
+                for nb in range(nblocks):
+                    microkernel.run(width, rows, vecs, native, parts, coff + nb * vw, ldc, xb,
+                                    taps_a[t] + g * g_step + ib * block_step, depth, x_steps[3], dyp,
+                                    (g * ldc + nb * vw) * depth, dy_row, ra, rb, count, ksteps, 1)
+    return microkernel.parallel_items(weights)
 
 
 def on_dot_product(f: Features) -> bool:
@@ -1028,8 +1026,8 @@ def _weight_sums(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, t0:
                     g_step, block_step, flat_x = g.icg, rows, geometry.flat(xb)
                 rows_total = gc.n * oc[0] * oc[1]
                 _weights(_width(), rows, vecs, depth == 2 and isa.bf16_native())(
-                    flat_x, np.array(x_steps, np.int64), g_step, block_step, taps_a, dyp.reshape(-1),
-                    g.groups * nblocks * vw * depth, np.array((gc.n, *oc), np.int64), min(chunk, rows_total),
+                    shares * (threads if split_blocks else 1), flat_x, np.array(x_steps, np.int64), g_step,
+                    block_step, taps_a, dyp.reshape(-1), g.groups * nblocks * vw * depth, np.array((gc.n, *oc), np.int64), min(chunk, rows_total),
                     parts.reshape(-1), shares, threads if split_blocks else 1, g.groups, g.icg, g.ocg, depth,
                     -(-o[2] // depth))
     total = parts[0]

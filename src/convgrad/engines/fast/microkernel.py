@@ -59,7 +59,7 @@ from ... import casts
 from . import isa
 from .tuning import TUNING
 
-__all__ = ["BLOCKS", "WIDTHS", "block_for", "idle", "run", "kernel_call", "cached_njit", "parallel_items", "array",
+__all__ = ["BLOCKS", "WIDTHS", "block_for", "idle", "run", "kernel_call", "cached_njit", "parallel_items",
            "kernel_ir", "fma_peak",
            "register_peak", "SOURCE_DIGEST", "prefetch", "transpose32", "transpose_tile"]
 
@@ -447,30 +447,36 @@ def _each(address, items, *args):  # pragma: no cover - compiled
 _EACH = cached_njit(parallel=True)(_each)
 
 
-def parallel_items(body: Callable, argtypes: tuple[types.Type, ...]) -> Callable[..., None]:
-    """``run(items, *args)``: ``body(item, *args)`` for every ``item < items`` in numba's pool.
-    ``body`` is compiled here, serially, for ``(int64, *argtypes)`` (arrays: any layout; callers
-    pass arrays of those dtypes and dimensions), and called through its address from one parallel
-    loop compiled once per argument types: a kernel variant's driver compiles without numba's
-    parallel-loop passes (half a driver's compile time: 2.2-3.2 s against 0.9-1.6 for a depthwise
-    driver, Zen 3, 2026-11-27), at the cost of a direct call per item."""
-    from numba.np.ufunc import parallel
-    parallel._launch_threads()              # the pool's symbols (a body loaded from the disk cache links them)
-    dispatcher = cached_njit()(body)
-    signature = (types.int64, *argtypes)
-    dispatcher.compile(signature)
-    compiled = dispatcher.overloads[signature]
-    address = compiled.library.get_pointer_to_function(compiled.fndesc.mangled_name)
+_NDARRAY = np.ndarray
 
-    def run(items: int, *args: object) -> None:
+
+class parallel_items:  # noqa: N801 - used as a function: ``drive = parallel_items(body)``
+    """``drive(items, *args)``: ``body(item, *args)`` for every ``item < items`` in numba's pool.
+
+    ``body`` is compiled here, serially, per the dtypes and dimensions of the arrays (any layout)
+    and the types of the other arguments, and called through its address from one parallel loop
+    (:func:`_each`, compiled once per argument types): a kernel variant's driver compiles without
+    numba's parallel-loop passes (a depthwise driver 0.9-1.6 s against 2.2-3.2, Zen 3,
+    2026-11-27), at the cost of one direct call per item."""
+
+    __slots__ = ("body", "addresses")
+
+    def __init__(self, body: Callable):
+        from numba.np.ufunc import parallel
+        parallel._launch_threads()          # the pool's symbols, which a body loaded from the disk cache links
+        self.body = cached_njit()(body)
+        self.addresses: dict[tuple, int] = {}
+
+    def __call__(self, items: int, *args: object) -> None:
+        key = tuple([(a.dtype, a.ndim) if a.__class__ is _NDARRAY else a.__class__ for a in args])  # 4 µs for 22
+        address = self.addresses.get(key)
+        if address is None:
+            signature = (types.int64, *(types.Array(numba.from_dtype(a.dtype), a.ndim, "A")
+                                        if a.__class__ is _NDARRAY else numba.typeof(a) for a in args))
+            self.body.compile(signature)
+            compiled = self.body.overloads[signature]
+            address = self.addresses[key] = compiled.library.get_pointer_to_function(compiled.fndesc.mangled_name)
         _EACH(address, items, *args)
-    run.body = dispatcher                    # type: ignore[attr-defined]  # keeps the code alive
-    return run
-
-
-def array(dtype: object, ndim: int = 1) -> types.Array:
-    """The numba type of a ``dtype`` array of ``ndim`` dimensions in any layout (for :func:`parallel_items`)."""
-    return types.Array(numba.from_dtype(np.dtype(dtype)), ndim, "A")
 
 
 @functools.cache
