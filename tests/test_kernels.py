@@ -245,6 +245,16 @@ def test_parallel_items_runs_every_item_once_in_the_pool():
     assert len(drive.addresses) == 2
 
 
+def test_parallel_items_raise_where_a_body_raised():
+    """An exception inside a body (here ``1 // 0`` in item 3) is an error of the call, never a
+    result computed past it."""
+    def body(item, out):  # pragma: no cover - compiled
+        out[item] = 1 // (item - 3)
+
+    with pytest.raises(RuntimeError, match="1 of 8 items raised"):
+        microkernel.parallel_items(body)(8, np.zeros(8, np.int64))
+
+
 def test_kernel_rejects_mixed_operands():
     """f32 against bf16 operands is a typing error naming both, not a wrong answer."""
     c, f, u, t = np.zeros(8, np.float32), np.zeros(8, np.float32), np.zeros(8, np.uint16), np.zeros(1, np.int64)

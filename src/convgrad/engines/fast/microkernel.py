@@ -424,24 +424,26 @@ def cached_njit(**options) -> Callable:
 @intrinsic
 def _call_at(typingctx, address, *args):
     """``f(*args)`` of the numba-compiled function ``f`` at ``address`` (numba's calling
-    convention, no result; an exception inside ``f`` is not raised here)."""
+    convention, no result): 1 where ``f`` raised an exception, else 0."""
     argtypes = tuple(args)
 
     def codegen(context, builder, signature, argv):
         values = cgutils.unpack_tuple(builder, argv[1], len(argtypes))
         fnty = context.call_conv.get_function_type(types.void, argtypes)
-        context.call_conv.call_function(builder, builder.inttoptr(argv[0], fnty.as_pointer()), types.void, argtypes,
-                                        values)
-        return context.get_dummy_value()
+        status, _ = context.call_conv.call_function(builder, builder.inttoptr(argv[0], fnty.as_pointer()), types.void,
+                                                    argtypes, values)
+        return builder.zext(status.is_error, ir.IntType(64))
 
-    return types.void(address, types.StarArgTuple.from_types(argtypes)), codegen
+    return types.int64(address, types.StarArgTuple.from_types(argtypes)), codegen
 
 
 def _each(address, items, *args):  # pragma: no cover - compiled
     """``body(item, *args)`` for every ``item < items`` in numba's pool, ``body`` the serial
-    function at ``address``."""
+    function at ``address``: the number of items whose call raised."""
+    failed = 0
     for item in numba.prange(items):
-        _call_at(address, np.int64(item), *args)
+        failed += _call_at(address, np.int64(item), *args)
+    return failed
 
 
 _EACH = cached_njit(parallel=True)(_each)
@@ -479,7 +481,10 @@ class parallel_items:  # noqa: N801 - used as a function: ``drive = parallel_ite
             self.body.compile(signature)
             compiled = self.body.overloads[signature]
             address = self.addresses[key] = compiled.library.get_pointer_to_function(compiled.fndesc.mangled_name)
-        _EACH(address, items, *args)
+        failed = _EACH(address, items, *args)
+        if failed:
+            raise RuntimeError(f"{self.body.py_func.__qualname__}: {failed} of {items} items raised an exception in "
+                               "compiled code (a bug of convgrad's: please report it)")
 
 
 @functools.cache
