@@ -16,7 +16,7 @@ import numba
 import numpy as np
 
 from ...problem import ConvGeometry
-from . import workspace
+from . import microkernel, workspace
 
 __all__ = ["spatial", "spatial3", "params", "tap", "stride_phase", "phase_taps", "tap_weights", "padded", "flat", "sampled",
            "spread"]
@@ -95,27 +95,29 @@ def padded(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], dtype: np.
     buffer = workspace.empty(count + slack, dtype)
     buffer[count:] = 0
     out = buffer[:count].reshape(shape)
-    _fill_padded(a3, out, *lo)
+    _fill_padded(out.shape[0] * out.shape[1], a3, out, *lo)
     return out
 
 
-@numba.njit(parallel=True, cache=True)
-def _fill_padded(a3, out, lo0, lo1, lo2):  # pragma: no cover - compiled
+def _fill_row(row, a3, out, lo0, lo1, lo2):  # pragma: no cover - compiled
     """``out[n, p0, p1, p2] = a3[n, p0 - lo0, p1 - lo1, p2 - lo2]`` where that lies in ``a3``,
-    else 0: every value of ``out`` written once, rows (n, p0) in parallel."""
+    else 0, for row ``row`` = (n, p0): every value written once (:data:`_fill_padded` runs the rows
+    in parallel)."""
     n_, p0_, p1_, p2_, c_ = out.shape
     i0_, i1_, i2_ = a3.shape[1], a3.shape[2], a3.shape[3]
-    for row in numba.prange(n_ * p0_):
-        n, p0 = row // p0_, row % p0_
-        i0 = p0 - lo0
-        for p1 in range(p1_):
-            i1 = p1 - lo1
-            for p2 in range(p2_):
-                i2 = p2 - lo2
-                if 0 <= i0 < i0_ and 0 <= i1 < i1_ and 0 <= i2 < i2_:
-                    out[n, p0, p1, p2, :] = a3[n, i0, i1, i2, :]
-                else:
-                    out[n, p0, p1, p2, :] = 0
+    n, p0 = row // p0_, row % p0_
+    i0 = p0 - lo0
+    for p1 in range(p1_):
+        i1 = p1 - lo1
+        for p2 in range(p2_):
+            i2 = p2 - lo2
+            if 0 <= i0 < i0_ and 0 <= i1 < i1_ and 0 <= i2 < i2_:
+                out[n, p0, p1, p2, :] = a3[n, i0, i1, i2, :]
+            else:
+                out[n, p0, p1, p2, :] = 0
+
+
+_fill_padded = microkernel.parallel_items(_fill_row)
 
 
 def _bits(a: np.ndarray) -> np.ndarray:

@@ -517,7 +517,7 @@ def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, de
     shape = (g.groups, blocks, t, rpad // depth, vw, depth)
     if taps.dtype == (np.uint16 if depth == 2 else F32):   # every value written once, in parallel
         out = workspace.empty(math.prod(shape), taps.dtype).reshape(shape)
-        _pack(taps, out, _width())
+        _pack(math.prod(out.shape[:3]), taps, out, _width())
         return out
     out = workspace.zeros(math.prod(shape), np.uint16 if depth == 2 else F32).reshape(shape)   # aligned: vector loads
     for block in range(blocks):        # written in place (converted as assigned): no second copy
@@ -527,11 +527,10 @@ def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, de
     return out
 
 
-@microkernel.cached_njit(parallel=True)
-def _pack(taps, out, width):  # pragma: no cover - compiled
+def _pack_item(item, taps, out, width):  # pragma: no cover - compiled
     """out[g, b, t, r // D, c, r % D] = taps[g, t, r, b*VW + c] (zero past taps' reduction and
-    width) for out (G, blocks, T, R/D, VW, D), items (g, b, t) in parallel; taps of any strides
-    read along whichever of r and c is contiguous. A transposed view (contiguous along r: the
+    width) for out (G, blocks, T, R/D, VW, D) and item (g, b, t) (:data:`_pack` runs the items in
+    parallel); taps of any strides read along whichever of r and c is contiguous. A transposed view (contiguous along r: the
     data gradient's weights) is transposed in ``width`` x ``width`` tiles of 32-bit units in
     registers (:func:`.microkernel.transpose32`; bf16: a unit is a pair along r), the edges one
     value at a time (a scalar transpose took 2 ms of a 3.6 ms data gradient at mb 1)."""
@@ -542,39 +541,41 @@ def _pack(taps, out, width):  # pragma: no cover - compiled
     sr, sc = taps.strides[2] // item_t, taps.strides[3] // item_t
     along_r = taps.strides[2] < taps.strides[3]
     span = width * depth                             # reduction values per tile
-    for item in numba.prange(g_ * blocks * t_):
-        t = item % t_
-        b = item // t_ % blocks
-        g = item // (t_ * blocks)
-        o = out[g, b, t]
-        lanes = min(vw, width_ - b * vw)
-        if along_r:
-            base = (g * taps.strides[0] + t * taps.strides[1]) // item_t + b * vw * sc
-            obase = (g * out.strides[0] + b * out.strides[1] + t * out.strides[2]) // item_o
-            od = out.strides[3] // item_o
-            whole = lanes - lanes % width if sr == 1 else 0
-            for r0 in range(0, rpad, span):
-                first = 0
-                if r0 + span <= red:
-                    for c0 in range(0, whole, width):
-                        microkernel.transpose_tile(width, taps, base + r0 + c0 * sc, sc, out,
-                                                   obase + (r0 // depth) * od + c0 * depth, od)
-                    first = whole
-                for r in range(r0, min(r0 + span, rpad)):
-                    dst = o[r // depth, :, r % depth]
-                    for c in range(first, vw):
-                        dst[c] = taps[g, t, r, b * vw + c] if r < red and c < lanes else 0
-        else:
-            for r in range(rpad):
+    t = item % t_
+    b = item // t_ % blocks
+    g = item // (t_ * blocks)
+    o = out[g, b, t]
+    lanes = min(vw, width_ - b * vw)
+    if along_r:
+        base = (g * taps.strides[0] + t * taps.strides[1]) // item_t + b * vw * sc
+        obase = (g * out.strides[0] + b * out.strides[1] + t * out.strides[2]) // item_o
+        od = out.strides[3] // item_o
+        whole = lanes - lanes % width if sr == 1 else 0
+        for r0 in range(0, rpad, span):
+            first = 0
+            if r0 + span <= red:
+                for c0 in range(0, whole, width):
+                    microkernel.transpose_tile(width, taps, base + r0 + c0 * sc, sc, out,
+                                               obase + (r0 // depth) * od + c0 * depth, od)
+                first = whole
+            for r in range(r0, min(r0 + span, rpad)):
                 dst = o[r // depth, :, r % depth]
-                if r < red:
-                    src = taps[g, t, r, b * vw:b * vw + lanes]
-                    for c in range(lanes):
-                        dst[c] = src[c]
-                    for c in range(lanes, vw):
-                        dst[c] = 0
-                else:
-                    dst[:] = 0
+                for c in range(first, vw):
+                    dst[c] = taps[g, t, r, b * vw + c] if r < red and c < lanes else 0
+    else:
+        for r in range(rpad):
+            dst = o[r // depth, :, r % depth]
+            if r < red:
+                src = taps[g, t, r, b * vw:b * vw + lanes]
+                for c in range(lanes):
+                    dst[c] = src[c]
+                for c in range(lanes, vw):
+                    dst[c] = 0
+            else:
+                dst[:] = 0
+
+
+_pack = microkernel.parallel_items(_pack_item)
 
 
 def _strides(shape: tuple[int, ...]) -> np.ndarray:

@@ -462,12 +462,10 @@ class parallel_items:  # noqa: N801 - used as a function: ``drive = parallel_ite
     depthwise driver 0.9-1.6 s against 2.2-3.2, Zen 3, 2026-11-27), at the cost of one direct call
     per item (readonly and writable arrays, C and any layout, share one calling convention)."""
 
-    __slots__ = ("body", "addresses")
+    __slots__ = ("function", "body", "addresses")
 
     def __init__(self, body: Callable):
-        from numba.np.ufunc import parallel
-        parallel._launch_threads()          # the pool's symbols, which a body loaded from the disk cache links
-        self.body = cached_njit()(body)
+        self.function, self.body = body, None    # compiled at the first call: after pool.py chose the layer
         self.addresses: dict[tuple, int] = {}
 
     def __call__(self, items: int, *args: object) -> None:
@@ -475,6 +473,10 @@ class parallel_items:  # noqa: N801 - used as a function: ``drive = parallel_ite
                      for a in args])                                             # 4-5 µs for 22 arguments
         address = self.addresses.get(key)
         if address is None:
+            if self.body is None:
+                from numba.np.ufunc import parallel
+                parallel._launch_threads()  # the pool's symbols, which a body loaded from the disk cache links
+                self.body = cached_njit()(self.function)
             signature = (types.int64, *(types.Array(numba.from_dtype(a.dtype), a.ndim, "C" if a.flags.c_contiguous
                                                     else "A") if a.__class__ is _NDARRAY else numba.typeof(a)
                                         for a in args))
@@ -483,7 +485,7 @@ class parallel_items:  # noqa: N801 - used as a function: ``drive = parallel_ite
             address = self.addresses[key] = compiled.library.get_pointer_to_function(compiled.fndesc.mangled_name)
         failed = _EACH(address, items, *args)
         if failed:
-            raise RuntimeError(f"{self.body.py_func.__qualname__}: {failed} of {items} items raised an exception in "
+            raise RuntimeError(f"{self.function.__qualname__}: {failed} of {items} items raised an exception in "
                                "compiled code (a bug of convgrad's: please report it)")
 
 
