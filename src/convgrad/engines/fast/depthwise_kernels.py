@@ -27,7 +27,7 @@ a block with a read outside the source) test every tap of every position (a tap 
 source adds nothing: padding is no part of the sums, so an Inf or NaN elsewhere never meets a
 padded zero); the others assume every tap inside (the interior of a row). ``width``,
 ``taps``/``rows``, ``vecs``, ``step``, ``mul`` and ``masked`` are compile-time constants (closure
-variables of the calling driver); callers are compiled with :func:`.microkernel.cached_njit`. A
+variables of the calling driver); the drivers run through :class:`.microkernel.parallel_items`. A
 16-wide kernel on an AVX2 host is legalised by LLVM (correct, not fast).
 """
 
@@ -47,7 +47,7 @@ from numba.extending import intrinsic
 from ...casts import F16_BITS, F32_VALUES
 from . import microkernel
 from .geometry import tap
-from .microkernel import _constant, _rounded, cached_njit
+from .microkernel import _constant, _rounded
 
 __all__ = ["reduce", "gather"]
 
@@ -490,7 +490,8 @@ def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, 
     wide, narrow = max(taps), min(taps)
     single = wide == narrow   # one kernel to compile
 
-    def chunk_of(chunk, chunks, src, w, out, sshape, oshape, kshape, outer0, outer1, phases, spread):  # pragma: no cover
+    def chunk_of(chunk, chunks, src, w, out, sshape, oshape, kshape, outer0, outer1, phases,
+                 spread):  # pragma: no cover - compiled
         n_, s0_, s1_, s2_, c_ = sshape
         a0_, a1_, a2_ = oshape[1], oshape[2], oshape[3]
         k0_, k1_, k2_ = kshape

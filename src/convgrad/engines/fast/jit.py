@@ -530,8 +530,8 @@ def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, de
 def _pack_item(item, taps, out, width):  # pragma: no cover - compiled
     """out[g, b, t, r // D, c, r % D] = taps[g, t, r, b*VW + c] (zero past taps' reduction and
     width) for out (G, blocks, T, R/D, VW, D) and item (g, b, t) (:data:`_pack` runs the items in
-    parallel); taps of any strides read along whichever of r and c is contiguous. A transposed view (contiguous along r: the
-    data gradient's weights) is transposed in ``width`` x ``width`` tiles of 32-bit units in
+    parallel); taps of any strides read along whichever of r and c is contiguous. A transposed
+    view (contiguous along r: the data gradient's weights) is transposed in ``width`` x ``width`` tiles of 32-bit units in
     registers (:func:`.microkernel.transpose32`; bf16: a unit is a pair along r), the edges one
     value at a time (a scalar transpose took 2 ms of a 3.6 ms data gradient at mb 1)."""
     g_, t_, red, width_ = taps.shape
@@ -1028,8 +1028,8 @@ def _weight_sums(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, t0:
                 rows_total = gc.n * oc[0] * oc[1]
                 _weights(_width(), rows, vecs, depth == 2 and isa.bf16_native())(
                     shares * (threads if split_blocks else 1), flat_x, np.array(x_steps, np.int64), g_step,
-                    block_step, taps_a, dyp.reshape(-1), g.groups * nblocks * vw * depth, np.array((gc.n, *oc), np.int64), min(chunk, rows_total),
-                    parts.reshape(-1), shares, threads if split_blocks else 1, g.groups, g.icg, g.ocg, depth,
+                    block_step, taps_a, dyp.reshape(-1), g.groups * nblocks * vw * depth,
+                    np.array((gc.n, *oc), np.int64), min(chunk, rows_total), parts.reshape(-1), shares, threads if split_blocks else 1, g.groups, g.icg, g.ocg, depth,
                     -(-o[2] // depth))
     total = parts[0]
     for more in parts[1:]:

@@ -81,8 +81,8 @@ def block_for(channels: int, width: int, rows: int | None = None,
     least time per result kept, to the percent: the FMAs computed per one kept (idle lanes and
     rows; ``computed(R)``, the positions a driver computes with blocks of R rows per position it
     keeps, padding columns included, 1 if not given) x (1 + ``loads_weight`` x loads per FMA;
-    default ``TUNING.block_loads_weight[width]``); then the most accumulators. Measured on a Zen 4 (docs/engine-measurements.md,
-    "Fifth round", "Seventh round"): 6x4 over 14x2 on 56-wide 3x3 layers (3.6 % padding columns
+    default ``TUNING.block_loads_weight[width]``); then the most accumulators. Measured on a Zen 4
+    (docs/engine-measurements.md, "Fifth round", "Seventh round"): 6x4 over 14x2 on 56-wide 3x3 layers (3.6 % padding columns
     against none), 14x2 4-13 % faster on 28- and 14-wide ones (7 % and 13 % padding columns), 6x4
     on the bf16 1x1 GEMMs over thousands of positions, 7x3 on 7-wide rows of 512 channels (one
     idle vector in 33, no padding columns) 20 % faster than 6x4 (12 positions for 7 kept)."""
