@@ -330,3 +330,22 @@ def test_autotune_context_is_the_previous_problem(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("CONVGRAD_AUTOTUNE", "1")
     tune.autotuned(features("backward_data"))
     assert seen == [(features("backward_weights"),)]
+
+
+def test_a_file_written_elsewhere_is_seen_within_the_poll_time(fresh_cache: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm call stats the cache file at most every POLL_SECONDS (this process's own writes at
+    once): another process's rewrite is taken after that time, not before."""
+    monkeypatch.setattr(plan_cache, "POLL_SECONDS", 3600.0)
+    plan_cache._polls.clear()
+    f = features()
+    plan = other_plan(f)
+    before = plan_cache.state()
+    plan_cache.store(f, plan, 1.5, 2.0)                  # this process: seen at once
+    written = plan_cache.state()
+    assert written != before and written[0][1] is not None
+    data = fresh_cache.read_bytes()
+    fresh_cache.write_bytes(data + b"\n")                # "another process" rewrites it (size changes)
+    assert plan_cache.state() == written                 # within the poll time: the stamp seen last
+    plan_cache._polls.clear()                            # the poll time over
+    assert plan_cache.state()[0][2] == len(data) + 1

@@ -13,6 +13,7 @@ unchanged, so nothing gets through warm that a cold call refuses, and results ar
 from __future__ import annotations
 
 import threading
+import warnings
 
 import numba
 import numpy as np
@@ -96,14 +97,21 @@ def _recorded_call(monkeypatch):
     rng, _ = fresh_rng()
     x, dy, w = _problem(rng, np.float32)
     ran: list[str] = []
-    planned = fast.planned
+    planned, warm = fast.planned, fast.warm
 
     def spy(*args, tune=False, **kwargs):
         hit = planned(*args, tune=tune, **kwargs)
         if tune:
             ran.append(hit[1].strategy)
         return hit
+
+    def warm_spy(*args):             # a repeated serial call runs its plan from here, outside the pool
+        hit = warm(*args)
+        if hit is not None and fast.direct.serial(hit[1]):
+            ran.append(hit[1].strategy)
+        return hit
     monkeypatch.setattr(fast, "planned", spy)
+    monkeypatch.setattr(fast, "warm", warm_spy)
 
     def call() -> None:
         cg.convolution_backward_data(dy, w, np.array(x.shape), **ATTRS)
@@ -301,3 +309,34 @@ def test_shape_inputs_are_keyed_on_their_values(as_type) -> None:
             assert op(dy, w, shape).shape == (2, rows, 7, 16)
     with pytest.raises(cg.errors.ShapeError):
         op(dy, w, as_type([2, 12, 7, 16]))
+
+
+@pytest.mark.parametrize("loops", ["general", "flat"])
+@pytest.mark.parametrize("dtype", [np.float32, bfloat16])
+def test_repeated_serial_calls_run_outside_the_pool_with_the_cold_results(monkeypatch, loops: str, dtype) -> None:
+    """A warm call of a serial ``direct`` plan skips the pool and NumPy's errstate: the same bits
+    as the cold call, NaN and Inf propagated without a warning under strict NumPy settings."""
+    rng, seed = fresh_rng()
+    x = rng.standard_normal((1, 8, 8, 4)).astype(dtype)
+    w = rng.standard_normal((3, 3, 4, 4)).astype(dtype)
+    dy = rng.standard_normal((1, 8, 8, 4)).astype(dtype)
+    x[0, 2, 3, 1], dy[0, 5, 1, 2], w[1, 1, 0, 0] = np.inf, np.nan, 3e38
+    attrs = dict(strides=1, pads_begin=1, pads_end=1)
+    calls = [lambda: cg.convolution_backward_data(dy, w, np.array(x.shape), **attrs),
+             lambda: cg.convolution_backward_weights(x, dy, list(w.shape), **attrs),
+             lambda: cg.convolution(x, w, **attrs)]
+    pooled = []
+    run = fast.pool.run
+    monkeypatch.setattr(fast.pool, "run", lambda *args: pooled.append(args[1]) or run(*args))
+    with fast.forced_plan(fast.Plan("direct", (("loops", loops),))), np.errstate(all="raise"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for call in calls:
+            _cold()
+            cold = call()
+            before = len(pooled)
+            warm = [call() for _ in range(2)]
+            assert len(pooled) == before, "a warm serial call went through the pool"
+            for got in warm:
+                np.testing.assert_array_equal(got.view(np.uint8), cold.view(np.uint8), err_msg=f"seed {seed}")
+    assert len(pooled) == len(calls)                     # each cold call did run in the pool

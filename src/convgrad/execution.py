@@ -12,7 +12,7 @@ from .engines import Engine
 from .layout import data_from_canonical, data_to_canonical, weights_in_format, weights_to_canonical
 from .limits import check_memory
 from .memo import Memo
-from .problem import Problem
+from .problem import ConvGeometry, Problem
 from .tensor_ops import TensorProblem, run_tensor_problem
 
 __all__ = ["execute", "execute_canonical", "round_result", "finish"]
@@ -37,19 +37,27 @@ def execute_canonical(problem: Problem, arrays: dict[str, np.ndarray], engine: E
     that are summed later (batch or space chunks) are summed in this form and rounded once by
     :func:`finish`. With ``rounded`` (nothing is added before rounding) an engine that rounds
     (``engine.rounds``) may return it already rounded to the problem's dtype. The memory guard
-    runs first."""
+    runs first; the engine runs under ``np.errstate(all="ignore")`` unless it says it is
+    ``quiet`` (it sets that itself around its NumPy arithmetic)."""
     with getattr(engine, "scope", contextlib.nullcontext)():  # an engine's per-call state, read once
         check_memory(problem, engine, estimates)
         g, fmt, wfmt = problem.geometry, problem.data_format, problem.weights_format
         canonical = {role: (weights_to_canonical(a, wfmt) if role == "w" else data_to_canonical(a, fmt))
                      for role, a in arrays.items() if role != "bias"}
         rounds = {"out_dtype": problem.dtype} if rounded and getattr(engine, "rounds", False) else {}
+        if getattr(engine, "quiet", False):
+            return _engine_call(engine, problem.task, g, canonical, rounds)
         with np.errstate(all="ignore"):  # IEEE arithmetic: NaN and Inf propagate, overflow gives Inf
-            if problem.task == "forward":
-                return engine.forward(g, canonical["x"], canonical["w"], **rounds)
-            if problem.task == "backward_data":
-                return engine.backward_data(g, canonical["y"], canonical["w"], **rounds)
-            return engine.backward_weights(g, canonical["x"], canonical["y"], **rounds)
+            return _engine_call(engine, problem.task, g, canonical, rounds)
+
+
+def _engine_call(engine: Engine, task: str, g: ConvGeometry, canonical: dict[str, np.ndarray],
+                 rounds: dict[str, np.dtype]) -> np.ndarray:
+    if task == "forward":
+        return engine.forward(g, canonical["x"], canonical["w"], **rounds)
+    if task == "backward_data":
+        return engine.backward_data(g, canonical["y"], canonical["w"], **rounds)
+    return engine.backward_weights(g, canonical["x"], canonical["y"], **rounds)
 
 
 def round_result(problem: Problem, result: np.ndarray, bias: np.ndarray | None = None,

@@ -42,10 +42,17 @@ from .tuning import TUNING
 if TYPE_CHECKING:
     from .plan import Plan
 
-__all__ = ["applies", "complete", "options", "run", "workspace_bytes", "forward", "backward_data",
+__all__ = ["applies", "complete", "options", "run", "serial", "workspace_bytes", "forward", "backward_data",
            "backward_weights"]
 
 LOOPS = ("general", "flat", "depthwise")
+#: The loops that run on the calling thread alone (no pool, no workspace).
+SERIAL = ("general", "flat")
+
+
+def serial(plan: Plan) -> bool:
+    """Whether ``plan`` runs serially: a warm call runs it outside the pool (:mod:`.pool`)."""
+    return plan.strategy == "direct" and plan.param("loops") in SERIAL
 
 
 def applies(f: Features, plan: Plan | None = None) -> bool:

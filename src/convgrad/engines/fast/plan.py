@@ -47,7 +47,7 @@ from . import direct, gemm, isa, jit, kernels, plan_cache
 from .features import Features
 from .tuning import TUNING
 
-__all__ = ["Plan", "STRATEGIES", "candidates", "default_plan", "select", "planned", "forced_plan", "forced_strategy",
+__all__ = ["Plan", "STRATEGIES", "candidates", "default_plan", "select", "planned", "warm", "forced_plan", "forced_strategy",
            "strategy_module", "jit_selected", "gemm_variant"]
 
 #: The strategies, in the order :func:`candidates` lists them.
@@ -265,6 +265,12 @@ class one_call:  # noqa: N801 - used as a function: ``with one_call():``
     def __exit__(self, *exc: object) -> None:
         if self.outer:
             _call.fixed = None
+
+
+def warm(g: ConvGeometry, task: str, dtype: np.dtype, channels_first: bool) -> tuple[Features, Plan, int] | None:
+    """:func:`planned`'s entry for a call about to run (``tune``) under the current context, or
+    None before the first such call (which selects, and may tune, in the pool)."""
+    return _planned.get((g, task, dtype, channels_first, True, context()))
 
 
 def planned(g: ConvGeometry, task: str, dtype: np.dtype, channels_first: bool, *, tune: bool = False,
