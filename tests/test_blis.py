@@ -5,6 +5,7 @@ stand-in everywhere)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -57,7 +58,9 @@ def test_f32_gemm_against_float64(m, k, n):
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     want = a.astype(np.float64) @ b
     tol = 1e-5 * math.sqrt(k) * max(1.0, np.abs(want).max())
-    for view, b_view in itertools.product((a, np.asfortranarray(a), np.ascontiguousarray(a.T).T),
+    wide = np.zeros((m, k + 3), np.float32)
+    wide[:, :k] = a                                                          # rows further apart than K
+    for view, b_view in itertools.product((a, np.asfortranarray(a), np.ascontiguousarray(a.T).T, wide[:, :k]),
                                           (b, np.ascontiguousarray(b.T).T)):  # B also stored along K
         got = blis.gemm(view, b_view)
         assert got.shape == (m, n) and got.dtype == np.float32
@@ -92,6 +95,24 @@ def test_block_sizes_follow_the_caches():
     assert small.k_chunks == min(numba.get_num_threads(), -(-4096 // small.kc))     # deep: K split
     assert -(-30 // small.mc) * small.shares * small.k_chunks >= numba.get_num_threads()
     assert blis.blocks(100_000, 64, 256, 4).k_chunks == 1
+
+
+def test_blocks_are_remembered_per_thread_count_and_tuning_table(monkeypatch):
+    b = blis.blocks(3136, 4096, 64, 4)
+    assert blis.blocks(3136, 4096, 64, 4) is b                                   # remembered
+    assert b == blis._blocks_for(3136, 4096, 64, 4, None, numba.get_num_threads())
+    threads = numba.get_num_threads()
+    if threads > 1:
+        deep = blis.blocks(30, 4096, 256, 4)
+        try:
+            numba.set_num_threads(1)
+            assert blis.blocks(30, 4096, 256, 4).k_chunks == 1 < deep.k_chunks
+        finally:
+            numba.set_num_threads(threads)
+        assert blis.blocks(30, 4096, 256, 4) == deep
+    quarter = {width: share / 4 for width, share in TUNING.gemm_panel_l1.items()}
+    monkeypatch.setattr(blis, "TUNING", dataclasses.replace(TUNING, gemm_panel_l1=quarter))
+    assert blis.blocks(3136, 4096, 64, 4).kc < b.kc                              # a new table: new blocks
 
 
 @pytest.mark.parametrize("n, m, block", [(256, 50176, (6, 2)), (512, 12544, (6, 2)), (1024, 3136, (4, 3))])

@@ -34,7 +34,8 @@ import numba
 import numpy as np
 
 from ... import casts
-from . import isa, microkernel, workspace
+from . import isa, microkernel, pool, workspace
+from ...memo import Memo
 from .tuning import TUNING
 
 __all__ = ["Blocks", "blocks", "deep", "gemm", "register_block", "split", "workspace_bytes"]
@@ -132,11 +133,23 @@ def blocks(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None 
     micro-panel in ``TUNING.gemm_panel_l1[width]`` of it), ``mc`` at most an A block in half the L2, and
     the threads' work: a deep reduction (:func:`deep`) splits K, one chunk
     per thread into a C of its own (B read once, every thread as busy); others split M and N
-    (:func:`split`)."""
+    (:func:`split`). Remembered per shape, family, thread count and tuning table (10 µs of a
+    small GEMM's 100)."""
+    key = (m, k, n, itemsize, block, isa.family(), pool.threads(), id(TUNING))
+    hit = _blocks.get(key)
+    if hit is None or hit[0] is not TUNING:
+        hit = _blocks.put(key, (TUNING, _blocks_for(m, k, n, itemsize, block, key[6])))
+    return hit[1]
+
+
+_blocks: Memo[tuple, tuple[object, Blocks]] = Memo(256)
+
+
+def _blocks_for(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None, threads: int) -> Blocks:
     width = isa.WIDTH[isa.family()]
     rows, vecs = block or register_block(n, width, m, itemsize)
     l1, l2, _ = isa.cache_sizes()
-    nr, threads = vecs * width, numba.get_num_threads()
+    nr = vecs * width
     kc = max(16, min(-(-k // 2) * 2, int(TUNING.gemm_panel_l1[width] * l1) // (nr * itemsize) // 16 * 16))
     mc_max = max(rows, (l2 // 2) // (kc * itemsize) // rows * rows)
     k_chunks = min(threads, -(-k // kc)) if deep(m, k, n) else 1
@@ -150,8 +163,8 @@ def workspace_bytes(m: int, k: int, n: int, itemsize: int) -> int:
     each) and of a rounded result's tiles (mc x N, f32), and one packed tail panel per item."""
     b = blocks(m, k, n, itemsize)
     kp, npad, mpad = -(-k // 2) * 2, -(-n // b.nr) * b.nr, -(-m // b.rows) * b.rows
-    a_blocks = numba.get_num_threads() * ((b.kc // 2) + npad) * b.mc * 4 if itemsize == 2 else \
-        numba.get_num_threads() * (b.kc + 16) * b.mc * 4
+    a_blocks = pool.threads() * ((b.kc // 2) + npad) * b.mc * 4 if itemsize == 2 else \
+        pool.threads() * (b.kc + 16) * b.mc * 4
     return kp * npad * itemsize + b.k_chunks * mpad * npad * 4 + a_blocks \
         + b.m_blocks * b.shares * b.rows * b.kc * itemsize + 4096
 
@@ -411,6 +424,10 @@ def _copy_lda(bl: Blocks, lda: int, itemsize: int, panels: int) -> int:
 def _flat(a: np.ndarray) -> tuple[np.ndarray, int, int]:
     """(a 1-D view from ``a``'s first element over all of it, row stride, column stride) in
     elements; ``a`` copied first where its strides are negative or not whole elements."""
+    if a.flags.c_contiguous:                     # a view without as_strided's 5-8 µs
+        return a.reshape(-1), a.shape[1], 1
+    if a.flags.f_contiguous:
+        return a.T.reshape(-1), 1, a.shape[0]
     if min(a.strides) < 0 or any(s % a.itemsize for s in a.strides):
         a = np.ascontiguousarray(a)
     rows, cols = (s // a.itemsize for s in a.strides)
@@ -470,7 +487,7 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     out = workspace.result((m, n) if rounding else (0, 0), np.uint16)
     several = rounding and -(-k // depth) > bl.kc // depth                 # tiles kept over several K steps
     panels = -(-n // bl.nr)
-    shape = (numba.get_num_threads(), bl.mc, -(-panels // bl.shares) * bl.nr) if several else (0, 0, 0)
+    shape = (pool.threads(), bl.mc, -(-panels // bl.shares) * bl.nr) if several else (0, 0, 0)
     scratch = workspace.empty(math.prod(shape), np.float32).reshape(shape)
     c = workspace.result((bl.k_chunks * mpad, -(-n // bl.nr) * bl.nr) if not rounding else (0, 0), np.float32)
     if not (m and k and n):
@@ -488,7 +505,7 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
         astep >= TUNING.gemm_pack_stride[bl.width] and lda == 1
     copy_lda = _copy_lda(bl, lda, a.dtype.itemsize, panels) if not pack_a and astep == 1 else 0
     per_thread = -(-bl.mc * copy_lda * a.dtype.itemsize // 4) if copy_lda else (bl.kc // depth) * bl.mc
-    apack = workspace.empty(numba.get_num_threads() * per_thread if pack_a or copy_lda else 0, np.uint32)
+    apack = workspace.empty(pool.threads() * per_thread if pack_a or copy_lda else 0, np.uint32)
     _driver(bl.width, bl.rows, bl.vecs, bf16 and isa.bf16_native())(
         bl.k_chunks * bl.m_blocks * bl.shares, flat, lda, astep, m, k, bp, panels, kd, poff, bstep, c, bl.kc, bl.mc,
         bl.m_blocks, depth, bl.shares, bl.by_share, bl.k_chunks, out, scratch,

@@ -28,7 +28,7 @@ import numpy as np
 from ... import casts
 from ...problem import ConvGeometry
 from . import depthwise_kernels as kernels
-from . import isa
+from . import isa, pool
 from .frame import empty_like_data
 from .geometry import params, spatial, spatial3, tap
 from .tuning import TUNING
@@ -148,7 +148,7 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dx: np.ndarray
 def _chunks(rows: int) -> int:
     """Parallel chunks of ``rows`` rows: ``TUNING.depthwise_parts_per_thread`` per thread, at
     most one per row."""
-    return max(1, min(TUNING.depthwise_parts_per_thread * numba.get_num_threads(), rows))
+    return max(1, min(TUNING.depthwise_parts_per_thread * pool.threads(), rows))
 
 
 def parts(g: ConvGeometry) -> int:

@@ -44,7 +44,7 @@ from ... import casts, layout
 from ...casts import F16_BITS, narrowed
 from ...dtypes import bfloat16
 from ...problem import ConvGeometry
-from . import blis, geometry, isa, microkernel, workspace
+from . import blis, geometry, isa, microkernel, pool, workspace
 from .features import Features
 from .frame import empty_like_data
 from .geometry import padded, phase_taps, spatial, spatial3, tap_weights
@@ -311,7 +311,7 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
         if task == "backward_weights":   # x zero-padded, with a block's slack after it
             source = g.n * math.prod(g.padded_size) * g.ic + rows
             block = g.groups * taps * -(-g.icg // rows) * rows * -(-g.ocg // vw) * vw
-            shares = 1 if plan.param("split") == "blocks" else numba.get_num_threads()
+            shares = 1 if plan.param("split") == "blocks" else pool.threads()
             other = g.n * math.prod(o) * g.groups * -(-g.ocg // vw) * vw + (shares + 1) * block
             if weights_in_pairs(f):  # bf16 pairs of a few images, or the f32 copies where not exact (_pairs_exact)
                 phases, q = _pair_phases(g)
@@ -492,7 +492,7 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_
     else:
         shape, pitch = (n, q0, q1, q2), q2
     items = max(1, math.prod(shape[:3]) * groups * -(-channels // vw))  # a flattened image: few items,
-    parts = min(-(-shape[3] // rows), -(-TUNING.items_per_thread * numba.get_num_threads() // items))  # so cut its rows
+    parts = min(-(-shape[3] // rows), -(-TUNING.items_per_thread * pool.threads() // items))  # so cut its rows
     flat_out, none = out.reshape(-1), np.empty(0, np.uint16 if out.dtype == F32 else F32)
     f32_out, bits_out = (flat_out, none) if out.dtype == F32 else (none, flat_out)
     parts = max(1, parts)
@@ -976,7 +976,7 @@ def _tap_slab(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, rounde
     7x7 took 2.17x its inputs and output of extra memory with all taps at once)."""
     taps = math.prod(g.kernel)
     rows, _, vw = _block(plan)
-    shares = 1 if plan.param("split") == "blocks" else min(numba.get_num_threads(), g.n * math.prod(g.out_size[:-1]))
+    shares = 1 if plan.param("split") == "blocks" else min(pool.threads(), g.n * math.prod(g.out_size[:-1]))
     sums = 4 * shares * taps * g.groups * -(-g.icg // rows) * rows * -(-g.ocg // vw) * vw
     data = x.nbytes + dy.nbytes
     if not rounded or _depth(x.dtype) != 2 or sums <= data:
@@ -993,7 +993,7 @@ def _weight_sums(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, t0:
     nblocks = -(-g.ocg // vw)
     depth = 2 if _depth(x.dtype) == 2 and _pairs_exact(g, x) else 1
     row_blocks = -(-g.icg // rows)
-    threads = numba.get_num_threads()
+    threads = pool.threads()
     split_blocks = plan.param("split") == "blocks"
     shares = 1 if split_blocks else min(threads, g.n * o[0] * o[1])
     chunk = max(1, plan.param("cache_bytes") // (4 * o[2] * (g.ic + g.oc)))

@@ -35,15 +35,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 
-import numba
 import numpy as np
-from numba.np.ufunc import parallel as _parallel
 
 from ...environment import env
 from ...errors import EngineError
 from ...memo import Memo
 from ...problem import ConvGeometry
-from . import direct, gemm, isa, jit, kernels, plan_cache
+from . import direct, gemm, isa, jit, kernels, plan_cache, pool
 from .features import Features
 from .tuning import TUNING
 
@@ -242,13 +240,7 @@ def context() -> tuple[object, ...]:
 
 
 def _fixed() -> tuple[object, ...]:
-    return "torch" in sys.modules, isa.family(), _threads(), plan_cache.state()
-
-
-def _threads() -> int:
-    """``numba.get_num_threads()``; once numba's threads run, its C getter alone (0.75 -> 0.1 µs)."""
-    get = getattr(_parallel, "_get_num_threads", None)
-    return get() if get is not None else numba.get_num_threads()
+    return "torch" in sys.modules, isa.family(), pool.threads(), plan_cache.state()
 
 
 class one_call:  # noqa: N801 - used as a function: ``with one_call():``

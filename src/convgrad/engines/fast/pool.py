@@ -36,8 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
 import numba
+from numba.np.ufunc import parallel as _parallel
 
-__all__ = ["run", "serial", "layer", "quiet_blas"]
+__all__ = ["run", "serial", "layer", "quiet_blas", "threads"]
 
 T = TypeVar("T")
 
@@ -72,6 +73,12 @@ def _renew() -> None:
 
 
 os.register_at_fork(after_in_child=_renew)
+
+
+def threads() -> int:
+    """``numba.get_num_threads()``; once numba's threads run, its C getter alone (0.75 -> 0.1 µs)."""
+    get = getattr(_parallel, "_get_num_threads", None)
+    return get() if get is not None else numba.get_num_threads()
 
 
 def serial() -> threading.RLock:

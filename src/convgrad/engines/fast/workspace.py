@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import threading
 
+import numba
 import numpy as np
 
 from .tuning import TUNING
@@ -39,13 +40,19 @@ _PAGE = 1 << 21              # blocks are whole 2 MiB (huge page) multiples
 ALIGN = 64
 
 
+@numba.njit(cache=True)
+def _address(a):  # pragma: no cover - compiled
+    """Where ``a``'s data starts (0.5 µs; NumPy's ``a.ctypes.data`` 2.8)."""
+    return a.ctypes.data
+
+
 def _aligned(nbytes: int) -> np.ndarray:
     """A fresh uint8 array of ``nbytes``, from 4 KiB starting on an :data:`ALIGN` boundary
     (smaller ones as NumPy places them: aligning costs a microsecond, a tiny call's budget)."""
     if nbytes < 4096:
         return np.empty(nbytes, np.uint8)
     raw = np.empty(nbytes + ALIGN, np.uint8)
-    start = -raw.ctypes.data % ALIGN
+    start = -_address(raw) % ALIGN
     return raw[start:start + nbytes]
 
 
