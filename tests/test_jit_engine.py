@@ -421,3 +421,22 @@ def test_transpose32_tiles(width, dtype, rng):
         pairs = block.reshape(width, width, 2)                 # (row i, unit j, half)
         want[1:1 + width, 2:2 + 2 * width] = pairs.transpose(1, 0, 2).reshape(width, 2 * width)
     np.testing.assert_array_equal(dst, want)
+
+
+def test_repeated_calls_reuse_the_drivers_tables_with_the_same_results() -> None:
+    """The stride phases' and taps' tables are remembered per geometry and padded source (a small
+    call's Python): a repeated strided data gradient and forward take them from the memo and give
+    the same bits."""
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, 9, 7, 8)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 8, 16)).astype(np.float32)
+    attrs = dict(strides=[2, 1], pads_begin=[1, 0], pads_end=[1, 1], dilations=[1, 2])
+    y = cg.convolution(x, w, **attrs)
+    calls = (lambda: cg.convolution_backward_data(y, w, list(x.shape), **attrs), lambda: cg.convolution(x, w, **attrs))
+    with forced_strategy("jit"):
+        for call, table in zip(calls, (jit._phase_tables, jit._tap_tables)):
+            first = call()
+            hits = table.cache_info().hits
+            again = call()
+            assert table.cache_info().hits > hits
+            np.testing.assert_array_equal(again.view(np.uint32), first.view(np.uint32))

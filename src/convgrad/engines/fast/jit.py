@@ -590,7 +590,7 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = N
     plan = _plan(g, "forward", plan)
     rows, vecs, vw = _block(plan)
     depth = _depth(x.dtype)
-    s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
+    s, kernel = spatial(g.strides, 1), spatial(g.kernel, 1)
     size, pb, i_size = spatial(g.padded_size, 1), spatial(g.pads_begin, 0), spatial(g.in_size, 1)
     icg = -(-g.icg // depth) * depth                               # bf16: channels padded to pairs
     kind = _rounding(x.dtype, rounded)
@@ -603,9 +603,7 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = N
         with workspace.part():
             xp = _source(x[n0:n1], pb, size, _tail(rows, s[2] * g.groups * icg), g.groups, depth)
             xs = _strides(xp.shape)
-            ks = list(itertools.product(*map(range, kernel)))
-            taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3] for k0, k1, k2 in ks], np.int64)
-            tap_rows = np.array([(s[0], k0 * d[0], s[1], k1 * d[1]) for k0, k1, _ in ks], np.int64)
+            taps_a, tap_rows = _tap_tables(g, tuple(xs.tolist()))
             for c0, c1 in channels:
                 with workspace.part():
                     wp = _packed_weights(g, w, vw, False, depth, slice(c0, c1)).reshape(-1)
@@ -614,6 +612,16 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = N
                                  icg // depth, c1 - c0, plan.param("cache_bytes"), tap_rows,
                                  (pb[0], pb[0] + i_size[0], pb[1], pb[1] + i_size[1]), kind)
     return y.view(x.dtype) if kind else y
+
+
+@functools.lru_cache(maxsize=1024)
+def _tap_tables(g: ConvGeometry, xs: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The forward's taps read from a padded x of element strides ``xs``: each tap's offset, and
+    its rows (:func:`_outputs`' ``tap_rows``); remembered (a small call's Python)."""
+    s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
+    ks = list(itertools.product(*map(range, kernel)))
+    taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3] for k0, k1, k2 in ks], np.int64)
+    return taps_a, np.array([(s[0], k0 * d[0], s[1], k1 * d[1]) for k0, k1, _ in ks], np.int64)
 
 
 def _chunks(g: ConvGeometry, dtype: np.dtype, depth: int, image_bytes: int, channel_bytes: int, channels: int,
@@ -644,42 +652,71 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | N
     plan = _plan(g, "backward_data", plan)
     rows, vecs, vw = _block(plan)
     depth = _depth(dy.dtype)
+    _, lo, size = _data_phases(g)
+    o_size, kernel = spatial(g.out_size, 1), spatial(g.kernel, 1)
+    ocg = -(-g.ocg // depth) * depth                               # bf16: channels padded to pairs
+    kind = _rounding(dy.dtype, rounded)
+    dx = workspace.result(g.x_shape, np.uint16 if kind else F32)
+    out_steps = _out_steps(g)
+    images, channels = _chunks(g, dy.dtype, depth, 4 * math.prod(size) * g.oc, 4 * math.prod(kernel) * g.ocg, g.icg,
+                               vw)
+    for n0, n1 in images:                                  # f32 chunks of 16-bit data (:func:`_chunks`)
+        with workspace.part():
+            dyp = _source(dy[n0:n1], lo, size, _tail(rows, g.groups * ocg), g.groups, depth)
+            ds = tuple(_strides(dyp.shape).tolist())
+            steps = np.array(ds[:4], np.int64)
+            for c0, c1 in channels:
+                with workspace.part():
+                    wp = _packed_weights(g, w, vw, True, depth, slice(c0, c1)).reshape(-1)
+                    for base, grid, taps_a, taps_b, tap_rows in _phase_tables(g, ocg * vw, ds):
+                        _run_outputs(rows, vecs, dyp, steps, taps_a, dx, int(n0 * out_steps[0]) + base + c0, out_steps,
+                                     (n1 - n0, *grid), wp, math.prod(kernel), taps_b, g.groups, ocg // depth, c1 - c0,
+                                     plan.param("cache_bytes"), tap_rows,
+                                     (lo[0], lo[0] + o_size[0], lo[1], lo[1] + o_size[1]), kind)
+    return dx.view(dy.dtype) if kind else dx
+
+
+@functools.lru_cache(maxsize=256)
+def _data_phases(g: ConvGeometry) -> tuple[list, tuple[int, int, int], tuple[int, int, int]]:
+    """The data gradient's stride phases: per axis, per phase r, the (tap, offset) pairs
+    (:func:`.geometry.phase_taps`); the padded dy's leading pad ``lo`` and ``size`` that every
+    phase's taps read within."""
     s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
     pb, i_size, o_size = spatial(g.pads_begin, 0), spatial(g.in_size, 1), spatial(g.out_size, 1)
     phases = [[phase_taps(r, kernel[a], s[a], d[a], pb[a]) for r in range(min(s[a], i_size[a]))] for a in range(3)]
     offsets = [[c for taps in axis for _, c in taps] or [0] for axis in phases]
     counts = [-(-i_size[a] // s[a]) for a in range(3)]           # the most q of any phase
-    lo = [max(0, -min(offsets[a])) for a in range(3)]
+    lo = tuple(max(0, -min(offsets[a])) for a in range(3))
     size = tuple(lo[a] + max(o_size[a], counts[a] + max(offsets[a])) for a in range(3))
-    ocg = -(-g.ocg // depth) * depth                               # bf16: channels padded to pairs
-    kind = _rounding(dy.dtype, rounded)
-    dx = workspace.result(g.x_shape, np.uint16 if kind else F32)
+    return phases, lo, size
+
+
+@functools.lru_cache(maxsize=256)
+def _out_steps(g: ConvGeometry) -> np.ndarray:
+    """dx's element steps from one phase position q to the next, per axis (and per image)."""
+    s, xs = spatial(g.strides, 1), _strides((g.n, *spatial(g.in_size, 1), g.ic))
+    return np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64)
+
+
+@functools.lru_cache(maxsize=1024)
+def _phase_tables(g: ConvGeometry, tap_step: int, ds: tuple[int, ...]) -> list[tuple]:
+    """Per stride phase (r0, r1, r2) of the data gradient, read from a padded dy of element
+    strides ``ds``: (dx's offset of the phase's first position in an image, its grid of
+    positions q, each tap's offset in dy, its packed weights' offset (``tap_step`` apart),
+    its rows (:func:`_outputs`' ``tap_rows``)). Remembered: the tables took a small call
+    100 µs of Python."""
+    phases, lo, _ = _data_phases(g)
+    s, i_size, kernel = spatial(g.strides, 1), spatial(g.in_size, 1), spatial(g.kernel, 1)
     xs = _strides((g.n, *i_size, g.ic))
-    out_steps = np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64)
-    images, channels = _chunks(g, dy.dtype, depth, 4 * math.prod(size) * g.oc, 4 * math.prod(kernel) * g.ocg, g.icg,
-                               vw)
-    for n0, n1 in images:                                  # f32 chunks of 16-bit data (:func:`_chunks`)
-        with workspace.part():
-            dyp = _source(dy[n0:n1], tuple(lo), size, _tail(rows, g.groups * ocg), g.groups, depth)
-            ds = _strides(dyp.shape)
-            steps = np.array(ds[:4], np.int64)
-            for c0, c1 in channels:
-                with workspace.part():
-                    wp = _packed_weights(g, w, vw, True, depth, slice(c0, c1)).reshape(-1)
-                    for (r0, t0), (r1, t1), (r2, t2) in itertools.product(*(enumerate(axis) for axis in phases)):
-                        grid = (n1 - n0, *(-(-(i_size[a] - r) // s[a]) for a, r in enumerate((r0, r1, r2))))
-                        taps = [(a, b, c) for a in t0 for b in t1 for c in t2]
-                        taps_a = np.array([sum((tap[a][1] + lo[a]) * ds[a + 1] for a in range(3)) for tap in taps],
-                                          np.int64)
-                        taps_b = np.array([((a[0] * kernel[1] + b[0]) * kernel[2] + c[0]) * ocg * vw
-                                           for a, b, c in taps], np.int64)
-                        tap_rows = np.array([(1, a[1] + lo[0], 1, b[1] + lo[1]) for a, b, _ in taps], np.int64)
-                        base = n0 * xs[0] + r0 * xs[1] + r1 * xs[2] + r2 * xs[3] + c0
-                        _run_outputs(rows, vecs, dyp, steps, taps_a, dx, base, out_steps, grid, wp, math.prod(kernel),
-                                     taps_b, g.groups, ocg // depth, c1 - c0, plan.param("cache_bytes"),
-                                     tap_rows.reshape(-1, 4), (lo[0], lo[0] + o_size[0], lo[1], lo[1] + o_size[1]),
-                                     kind)
-    return dx.view(dy.dtype) if kind else dx
+    out = []
+    for (r0, t0), (r1, t1), (r2, t2) in itertools.product(*(enumerate(axis) for axis in phases)):
+        grid = tuple(-(-(i_size[a] - r) // s[a]) for a, r in enumerate((r0, r1, r2)))
+        taps = [(a, b, c) for a in t0 for b in t1 for c in t2]
+        taps_a = np.array([sum((tap[a][1] + lo[a]) * ds[a + 1] for a in range(3)) for tap in taps], np.int64)
+        taps_b = np.array([((a[0] * kernel[1] + b[0]) * kernel[2] + c[0]) * tap_step for a, b, c in taps], np.int64)
+        tap_rows = np.array([(1, a[1] + lo[0], 1, b[1] + lo[1]) for a, b, _ in taps], np.int64).reshape(-1, 4)
+        out.append((int(r0 * xs[1] + r1 * xs[2] + r2 * xs[3]), grid, taps_a, taps_b, tap_rows))
+    return out
 
 
 @functools.cache
