@@ -65,7 +65,7 @@ class FastEngine:
             result = direct.run(plan, g, a, b, task, _rounded(a.dtype, out_dtype))
         else:
             with np.errstate(all="ignore"):  # IEEE arithmetic: NaN and Inf propagate, overflow gives Inf
-                f, plan, result = pool.run(FastEngine._planned_run, g, task, a, b, out_dtype, channels_first)
+                f, plan, result = pool.run(FastEngine._planned_run, g, task, a, b, out_dtype, channels_first, hit)
             if plan.strategy == "gemm" and f.flops >= TUNING.quiet_blas_flops:
                 pool.quiet_blas()
         tune.ran(f)
@@ -73,8 +73,8 @@ class FastEngine:
 
     @staticmethod
     def _planned_run(g: ConvGeometry, task: str, a: np.ndarray, b: np.ndarray, out_dtype: np.dtype | None,
-                     channels_first: bool) -> tuple[Features, Plan, np.ndarray]:
-        f, plan, _ = planned(g, task, a.dtype, channels_first, tune=True)
+                     channels_first: bool, hit: tuple[Features, Plan, int] | None) -> tuple[Features, Plan, np.ndarray]:
+        f, plan, _ = hit or planned(g, task, a.dtype, channels_first, tune=True)   # hit: :func:`.plan.warm`'s
         with workspace.call():   # the call's temporaries come from, and go back to, the engine's cache
             return f, plan, strategy_module(plan.strategy).run(plan, g, a, b, task, _rounded(a.dtype, out_dtype))
 

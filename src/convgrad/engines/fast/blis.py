@@ -135,9 +135,9 @@ def blocks(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None 
     per thread into a C of its own (B read once, every thread as busy); others split M and N
     (:func:`split`). Remembered per shape, family, thread count and tuning table (10 µs of a
     small GEMM's 100)."""
-    key = (m, k, n, itemsize, block, isa.family(), pool.threads(), id(TUNING))
+    key = (m, k, n, itemsize, block, isa.family(), pool.threads())
     hit = _blocks.get(key)
-    if hit is None or hit[0] is not TUNING:
+    if hit is None or hit[0] is not TUNING:         # new, or made under another tuning table
         hit = _blocks.put(key, (TUNING, _blocks_for(m, k, n, itemsize, block, key[6])))
     return hit[1]
 

@@ -703,8 +703,8 @@ def _phase_tables(g: ConvGeometry, tap_step: int, ds: tuple[int, ...]) -> list[t
     """Per stride phase (r0, r1, r2) of the data gradient, read from a padded dy of element
     strides ``ds``: (dx's offset of the phase's first position in an image, its grid of
     positions q, each tap's offset in dy, its packed weights' offset (``tap_step`` apart),
-    its rows (:func:`_outputs`' ``tap_rows``)). Remembered: the tables took a small call
-    100 µs of Python."""
+    its rows (:func:`_outputs`' ``tap_rows``)). Remembered: building them took 45-62 µs of
+    Python a call (docs/engine-measurements.md, "fixed costs per call")."""
     phases, lo, _ = _data_phases(g)
     s, i_size, kernel = spatial(g.strides, 1), spatial(g.in_size, 1), spatial(g.kernel, 1)
     xs = _strides((g.n, *i_size, g.ic))
