@@ -48,6 +48,7 @@ from ...casts import F16_BITS, F32_VALUES
 from . import microkernel
 from .geometry import tap
 from .microkernel import _constant, _rounded
+from .tuning import TUNING
 
 __all__ = ["reduce", "gather"]
 
@@ -463,13 +464,21 @@ def gather_phases(out_size: int, kernel: int, stride: int, dilation: int, pad: i
 
 
 def gather_block(count: int, taps: int, width: int, channels: int) -> tuple[int, int]:
-    """(rows, vecs) of a :func:`gather` block for rows of ``count`` positions: ``vecs`` adjacent
-    vectors of channels (2 where the channels are exactly two vectors, so that a block reads and
-    writes whole positions, and a block of at least 4 positions still fits; else 1: more
-    positions per block beat wider blocks on more channels, docs/engine-measurements.md), then ``rows``
-    positions: the fewest padded positions, then the largest block, with ``rows`` x ``vecs``
-    accumulators, ``taps`` x ``vecs`` weights and ``vecs`` + 1 more within the vector registers
-    (32 zmm or 16 ymm), at most 16 positions."""
+    """(rows, vecs) of a :func:`gather` block for rows of ``count`` positions. Where
+    ``TUNING.gather_vectors[width]`` allows several vectors and the channels are whole vectors, a
+    block is one position of as many adjacent vectors as divide them (that number halved until
+    it does, at least 2): on 8-wide vectors, half a cache line each, blocks of several positions
+    of one vector ran 1.2-2.6x slower (docs/engine-measurements.md). Otherwise ``vecs`` is 2
+    where the channels are exactly two vectors (so that a block reads and writes whole positions,
+    and a block of at least 4 positions still fits; else 1: more positions per block beat wider
+    blocks on more channels on 16-wide vectors), then ``rows`` positions: the fewest padded
+    positions, then the largest block, with ``rows`` x ``vecs`` accumulators, ``taps`` x ``vecs``
+    weights and ``vecs`` + 1 more within the vector registers (32 zmm or 16 ymm), at most 16."""
+    vectors, vecs = channels // width if channels % width == 0 else 0, TUNING.gather_vectors.get(width, 1)
+    while vecs > 1 and vectors % vecs:
+        vecs //= 2
+    if vecs > 1 and vectors:
+        return 1, vecs
     regs = 32 if width == 16 else 16
     vecs = 2 if channels == 2 * width and (regs - 3 * taps - 3) // 2 >= 4 else 1
     top = max(4, min(16, (regs - vecs * (taps + 1) - 1) // vecs))

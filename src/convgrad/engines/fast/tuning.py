@@ -125,6 +125,11 @@ class Tuning:
     min_block_rows: int = 256
     #: ``direct``: the depthwise weights gradient sums this many partial dw per thread.
     depthwise_parts_per_thread: int = 4
+    #: ``direct``: vectors of channels (at most; a power of two) of a one-position block of the
+    #: depthwise forward and data gradient kernels, per vector width (:func:`.depthwise_kernels.gather_block`;
+    #: 1: blocks of positions of one vector). Zen 3 (AVX2), MobileNet's data gradients, 2026-11-27:
+    #: 1.2-2.6x faster than 7-8 positions of one vector; Zen 4's 16-wide blocks as measured there.
+    gather_vectors: dict[int, int] = field(default_factory=lambda: {8: 4, 16: 1})
     #: Temporaries of at least this many bytes come from the engine's cache (``workspace``) ...
     workspace_min_bytes: int = 1 << 20
     #: ... which keeps at most this many bytes of them from one call to the next (ResNet-50's 40
