@@ -241,9 +241,9 @@ def test_every_result_is_written(shape, channels_first, dtype_name, rng):
 
 
 @pytest.mark.parametrize("kernel,channels,width,slide,want", [
-    ((1, 3, 3), 32, 16, False, (9, 2, 0)), ((1, 3, 3), 1024, 16, False, (9, 3, 0)), ((1, 3, 3), 64, 8, False, (9, 1, 0)),
-    ((1, 5, 5), 64, 16, False, (25, 1, 0)), ((3, 3, 3), 64, 16, False, (27, 1, 0)), ((1, 1, 1), 17, 16, False, (1, 1, 0)),
-    ((1, 1, 1), 256, 16, False, (1, 4, 0)), ((1, 7, 7), 256, 8, False, (7, 1, 0)), ((1, 1, 31), 64, 16, False, (1, 4, 0)),
+    ((1, 3, 3), 32, 16, False, (9, 2, 0)), ((1, 3, 3), 1024, 16, False, (9, 3, 0)), ((1, 3, 3), 64, 8, False, (3, 3, 0)),
+    ((1, 3, 3), 8, 8, False, (9, 1, 0)), ((1, 5, 5), 64, 16, False, (25, 1, 0)), ((3, 3, 3), 64, 16, False, (27, 1, 0)),
+    ((1, 1, 1), 17, 16, False, (1, 1, 0)), ((1, 1, 1), 256, 16, False, (1, 4, 0)), ((1, 7, 7), 256, 8, False, (7, 1, 0)), ((1, 1, 31), 64, 16, False, (1, 4, 0)),
     ((1, 3, 3), 32, 16, True, (9, 1, 3)), ((1, 3, 3), 1024, 16, True, (9, 1, 3)), ((1, 3, 3), 64, 8, True, (3, 2, 3)),
     ((1, 5, 5), 64, 16, True, (5, 2, 5)), ((3, 3, 3), 64, 16, True, (3, 4, 3)), ((1, 1, 1), 17, 16, True, (1, 1, 0)),
     ((1, 3, 1), 64, 16, True, (3, 4, 0)), ((1, 1, 31), 64, 16, True, (1, 4, 0)),
@@ -251,7 +251,8 @@ def test_every_result_is_written(shape, channels_first, dtype_name, rng):
 def test_weights_block_fits_the_registers(kernel, channels, width, slide, want):
     """Sliding (stride and dilation 1 along the row): all taps' accumulators and windows where
     they fit (with a dy vector per vector), else a kernel row's. Otherwise all taps' accumulators
-    where they fit (with a dy vector per vector and an x vector), else a kernel row's, else one
+    where they fit for a cache line of channels (two 8-wide vectors where there are two; a dy
+    vector per vector and an x vector), else a kernel row's, else as for one vector, else one
     tap's. Vectors up to 4 and up to the channels' full vectors."""
     taps, vecs, window = depthwise_kernels.reduce_block(kernel, channels, width, slide)
     assert (taps, vecs, window) == want
