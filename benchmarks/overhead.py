@@ -12,7 +12,10 @@ Pairs (convgrad | PyTorch):
 - ``convgrad.torch.convolution`` forward | ``F.conv2d``;
 - ``convgrad.torch`` forward + ``.backward()`` through autograd | ``F.conv2d`` forward + backward;
 - ``convgrad.jax.convolution`` under ``jax.jit`` (forward, and value-and-grad) | ``F.conv2d``
-  forward, forward + backward (JAX has no CPU call of the same work to compare with here).
+  forward, forward + backward; and the same beside JAX's own ``jax.lax.conv_general_dilated``
+  under ``jax.jit`` (XLA's CPU convolution);
+- the floor of any host function under ``jax.jit``: an XLA FFI call (:mod:`convgrad.xla_ffi`)
+  whose host function returns a ready array | ``F.conv2d``.
 
 Each pair runs in one process, each call in its own block after a warm-up, blocks alternating;
 the median over ``--repeats`` blocks of ``--calls`` calls is printed.
@@ -109,10 +112,28 @@ def main() -> None:
         fwd = jax.jit(lambda a, b: cj.convolution(a, b, pads_begin=p, pads_end=p))
         grad = jax.jit(jax.value_and_grad(lambda a, b: cj.convolution(a, b, pads_begin=p, pads_end=p).sum(),
                                           argnums=(0, 1)))
+        from convgrad.xla_ffi import host_target
+
+        def lax_conv(a: jax.Array, b: jax.Array) -> jax.Array:
+            return jax.lax.conv_general_dilated(a, b, (1, 1), [(p, p), (p, p)],
+                                                dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+        out = np.zeros(x.shape, np.float32)
+        empty = host_target(lambda a, b: out, "empty")
+        floor = jax.jit(lambda a, b: jax.ffi.ffi_call(empty, jax.ShapeDtypeStruct(x.shape, np.float32),
+                                                      vmap_method="sequential")(a, b))
+        lax_fwd = jax.jit(lax_conv)
+        lax_grad = jax.jit(jax.value_and_grad(lambda a, b: lax_conv(a, b).sum(), argnums=(0, 1)))
         pairs += [("convgrad.jax under jax.jit", lambda: fwd(xj, wj).block_until_ready(),
                    "F.conv2d", lambda: F.conv2d(xt, wt, padding=p)),
                   ("convgrad.jax value_and_grad, jit",
-                   lambda: jax.block_until_ready(grad(xj, wj)), "F.conv2d forward + backward", torch_autograd)]
+                   lambda: jax.block_until_ready(grad(xj, wj)), "F.conv2d forward + backward", torch_autograd),
+                  ("(floor) an empty host call under jax.jit", lambda: floor(xj, wj).block_until_ready(),
+                   "F.conv2d", lambda: F.conv2d(xt, wt, padding=p)),
+                  ("convgrad.jax under jax.jit", lambda: fwd(xj, wj).block_until_ready(),
+                   "jax.lax.conv under jax.jit", lambda: lax_fwd(xj, wj).block_until_ready()),
+                  ("convgrad.jax value_and_grad, jit", lambda: jax.block_until_ready(grad(xj, wj)),
+                   "jax.lax.conv value_and_grad, jit", lambda: jax.block_until_ready(lax_grad(xj, wj)))]
     except ImportError:
         print("(JAX not installed: its pairs are skipped)")
 
@@ -121,7 +142,7 @@ def main() -> None:
         a, b = _pair(ours, theirs, args.calls, args.repeats)
         rows.append((name, a * 1e6, peer, b * 1e6, a / b))
     if args.markdown:
-        print("| convgrad call | µs | PyTorch call | µs | ratio (target <= 2) |")
+        print("| convgrad call | µs | peer call | µs | ratio (target <= 2) |")
         print("|---|---:|---|---:|---:|")
         for name, a, peer, b, r in rows:
             print(f"| {name} | {a:.1f} | {peer} | {b:.1f} | {r:.2f}x |")
