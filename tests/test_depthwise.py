@@ -289,6 +289,24 @@ def _long_default(shape: str, channels: int, dtype: str) -> bool:
     return dtype == "f32" and channels != third or dtype == "bf16" and channels == third and i % 2 == 0
 
 
+@pytest.mark.parametrize("shape", ["3x3 stride 2, asymmetric pads", "5x5 stride 2 dilation 2"])
+@pytest.mark.parametrize("channels", [48, 64])
+def test_gather_weights_blocked_by_channels(shape, channels, rng, kernel_calls):
+    """Forward and data gradient where a block is one position of several vectors and the weights
+    are blocked by them (8-wide vectors: 48 channels in three blocks of 16, 64 in two of 32;
+    strides whose phases start at other taps), against the reference."""
+    g = _geometry(shape, channels)
+    rows, vecs = depthwise_kernels.gather_block(16, 3, 8, channels)
+    assert (rows, vecs) == (1, 2 if channels == 48 else 4)
+    inputs = task_inputs(g, rng, np.float32, False)
+    with forced_plan(DEPTHWISE):
+        for task in ("forward", "backward_data"):
+            got = getattr(FAST, task)(g, *inputs[task])
+            _check(got, getattr(REF, task)(g, *(v.astype(np.float64) for v in inputs[task])), 2e-6,
+                   f"{shape} C={channels} {task}")
+    assert kernel_calls["gather"] == 2 or isa.family() == "portable"
+
+
 @pytest.mark.parametrize("shape, channels, dtype_name", _cases(
     list(itertools.product(sorted(LONG_ROWS), (16, 17, 32, 40), ("f32", "bf16"))),
     lambda shape, channels, dtype: _long_default(shape, channels, dtype)))

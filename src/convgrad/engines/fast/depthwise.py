@@ -111,6 +111,10 @@ def _gather_into(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarra
     width, kind = kernel
     taps = _weights(g, w, np.dtype(np.float32))
     key, outer0, outer1, phases, spread = _gather_plan(g, transposed, width)
+    block = spread[2]
+    if block < g.ic:     # (K, C) as (C / block, K, block): a block's weights together
+        flat = taps.reshape(-1, g.ic // block, block).transpose(1, 0, 2)
+        taps = np.ascontiguousarray(flat).reshape(taps.shape)
     chunks = _chunks(out3.shape[0] * out3.shape[1] * out3.shape[2])
     kernels.gather_driver(width, kind, *key)(chunks, chunks, casts.bits(src3).reshape(-1), taps.reshape(-1),
                                              casts.bits(out3).reshape(-1), np.array(src3.shape, np.int64),
@@ -121,7 +125,11 @@ def _gather_into(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarra
 @functools.lru_cache(maxsize=256)
 def _gather_plan(g: ConvGeometry, transposed: bool, width: int) -> tuple:
     """(driver key, outer0, outer1, phases, spread) of :func:`.depthwise_kernels.gather_driver`
-    for ``g`` (the source: x, or dy with ``transposed``; remembered per geometry: shared, never written)."""
+    for ``g`` (the source: x, or dy with ``transposed``; remembered per geometry: shared, never
+    written); ``spread``'s last value is the weights' block of channels: a one-position block's
+    vectors (the weights blocked by them, as oneDNN's ``Goihw8g``: with 1024 channels the taps
+    of a vector lay 4 KB apart, in one L1 set; blocked, the 7x7 and 14x14 layers' data gradients
+    ran 1.2-1.5x faster on a Zen 3), else all the channels (plain)."""
     out_size = spatial(g.in_size if transposed else g.out_size, 1)
     src_size = spatial(g.out_size if transposed else g.in_size, 1)
     (s0, s1, s2), (d0, d1, d2), (p0, p1, p2) = (spatial(v, f) for v, f in ((g.strides, 1), (g.dilations, 1),
@@ -132,7 +140,8 @@ def _gather_plan(g: ConvGeometry, transposed: bool, width: int) -> tuple:
     phases, step, mul, period, spread = kernels.gather_phases(out_size[2], kernel[2], s2, d2, p2, transposed)
     taps = tuple(sorted(set(phases[:, 2].tolist())))
     rows, vecs = kernels.gather_block(int(phases[:, 4].max()), taps[-1], width, g.ic)
-    return (rows, vecs, taps, step, mul), *outer, phases, np.array([spread, period], np.int64)
+    block = width * vecs if rows == 1 and vecs > 1 else g.ic
+    return (rows, vecs, taps, step, mul), *outer, phases, np.array([spread, period, block], np.int64)
 
 
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:

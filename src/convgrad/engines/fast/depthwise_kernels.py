@@ -493,12 +493,13 @@ def gather_block(count: int, taps: int, width: int, channels: int) -> tuple[int,
 @functools.cache
 def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, ...], step: int, mul: int) -> Callable:
     """``drive(chunks, src, w, out, sshape, oshape, kshape, outer0, outer1, phases, spread)``:
-    fills ``out`` (flat, oshape 5-D) from ``src`` (flat, sshape) and ``w`` (flat (K0, K1, K2, C)):
+    fills ``out`` (flat, oshape 5-D) from ``src`` (flat, sshape) and ``w`` (flat, blocked by channels):
     per row of ``out`` the kernel rows ``(k0, k1)`` that read the source (``outer0[a0, k0]``,
     ``outer1[a1, k1]``: :func:`axis_taps`), per phase (``phases``: :func:`gather_phases`, whose
-    ``taps`` are among ``taps``) its positions ``r + P'*m`` (``spread = (P', P)``: phase count
-    and tap period) in blocks of ``rows``; rows in ``chunks`` parallel chunks; ``vecs`` > 1 only
-    where the channels are ``vecs`` whole vectors (:func:`gather_block`). ``src`` f32, or uint16
+    ``taps`` are among ``taps``) its positions ``r + P'*m`` (``spread = (P', P, B)``: phase count,
+    tap period and the weights' block of channels: ``w`` is (C/B, K0, K1, K2, B)) in blocks of
+    ``rows``; rows in ``chunks`` parallel chunks; ``vecs`` > 1 only where the channels are
+    ``vecs`` whole vectors (:func:`gather_block`). ``src`` f32, or uint16
     bits of ``kind``; ``out`` f32, or uint16 bits of ``kind`` rounded as they are stored; ``w``
     f32; the tables int64 (:class:`.microkernel.parallel_items`)."""
     wide, narrow = max(taps), min(taps)
@@ -510,7 +511,8 @@ def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, 
         a0_, a1_, a2_ = oshape[1], oshape[2], oshape[3]
         k0_, k1_, k2_ = kshape
         lines = n_ * a0_ * a1_
-        ostep, wstep = spread[0] * c_, spread[1] * c_
+        wb = spread[2]                    # w's channel stride: C, or a block's channels (w blocked)
+        ostep, wstep = spread[0] * c_, spread[1] * wb
         ts, tw = np.empty(k0_ * k1_, np.int64), np.empty(k0_ * k1_, np.int64)
         for line in range(chunk * lines // chunks, (chunk + 1) * lines // chunks):
             n, a0, a1 = line // (a0_ * a1_), line // a1_ % a0_, line % a1_
@@ -520,7 +522,7 @@ def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, 
                 for k1 in range(k1_):
                     b1 = outer1[a1, k1]
                     if b0 >= 0 and b1 >= 0:
-                        ts[used], tw[used] = ((n * s0_ + b0) * s1_ + b1) * s2_ * c_, (k0 * k1_ + k1) * k2_ * c_
+                        ts[used], tw[used] = ((n * s0_ + b0) * s1_ + b1) * s2_ * c_, (k0 * k1_ + k1) * k2_ * wb
                         used += 1
             for m in range(0, phases[0, 4], rows):  # the phases' blocks in turn: the writes move along the row
                 for ph in range(phases.shape[0]):
@@ -533,9 +535,9 @@ def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, 
                         lanes = min(width, c_ - c - (vecs - 1) * width)
                         if single or ntaps == wide:
                             gather(width, rows, wide, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
-                                   kfirst * c_ + c, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs)
+                                   c // wb * k0_ * k1_ * k2_ * wb + c % wb + kfirst * wb, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs)
                         else:
                             gather(width, rows, narrow, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
-                                   kfirst * c_ + c, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs)
+                                   c // wb * k0_ * k1_ * k2_ * wb + c % wb + kfirst * wb, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs)
 
     return microkernel.parallel_items(chunk_of)
