@@ -262,6 +262,37 @@ def test_tune_times_each_call_in_sequence(monkeypatch: pytest.MonkeyPatch) -> No
     assert calls[0][0] == "backward_data"                   # the warm-up call of the first plan
 
 
+def test_tune_scores_plans_round_by_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every round times every plan (the order rotated by one each round), and a plan's score is
+    its time over the default's in the same rounds: a slow spell of the host during the first
+    calls (the default's, in the first round) does not choose a plan no faster than the default,
+    and a plan 1.5x faster in every round is chosen with a score of 2/3."""
+    f = features()
+    plans = list(dict.fromkeys([default_plan(f), *candidates(f)]))
+    assert len(plans) >= 2
+    clock, order = [0.0], []
+    cost = {p: 1.0 for p in plans}
+
+    def fake_run(problem, g, arrays):
+        plan = forced()
+        order.append(plan)
+        clock[0] += cost.get(plan, 1.0) * (10.0 if len(order) <= len(plans) + 2 else 1.0)  # warm-ups, then a spell
+
+    monkeypatch.setattr(tune, "_run", fake_run)
+    monkeypatch.setattr(tune.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(tune.time, "sleep", lambda s: None)
+    timed = tune.measure(plans, f, (None, None), min_runs=tune.ROUNDS, block_seconds=0.0)
+    rounds = [order[len(plans) + r * len(plans):len(plans) + (r + 1) * len(plans)] for r in range(tune.ROUNDS)]
+    assert all(sorted(map(str, r)) == sorted(map(str, plans)) for r in rounds)
+    assert [r[0] for r in rounds] == [plans[r % len(plans)] for r in range(tune.ROUNDS)]
+    assert [t.score for t in timed] == [1.0] * len(plans)
+    assert tune.tune(f, store=False, min_runs=tune.ROUNDS, block_seconds=0.0).chosen == default_plan(f)
+    cost[plans[1]] = 2 / 3
+    tuned = tune.tune(f, store=False, min_runs=tune.ROUNDS, block_seconds=0.0)
+    assert tuned.chosen == plans[1] and tuned.timing(plans[1]).score == pytest.approx(2 / 3)
+    assert tuned.speedup == pytest.approx(1.5)
+
+
 def test_autotune_tunes_a_new_problem_at_its_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CONVGRAD_AUTOTUNE", "1")
     f = features("backward_weights")

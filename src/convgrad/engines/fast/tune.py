@@ -1,15 +1,20 @@
 """Plans measured on this machine: time a problem's candidate plans and cache the fastest.
 
 For one problem (:class:`Features`), every plan of :func:`candidates` runs on the same random
-inputs, each in its own block: a warm-up call (JIT compiles happen there), a pause, then timed
-calls (at least ``min_runs``, until ``block_seconds`` have passed), their median kept. **In
-sequence**: each timed call comes right after a call of each ``context`` problem (the layers
-next to it in ``convgrad tune``'s list; for ``CONVGRAD_AUTOTUNE`` the process's previous
-problem) with the plan that runs it, as it will in a training step: a plan whose threads slow
-its neighbours' (or is slowed by them: OpenBLAS's spinning next to numba's) is timed so. The
-fastest plan is stored in the plan cache (:mod:`.plan_cache`) unless it beats the default plan
-by less than ``margin`` (then the default is stored: a plan is never changed on noise). Used by ``convgrad tune`` and by
-``CONVGRAD_AUTOTUNE=1`` (each new problem tuned at its first call, as ``cudnn.benchmark`` does).
+inputs: a warm-up call each (JIT compiles happen there), a pause, then :data:`ROUNDS` rounds in
+which each plan in turn (the order rotated every round) takes its timed calls (at least
+``min_runs`` in all, until ``block_seconds`` have passed in all). **In sequence**: each timed
+call comes right after a call of each ``context`` problem (the layers next to it in ``convgrad
+tune``'s list; for ``CONVGRAD_AUTOTUNE`` the process's previous problem) with the plan that runs
+it, as it will in a training step: a plan whose threads slow its neighbours' (or is slowed by
+them: OpenBLAS's spinning next to numba's) is timed so. **Against the default, round by round**:
+a plan's score is the median over the rounds of its time over the default plan's in the same
+round, so that a slow spell of a shared host, which falls on whichever plan is timed then, does
+not choose the plan (timed in blocks one after the other, the Zen 3 stored plans up to 1.9x
+slower than the default when timed again). The best-scoring plan is stored in the plan cache
+(:mod:`.plan_cache`) unless its score is above ``1 - margin`` (then the default is stored: a
+plan is never changed on noise). Used by ``convgrad tune`` and by ``CONVGRAD_AUTOTUNE=1`` (each
+new problem tuned at its first call, as ``cudnn.benchmark`` does).
 """
 
 from __future__ import annotations
@@ -30,20 +35,25 @@ from . import plan_cache
 from .features import Features
 from .plan import Plan, candidates, default_plan, forced_plan, strategy_module
 
-__all__ = ["Timing", "Tuned", "inputs", "tune", "autotuned", "ran"]
+__all__ = ["Timing", "Tuned", "inputs", "measure", "tune", "autotuned", "ran"]
 
 #: Relative speed-up a candidate needs over the default plan to be chosen instead of it.
 MARGIN = 0.03
+#: Rounds of timed calls per plan (each plan in turn within a round).
+ROUNDS = 5
 
 
 @dataclass(frozen=True)
 class Timing:
-    """One plan's measurement: median and fastest of ``runs`` timed calls, in milliseconds."""
+    """One plan's measurement: median and fastest of ``runs`` timed calls, in milliseconds, and
+    its score: the median over the rounds of its median time over the first plan's (the
+    default's) in the same round."""
 
     plan: Plan
     median_ms: float
     min_ms: float
     runs: int
+    score: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -60,8 +70,8 @@ class Tuned:
 
     @property
     def speedup(self) -> float:
-        """Default plan's median time / the chosen plan's (1.0: the default kept)."""
-        return self.timing(self.default).median_ms / self.timing(self.chosen).median_ms
+        """The default plan's time over the chosen plan's, round by round (1.0: the default kept)."""
+        return 1 / self.timing(self.chosen).score
 
 
 def inputs(f: Features, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -96,32 +106,44 @@ def _run(f: Features, g: ConvGeometry, arrays: tuple[np.ndarray, np.ndarray]) ->
 Context = tuple[tuple[Features, tuple[np.ndarray, np.ndarray]], ...]
 
 
-def _time(plan: Plan, f: Features, g: ConvGeometry, arrays: tuple[np.ndarray, np.ndarray], min_runs: int,
-          block_seconds: float, pause: float, context: Context = ()) -> Timing:
-    """``plan``'s block: one warm-up call, a pause, then at least ``min_runs`` timed calls until
-    ``block_seconds`` have passed (the block's time counts the timed calls only), each right
-    after a call of every ``context`` problem on its own plan."""
-    with forced_plan(plan):
-        _run(f, g, arrays)
-    time.sleep(pause)
-    times: list[float] = []
-    while len(times) < min_runs or sum(times) < block_seconds:
-        for other, other_arrays in context:
-            _run(other, other.geometry, other_arrays)
+def measure(plans: Sequence[Plan], f: Features, arrays: tuple[np.ndarray, np.ndarray], *, min_runs: int = 3,
+            block_seconds: float = 0.2, pause: float = 0.05, context: Context = ()) -> tuple[Timing, ...]:
+    """Each of ``plans`` on ``f``: one warm-up call each, a pause, then :data:`ROUNDS` rounds in
+    which each plan in turn (the order rotated by one every round) takes timed calls (at least
+    ``ceil(min_runs / ROUNDS)``, until ``block_seconds / ROUNDS`` have passed), each right after a
+    call of every ``context`` problem on its own plan; scores relative to ``plans[0]``."""
+    g = f.geometry
+    for plan in plans:
         with forced_plan(plan):
-            t0 = time.perf_counter()
             _run(f, g, arrays)
-            times.append(time.perf_counter() - t0)
-    return Timing(plan, 1e3 * statistics.median(times), 1e3 * min(times), len(times))
+    time.sleep(pause)
+    times: list[list[list[float]]] = [[[] for _ in range(ROUNDS)] for _ in plans]
+    runs, seconds = max(1, -(-min_runs // ROUNDS)), block_seconds / ROUNDS
+    for r in range(ROUNDS):
+        for i in [(r + j) % len(plans) for j in range(len(plans))]:
+            spent = times[i][r]
+            while len(spent) < runs or sum(spent) < seconds:
+                for other, other_arrays in context:
+                    _run(other, other.geometry, other_arrays)
+                with forced_plan(plans[i]):
+                    t0 = time.perf_counter()
+                    _run(f, g, arrays)
+                    spent.append(time.perf_counter() - t0)
+    base = [statistics.median(round_times) for round_times in times[0]]
+    out = []
+    for plan, rounds in zip(plans, times):
+        every = [t for round_times in rounds for t in round_times]
+        score = statistics.median(statistics.median(t) / b for t, b in zip(rounds, base))
+        out.append(Timing(plan, 1e3 * statistics.median(every), 1e3 * min(every), len(every), score))
+    return tuple(out)
 
 
 def tune(f: Features, *, store: bool = True, min_runs: int = 3, block_seconds: float = 0.2, pause: float = 0.05,
          margin: float = MARGIN, seed: int = 0, context: Sequence[Features] = ()) -> Tuned:
-    """Time every candidate plan of ``f`` (each in its own block, each call after a call of every
-    ``context`` problem) and, with ``store`` (and plans not turned off by ``CONVGRAD_PLANS=off``),
-    cache the fastest (the default plan unless another beats it by more than ``margin``). Plans
-    whose memory bound exceeds the memory budget are not tried."""
-    g = f.geometry
+    """Time every candidate plan of ``f`` against the default (:func:`measure`, each call after a
+    call of every ``context`` problem) and, with ``store`` (and plans not turned off by
+    ``CONVGRAD_PLANS=off``), cache the best-scoring one (the default plan unless another's score
+    is below ``1 - margin``). Plans whose memory bound exceeds the memory budget are not tried."""
     default = default_plan(f)
     budget = memory_budget()
     plans = list(dict.fromkeys([default, *(p for p in candidates(f)
@@ -133,10 +155,10 @@ def tune(f: Features, *, store: bool = True, min_runs: int = 3, block_seconds: f
         rng = np.random.default_rng(seed)
         arrays = inputs(f, rng)
         around = tuple((other, inputs(other, rng)) for other in context if other != f)
-        timings = tuple(_time(p, f, g, arrays, min_runs, block_seconds, pause, around) for p in plans)
-        best = min(timings, key=lambda t: t.median_ms)
-        base = timings[0]
-        chosen = best.plan if best.median_ms < (1 - margin) * base.median_ms else default
+        timings = measure(plans, f, arrays, min_runs=min_runs, block_seconds=block_seconds, pause=pause,
+                          context=around)
+        best = min(timings, key=lambda t: t.score)
+        chosen = best.plan if best.score < 1 - margin else default
     tuned = Tuned(f, timings, default, chosen)
     if store and plan_cache.enabled():
         _store(tuned)
