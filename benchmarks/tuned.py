@@ -61,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         f = Features.of(d, TASKS[task], DATA_DTYPES[dt], False)
         tuned.append((d, task, dt, tune.tune(f, block_seconds=args.block_ms / 1e3)))
         print(f"tuned {d.name} {task} {dt}: {describe_plan(tuned[-1][3].chosen)}", flush=True)
+    for i, (d, task, dt, t) in enumerate(tuned):  # as convgrad tune: each changed plan beside its neighbours' plans
+        around = [tuned[j][3].features for j in (i - 1, i + 1) if 0 <= j < len(tuned)]
+        tuned[i] = (d, task, dt, tune.confirm(t, block_seconds=args.block_ms / 1e3, context=around))
+        if tuned[i][3].chosen != t.chosen:
+            print(f"reverted {d.name} {task} {dt}: {describe_plan(t.chosen)}", flush=True)
     tuning_s = time.perf_counter() - start
 
     rows = []

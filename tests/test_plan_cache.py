@@ -293,6 +293,32 @@ def test_tune_scores_plans_round_by_round(monkeypatch: pytest.MonkeyPatch) -> No
     assert tuned.speedup == pytest.approx(1.5)
 
 
+def test_confirm_keeps_or_reverts_a_changed_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan chosen by :func:`tune.tune` is timed against the default again: kept (and cached)
+    while it still wins, reverted to the default (cached) once it loses; the default needs no
+    second look."""
+    f = features()
+    plans = list(dict.fromkeys([default_plan(f), *candidates(f)]))
+    clock, cost = [0.0], {p: 1.0 for p in plans}
+    cost[plans[1]] = 0.5
+
+    def fake_run(problem, g, arrays):
+        clock[0] += cost.get(forced(), 1.0)
+
+    monkeypatch.setattr(tune, "_run", fake_run)
+    monkeypatch.setattr(tune.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(tune.time, "sleep", lambda s: None)
+    tuned = tune.tune(f, min_runs=tune.ROUNDS, block_seconds=0.0)
+    assert tuned.chosen == plans[1] and plan_cache.lookup(f) == plans[1]
+    kept = tune.confirm(tuned, min_runs=tune.ROUNDS, block_seconds=0.0)
+    assert kept.chosen == plans[1] and kept.timing(plans[1]).score == pytest.approx(0.5)
+    cost[plans[1]] = 1.2                                           # beside its neighbours' new plans, slower
+    reverted = tune.confirm(tuned, min_runs=tune.ROUNDS, block_seconds=0.0)
+    assert reverted.chosen == default_plan(f) and plan_cache.lookup(f) == default_plan(f)
+    assert reverted.timing(plans[1]).score == pytest.approx(1.2) and reverted.speedup == 1.0
+    assert tune.confirm(reverted) is reverted
+
+
 def test_autotune_tunes_a_new_problem_at_its_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CONVGRAD_AUTOTUNE", "1")
     f = features("backward_weights")

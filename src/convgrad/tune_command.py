@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -114,7 +115,10 @@ def _features(p: Problem):
 
 
 def run(problems: list[Problem], errors: list[str], block_ms: float, console: Console) -> int:
-    """Tune every problem, print a line per problem as it finishes and a table; the exit code."""
+    """Tune every problem (the layers beside it in the list as its context), print a line per
+    problem as it finishes; then check each changed plan beside its neighbours' own plans
+    (:func:`~convgrad.engines.fast.tune.confirm`: kept or reverted, a line each); a table; the
+    exit code."""
     from .engines.fast import plan_cache, tune
 
     for error in errors:
@@ -126,23 +130,38 @@ def run(problems: list[Problem], errors: list[str], block_ms: float, console: Co
         table.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
     start = time.perf_counter()
     failed = len(errors)
+    done: dict[int, Any] = {}  # index -> Tuned
+    tried: dict[int, int] = {}
+    ms = (lambda t: "-" if math.isnan(t.median_ms) else f"{t.median_ms:.3f}")
+
+    def around(index: int) -> list[Any]:
+        return [_features(problems[j]) for j in (index - 1, index + 1) if 0 <= j < len(problems)]
+
     for index, p in enumerate(problems):
         name = printable(shorten(p.desc.name or p.desc.canonical(), MAX_NAME_CHARS))
         try:
-            around = [_features(problems[j]) for j in (index - 1, index + 1) if 0 <= j < len(problems)]
-            tuned = tune.tune(_features(p), block_seconds=block_ms / 1e3, context=around)
+            tuned = done[index] = tune.tune(_features(p), block_seconds=block_ms / 1e3, context=around(index))
+            tried[index] = len(tuned.timings)
         except Exception as exc:  # one problem's failure must not stop the others
             failed += 1
             click.echo(f"{index}:FAILED ({printable(p.origin)}: {name} {p.direction} {p.dt} {p.tag}: "
                        f"{type(exc).__name__}: {printable(shorten(str(exc), 2000))})")
             continue
         d, c = tuned.timing(tuned.default), tuned.timing(tuned.chosen)
-        ms = (lambda t: "-" if math.isnan(t.median_ms) else f"{t.median_ms:.3f}")
         click.echo(f"{index}:TUNED {name} --dir={p.direction} --dt={p.dt} --tag={p.tag}: {describe_plan(tuned.chosen)}"
                    f" {ms(c)} ms (default {describe_plan(tuned.default)} {ms(d)} ms, {len(tuned.timings)} plans)")
-        table.add_row(escape(name), p.direction, p.dt, p.tag, str(len(tuned.timings)), describe_plan(tuned.default),
-                      ms(d), describe_plan(tuned.chosen), ms(c), "-" if math.isnan(d.median_ms) else
-                      f"{tuned.speedup:.2f}x")
+    for index, tuned in done.items():  # each changed plan again, beside its neighbours' own plans
+        if tuned.chosen != tuned.default:
+            checked = done[index] = tune.confirm(tuned, block_seconds=block_ms / 1e3, context=around(index))
+            verdict = "KEPT" if checked.chosen == tuned.chosen else "REVERTED"
+            click.echo(f"{index}:{verdict} {describe_plan(tuned.chosen)} beside its neighbours' plans: "
+                       f"{checked.timing(tuned.chosen).score:.2f}x the default's time")
+    for index, tuned in done.items():
+        p = problems[index]
+        d, c = tuned.timing(tuned.default), tuned.timing(tuned.chosen)
+        table.add_row(escape(printable(shorten(p.desc.name or p.desc.canonical(), MAX_NAME_CHARS))), p.direction,
+                      p.dt, p.tag, str(tried[index]), describe_plan(tuned.default), ms(d),
+                      describe_plan(tuned.chosen), ms(c), "-" if math.isnan(d.median_ms) else f"{tuned.speedup:.2f}x")
     console.print(table)
     where = f"plan cache: {plan_cache.cache_file()}" if plan_cache.enabled() else \
         "plans not stored (CONVGRAD_PLANS=off)"

@@ -35,7 +35,7 @@ from . import plan_cache
 from .features import Features
 from .plan import Plan, candidates, default_plan, forced_plan, strategy_module
 
-__all__ = ["Timing", "Tuned", "inputs", "measure", "tune", "autotuned", "ran"]
+__all__ = ["Timing", "Tuned", "inputs", "measure", "tune", "confirm", "autotuned", "ran"]
 
 #: Relative speed-up a candidate needs over the default plan to be chosen instead of it.
 MARGIN = 0.03
@@ -163,6 +163,28 @@ def tune(f: Features, *, store: bool = True, min_runs: int = 3, block_seconds: f
     if store and plan_cache.enabled():
         _store(tuned)
     return tuned
+
+
+def confirm(tuned: Tuned, *, store: bool = True, min_runs: int = 3, block_seconds: float = 0.2,
+            pause: float = 0.05, margin: float = MARGIN, context: Sequence[Features] = ()) -> Tuned:
+    """``tuned`` checked once its neighbours have their own plans: a chosen plan other than the
+    default is timed against it again (:func:`measure`, each call after a call of every
+    ``context`` problem on the plan the cache now gives it) and kept only if it still scores below
+    ``1 - margin``, else the default is (and, with ``store``, is cached). ``convgrad tune`` runs
+    this over its list once every problem is tuned: a plan chosen beside its neighbours' default
+    plans may lose beside their tuned ones (a BLAS plan beside another's spinning threads)."""
+    if tuned.chosen == tuned.default:
+        return tuned
+    f = tuned.features
+    rng = np.random.default_rng(1)
+    arrays = inputs(f, rng)
+    around = tuple((other, inputs(other, rng)) for other in context if other != f)
+    base, best = measure([tuned.default, tuned.chosen], f, arrays, min_runs=min_runs, block_seconds=block_seconds,
+                         pause=pause, context=around)
+    checked = Tuned(f, (base, best), tuned.default, best.plan if best.score < 1 - margin else tuned.default)
+    if store and plan_cache.enabled():
+        _store(checked)
+    return checked
 
 
 def _store(tuned: Tuned) -> None:
