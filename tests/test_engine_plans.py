@@ -120,6 +120,10 @@ def avx2():
     ((16, 1, 256, 64, (56, 56), (1, 1)), "backward_weights", np.float32, True, "gemm variant=image_gemms"),  # NCX alone
     ((16, 1, 64, 256, (56, 56), (1, 1)), "backward_data", np.float32, "shared", "jit"),   # NCX beside PyTorch
     ((16, 1, 64, 256, (56, 56), (1, 1)), "backward_weights", np.float32, "shared", "jit"),
+    ((16, 1, 3, 64, (230, 230), (7, 7), (2, 2)), "backward_weights", np.float32, False,
+     "jit block=4x3"),                                                 # conv1: one row of 4 idle (1.5 FMAs a kept one)
+    ((16, 1, 3, 32, (230, 230), (7, 7), (2, 2)), "backward_weights", np.float32, False,
+     "gemm variant=frame"),                                            # 32 lanes on 4x3: 2.25 FMAs a kept one
 ])
 def test_the_tuning_tables_rule(case, task, dtype, channels_first, want, avx2):
     """The rule on AVX2 (``channels_first`` "shared": NCX data beside PyTorch's threads)."""

@@ -54,8 +54,10 @@ class Tuning:
     #: ... a weights gradient of fewer than backward data's only where its register block
     #: computes at most this many FMAs per one kept (``jit.idle``). Zen 4, 2026-11-26, f32, ms
     #: (jit / BLAS): ResNet-50's conv1 (3 -> 64 channels, 3x4 block, idle 1.0) 32 / 39 (bf16 18 /
-    #: 50); 3 -> 48 channels (7x3, idle 2.3) 24 / 19; 3 -> 32 (14x2, idle 4.7) 263 / 136.
-    jit_narrow_idle: float = 1.25
+    #: 50); 3 -> 48 channels (7x3, idle 2.3) 24 / 19; 3 -> 32 (14x2, idle 4.7) 263 / 136. Zen 3
+    #: (AVX2), 2026-11-27, conv1 on each block, alternating rounds: 4x3 (idle 1.5) 0.81x BLAS's
+    #: time (0.62x in sequence, `convgrad tune`), 6x2 (2.0) 1.01x, 8x1 (2.7) 2.1x.
+    jit_narrow_idle: float = 1.75
     #: ... and a multi-tap weights gradient only of data already in f32 (its f32 copies of
     #: 16-bit x and dy would exceed the 2x memory bound; pointwise ones stay 16-bit on the GEMM).
     jit_weights_16_bit: bool = False
