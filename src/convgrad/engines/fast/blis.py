@@ -61,14 +61,17 @@ class Blocks:
         return self.vecs * self.width
 
 
-def register_block(n: int, width: int, m: int, itemsize: int) -> tuple[int, int]:
+def register_block(n: int, width: int, m: int, itemsize: int, k: int = 0) -> tuple[int, int]:
     """The GEMM's register block: ``TUNING.gemm_blocks`` for the family's width and the operand
     size where it names one and ``n`` fills its vectors, else the fewest idle lanes and rows
-    (:func:`.microkernel.block_for`, loads weighed by ``TUNING.gemm_loads_weight``)."""
+    (:func:`.microkernel.block_for`, loads weighed by ``TUNING.gemm_loads_weight``), a block whose
+    columns leave the result padded (copied out afterwards) weighed by ``TUNING.gemm_result_copy``
+    over the reduction's depth ``k`` (if given): a short reduction's copy is a large share."""
     block = TUNING.gemm_blocks.get((width, itemsize))
     if block is not None and n >= block[1] * width:
         return block
-    return microkernel.block_for(n, width, m, loads_weight=TUNING.gemm_loads_weight)
+    return microkernel.block_for(n, width, m, loads_weight=TUNING.gemm_loads_weight,
+                                 copy=TUNING.gemm_result_copy / k if k else 0.0)
 
 
 def deep(m: int, k: int, n: int) -> bool:

@@ -88,8 +88,9 @@ def complete(f: Features, params: dict) -> dict:
     channels = g.icg if f.task == "backward_data" else g.ocg
     if f.pointwise:        # one GEMM over the positions: our GEMM's block for its M x N
         positions = g.n * math.prod(g.out_size)
-        rows, vecs = blis.register_block(channels, _width(), g.icg if f.task == "backward_weights" else positions,
-                                         4 // _depth(f.data_dtype))
+        m, k = {"forward": (positions, g.icg), "backward_data": (positions, g.ocg),
+                "backward_weights": (g.icg, positions)}[f.task]
+        rows, vecs = blis.register_block(channels, _width(), m, 4 // _depth(f.data_dtype), k)
     else:
         weights = f.task == "backward_weights"       # rows over input channels: weighed as our GEMM's
         rows, vecs = microkernel.block_for(channels, _width(), g.icg if weights else None, _computed(g, f.task),

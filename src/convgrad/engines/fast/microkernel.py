@@ -75,13 +75,16 @@ SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes() + Path(casts.__file__
 
 
 def block_for(channels: int, width: int, rows: int | None = None,
-              computed: Callable[[int], float] | None = None, loads_weight: float | None = None) -> tuple[int, int]:
+              computed: Callable[[int], float] | None = None, loads_weight: float | None = None,
+              copy: float = 0.0) -> tuple[int, int]:
     """The block (R, V) for ``channels`` output channels in vectors of ``width`` (and, if given,
     ``rows`` rows to cut into blocks of R): one vector only where that is all there is; else the
     least time per result kept, to the percent: the FMAs computed per one kept (idle lanes and
     rows; ``computed(R)``, the positions a driver computes with blocks of R rows per position it
     keeps, padding columns included, 1 if not given) x (1 + ``loads_weight`` x loads per FMA;
-    default ``TUNING.block_loads_weight[width]``); then the most accumulators. Measured on a Zen 4
+    default ``TUNING.block_loads_weight[width]``) x (1 + ``copy`` where the block's vectors do not
+    divide the channels: a GEMM's padded result copied out, per FMA computed); then the most
+    accumulators. Measured on a Zen 4
     (docs/engine-measurements.md, "Fifth round", "Seventh round"): 6x4 over 14x2 on 56-wide 3x3 layers (3.6 % padding columns
     against none), 14x2 4-13 % faster on 28- and 14-wide ones (7 % and 13 % padding columns), 6x4
     on the bf16 1x1 GEMMs over thousands of positions, 7x3 on 7-wide rows of 512 channels (one
@@ -92,7 +95,7 @@ def block_for(channels: int, width: int, rows: int | None = None,
     def cost(block: tuple[int, int]) -> tuple[float, int]:
         r, v = block
         time = idle(block, channels, width, rows) * (computed(r) if computed else 1.0) \
-            * (1 + weight * (r + v) / (r * v))
+            * (1 + weight * (r + v) / (r * v)) * (1 + copy if channels % (v * width) else 1.0)
         return round(time, 2), -r * v
 
     return min((b for b in BLOCKS[width] if b[1] <= vectors and (b[1] > 1 or vectors == 1)), key=cost)

@@ -93,6 +93,11 @@ class Tuning:
     #: every width: on the Zen 3 the 1x1 layers of 256 output channels ran 25 % slower on 4x3 than
     #: on 6x2, the 3x3 weights gradients were within noise at 256 channels and 0-20 % slower at 512.
     gemm_loads_weight: float = 0.39
+    #: ... and a result whose columns a block leaves padded costs a copy of about this many FMAs
+    #: per value (``blis.register_block``: weighed against the reduction's depth). Zen 3, 2
+    #: threads: ResNet-50's res5a_branch1 weights gradient at mb 1 (1024 x 49 x 2048, 4x3 block:
+    #: 24 lanes do not divide 2048) 4.9 ms in the GEMM, 2.2 more copying its 8 MB result out.
+    gemm_result_copy: float = 16.0
     #: ``jit``: bytes of operands meant to stay in a core's L2 cache: the weights gradient reduces
     #: over chunks of output rows of about this much x and dy; forward and backward data loop over
     #: the channel blocks outermost where the packed weights take more than this or the host's L2
