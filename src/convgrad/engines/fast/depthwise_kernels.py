@@ -372,8 +372,9 @@ def reduce_block(kernel: tuple[int, int, int], channels: int, width: int, slide:
     vector registers (32 zmm or 16 ymm), ``window`` the kernel's width. Otherwise (``window`` 0)
     all the taps, else one kernel row, whose accumulators fit for a cache line of channels (64
     bytes: two 8-wide vectors, where the channels have them; the line's dy vectors and one x
-    vector beside them), else the first of those or one tap that fits for one vector. Then as many vectors (up to 4, and up to the
-    channels' full vectors) as fit. (On 8-wide vectors, all 3x3 taps of one vector ran
+    vector beside them), else the first of those or one tap that fits for one vector. Then as
+    many vectors (up to 4, and up to the channels' full vectors) as fit. (On 8-wide vectors, all
+    3x3 taps of one vector ran
     MobileNet's stride-2 weights gradients 1.3-4.2x slower than a kernel row of three vectors:
     the other half of each line was fetched again by the next call.)"""
     regs = 32 if width == 16 else 16
@@ -533,11 +534,12 @@ def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, 
                     ooff = (line * a2_ + r) * c_
                     for c in range(0, c_, width * vecs):   # ``vecs`` vectors of channels at a time
                         lanes = min(width, c_ - c - (vecs - 1) * width)
+                        woff = c // wb * k0_ * k1_ * k2_ * wb + c % wb     # channel c's weights
                         if single or ntaps == wide:
                             gather(width, rows, wide, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
-                                   c // wb * k0_ * k1_ * k2_ * wb + c % wb + kfirst * wb, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs)
+                                   woff + kfirst * wb, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs)
                         else:
                             gather(width, rows, narrow, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
-                                   c // wb * k0_ * k1_ * k2_ * wb + c % wb + kfirst * wb, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs)
+                                   woff + kfirst * wb, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs)
 
     return microkernel.parallel_items(chunk_of)
