@@ -137,8 +137,9 @@ def run(problems: list[Problem], errors: list[str], block_ms: float, console: Co
     def around(index: int) -> list[Any]:
         return [_features(problems[j]) for j in (index - 1, index + 1) if 0 <= j < len(problems)]
 
+    names = [printable(shorten(p.desc.name or p.desc.canonical(), MAX_NAME_CHARS)) for p in problems]
     for index, p in enumerate(problems):
-        name = printable(shorten(p.desc.name or p.desc.canonical(), MAX_NAME_CHARS))
+        name = names[index]
         try:
             tuned = done[index] = tune.tune(_features(p), block_seconds=block_ms / 1e3, context=around(index))
             tried[index] = len(tuned.timings)
@@ -159,7 +160,7 @@ def run(problems: list[Problem], errors: list[str], block_ms: float, console: Co
     for index, tuned in done.items():
         p = problems[index]
         d, c = tuned.timing(tuned.default), tuned.timing(tuned.chosen)
-        table.add_row(escape(printable(shorten(p.desc.name or p.desc.canonical(), MAX_NAME_CHARS))), p.direction,
+        table.add_row(escape(names[index]), p.direction,
                       p.dt, p.tag, str(tried[index]), describe_plan(tuned.default), ms(d),
                       describe_plan(tuned.chosen), ms(c), "-" if math.isnan(d.median_ms) else f"{tuned.speedup:.2f}x")
     console.print(table)

@@ -148,18 +148,8 @@ def tune(f: Features, *, store: bool = True, min_runs: int = 3, block_seconds: f
     budget = memory_budget()
     plans = list(dict.fromkeys([default, *(p for p in candidates(f)
                                             if strategy_module(p.strategy).workspace_bytes(f, p) <= budget)]))
-    if len(plans) == 1:
-        timings = (Timing(default, math.nan, math.nan, 0),)
-        chosen = default
-    else:
-        rng = np.random.default_rng(seed)
-        arrays = inputs(f, rng)
-        around = tuple((other, inputs(other, rng)) for other in context if other != f)
-        timings = measure(plans, f, arrays, min_runs=min_runs, block_seconds=block_seconds, pause=pause,
-                          context=around)
-        best = min(timings, key=lambda t: t.score)
-        chosen = best.plan if best.score < 1 - margin else default
-    tuned = Tuned(f, timings, default, chosen)
+    tuned = Tuned(f, (Timing(default, math.nan, math.nan, 0),), default, default) if len(plans) == 1 else \
+        _choose(f, plans, seed, context, min_runs, block_seconds, pause, margin)
     if store and plan_cache.enabled():
         _store(tuned)
     return tuned
@@ -175,16 +165,23 @@ def confirm(tuned: Tuned, *, store: bool = True, min_runs: int = 3, block_second
     plans may lose beside their tuned ones (a BLAS plan beside another's spinning threads)."""
     if tuned.chosen == tuned.default:
         return tuned
-    f = tuned.features
-    rng = np.random.default_rng(1)
-    arrays = inputs(f, rng)
-    around = tuple((other, inputs(other, rng)) for other in context if other != f)
-    base, best = measure([tuned.default, tuned.chosen], f, arrays, min_runs=min_runs, block_seconds=block_seconds,
-                         pause=pause, context=around)
-    checked = Tuned(f, (base, best), tuned.default, best.plan if best.score < 1 - margin else tuned.default)
+    checked = _choose(tuned.features, [tuned.default, tuned.chosen], 1, context, min_runs, block_seconds, pause,
+                      margin)
     if store and plan_cache.enabled():
         _store(checked)
     return checked
+
+
+def _choose(f: Features, plans: Sequence[Plan], seed: int, context: Sequence[Features], min_runs: int,
+            block_seconds: float, pause: float, margin: float) -> Tuned:
+    """``plans`` (the default first) measured on random inputs (``seed``) beside ``context``
+    (:func:`measure`); the best-scoring one chosen unless its score is above ``1 - margin``."""
+    rng = np.random.default_rng(seed)
+    arrays = inputs(f, rng)
+    around = tuple((other, inputs(other, rng)) for other in context if other != f)
+    timings = measure(plans, f, arrays, min_runs=min_runs, block_seconds=block_seconds, pause=pause, context=around)
+    best = min(timings, key=lambda t: t.score)
+    return Tuned(f, timings, plans[0], best.plan if best.score < 1 - margin else plans[0])
 
 
 def _store(tuned: Tuned) -> None:
