@@ -4,30 +4,89 @@ layout out. What :class:`convgrad.Op` and :mod:`convgrad.dask.arrays` (per block
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from .dtypes import round_to
 from .engines import Engine
-from .layout import data_from_canonical, data_to_canonical, weights_in_format, weights_to_canonical
-from .limits import check_memory
+from .layout import channels_first, data_from_canonical, data_to_canonical, weights_in_format, weights_to_canonical
+from .limits import check_memory, memory_budget
 from .memo import Memo
 from .problem import ConvGeometry, Problem
 from .tensor_ops import TensorProblem, run_tensor_problem
 
-__all__ = ["execute", "execute_canonical", "round_result", "finish"]
+__all__ = ["Warm", "execute", "execute_canonical", "round_result", "finish"]
+
+#: Entries of each of a :class:`Warm`'s memos (engines and engine states).
+WARM_ENTRIES = 64
+#: The engine's two inputs of each task, by role.
+_INPUTS = {"forward": ("x", "w"), "backward_data": ("y", "w"), "backward_weights": ("x", "y")}
+
+
+@dataclass(frozen=True)
+class Warm:
+    """What repeated calls of one problem on inputs of one signature (shapes, dtypes, strides:
+    :meth:`convgrad.Op.resolve`) keep, per engine and engine state (``engine.state()``): the
+    memory estimates (:func:`~convgrad.limits.check_memory`) and the bound runs (:func:`execute`)."""
+
+    estimates: Memo[tuple[Any, ...], tuple[int, int]] = field(default_factory=lambda: Memo(WARM_ENTRIES))
+    runs: Memo[tuple[Any, ...], Callable[[dict[str, np.ndarray]], np.ndarray]] = \
+        field(default_factory=lambda: Memo(WARM_ENTRIES))
 
 
 def execute(problem: Problem | TensorProblem, arrays: dict[str, np.ndarray], engine: Engine,
-            estimates: Memo | None = None) -> np.ndarray:
+            warm: Warm | None = None) -> np.ndarray:
     """Run a resolved problem: canonical views in, one engine call, bias, one rounding, user layout out
     (the other ops: :func:`~convgrad.tensor_ops.run_tensor_problem`). The memory guard runs first
-    (``estimates``: its memo for this problem, :func:`~convgrad.limits.check_memory`);
-    NaN and Inf propagate as IEEE arithmetic does, without warnings."""
+    (``warm``: what calls of this signature keep: its estimates, and the run an engine with a
+    ``bind`` bound for it, which a repeated call takes directly); NaN and Inf propagate as IEEE
+    arithmetic does, without warnings."""
     if isinstance(problem, TensorProblem):
         return run_tensor_problem(problem, [arrays[s.name] for s in problem.definition.inputs], engine)
-    bias = arrays.get("bias")
-    return finish(problem, execute_canonical(problem, arrays, engine, rounded=bias is None, estimates=estimates), bias)
+    with getattr(engine, "scope", contextlib.nullcontext)():  # an engine's per-call state, read once
+        if warm is not None and hasattr(engine, "bind"):
+            key = (engine, engine.state() if callable(getattr(engine, "state", None)) else None)
+            run = warm.runs.get(key) or _bind(problem, arrays, engine, warm, key)
+            if run is not None:
+                return run(arrays)
+        bias = arrays.get("bias")
+        return finish(problem, execute_canonical(problem, arrays, engine, rounded=bias is None,
+                                                 estimates=warm.estimates if warm is not None else None), bias)
+
+
+def _bind(problem: Problem, arrays: dict[str, np.ndarray], engine: Any, warm: Warm,
+          key: tuple[Any, ...]) -> Callable[[dict[str, np.ndarray]], np.ndarray] | None:
+    """:func:`execute` of ``problem`` on arrays like ``arrays`` as one function, where the engine
+    binds its call (``engine.bind``: a repeated call it runs without its per-call layers; None
+    else): the memory guard reduced to the budget's test (the estimate is the signature's), the
+    canonical views, the bound call, bias and rounding, the user's layout. Kept in ``warm.runs``
+    under ``key`` (the engine and its state now)."""
+    first, second = _INPUTS[problem.task]
+    fmt, wfmt = problem.data_format, problem.weights_format
+
+    def canonical(role: str, array: np.ndarray) -> np.ndarray:
+        return weights_to_canonical(array, wfmt) if role == "w" else data_to_canonical(array, fmt)
+
+    a = canonical(first, arrays[first])
+    rounded = "bias" not in arrays and getattr(engine, "rounds", False)
+    loops = engine.bind(problem.geometry, problem.task, a.dtype, channels_first(a), problem.dtype if rounded else None)
+    if loops is None:
+        return None
+    check_memory(problem, engine, warm.estimates)
+    known = warm.estimates.get(key)
+    if known is None:  # the engine's state changed meanwhile
+        return None
+    needed = sum(known)
+
+    def run(arrays: dict[str, np.ndarray]) -> np.ndarray:
+        if needed > memory_budget():
+            check_memory(problem, engine, warm.estimates)  # the budget's error, naming the sizes
+        result = loops(canonical(first, arrays[first]), canonical(second, arrays[second]))
+        return finish(problem, result, arrays.get("bias"))
+    return warm.runs.put(key, run)
 
 
 def execute_canonical(problem: Problem, arrays: dict[str, np.ndarray], engine: Engine,

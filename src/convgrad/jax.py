@@ -65,8 +65,8 @@ def _differentiable(kind: str, key: tuple[tuple[str, Any], ...], present: tuple[
         op = interop.op_for(kind, attrs)
 
         def host(*arrays: np.ndarray) -> np.ndarray:
-            problem, data, estimates = op.resolve(*full(arrays))
-            return execute(problem, data, get_engine(None), estimates)
+            problem, data, warm = op.resolve(*full(arrays))
+            return execute(problem, data, get_engine(None), warm)
 
         target = _targets.setdefault((kind, key, present), host_target(host, OPS[kind].function))
 

@@ -12,7 +12,7 @@ from .attributes import Attrs, parse_attributes
 from .dtypes import as_array, as_shape_values, check_data_dtype, check_lazy_array, is_dask_array, parse_dtype
 from .engines import Engine, get_engine
 from .errors import AttributeValueError, InputError, InputTypeError, MissingAttributeError, describe
-from .execution import execute
+from .execution import Warm, execute
 from .libraries import in_library_of
 from .memo import Memo
 from .opdefs import MAX_NDIMS, OpDef, get_opdef
@@ -122,9 +122,9 @@ class Op:
             self._last = last
         return last[1], arrays
 
-    def resolve(self, *inputs: Any) -> tuple[Problem | TensorProblem, dict[str, np.ndarray], Memo | None]:
-        """:meth:`prepare`'s problem and arrays, and the memo of the problem's memory estimates
-        for :func:`~convgrad.execution.execute` (None off the warm path). The warm path: a call
+    def resolve(self, *inputs: Any) -> tuple[Problem | TensorProblem, dict[str, np.ndarray], Warm | None]:
+        """:meth:`prepare`'s problem and arrays, and what calls of the inputs' signature keep for
+        :func:`~convgrad.execution.execute` (memory estimates, bound runs; None off the warm path). The warm path: a call
         whose inputs have a signature a call resolved before (:func:`_signature`: plain arrays of
         the same shapes, dtypes and strides, the same shape values, the attributes as they are
         now) reuses that resolution, which depends on nothing else."""
@@ -133,39 +133,39 @@ class Op:
         memo = self._warm
         warm = memo.get(signature) if signature is not None and memo is not None else None
         if warm is not None:
-            return warm.problem, {role: inputs[i] for i, role in warm.roles}, warm.estimates
+            return warm.problem, {role: inputs[i] for i, role in warm.roles}, warm.warm
         problem, arrays = self.prepare(*inputs)
         if signature is None or not isinstance(problem, Problem):
             return problem, arrays, None
         roles = tuple((i, spec.role) for i, (spec, value) in enumerate(zip(self.definition.inputs, inputs))
                       if value is not None and spec.role != "shape")
-        prepared = _Prepared(problem, roles, Memo(_WARM_ENTRIES))
+        prepared = _Prepared(problem, roles, Warm())
         if memo is None:
             memo = self._warm = Memo(_WARM_ENTRIES)
         memo.put(signature, prepared)  # resolved without error: a warm call gets the same problem
-        return problem, arrays, prepared.estimates
+        return problem, arrays, prepared.warm
 
     def __call__(self, *inputs: Any, engine: str | Engine | None = None) -> np.ndarray:
-        problem, arrays, estimates = self.resolve(*inputs)
-        if estimates is None and any(is_dask_array(a) for a in arrays.values()):  # resolved and checked, eagerly
+        problem, arrays, warm = self.resolve(*inputs)
+        if warm is None and any(is_dask_array(a) for a in arrays.values()):  # resolved and checked, eagerly
             from .dask.arrays import execute_lazy
 
             return execute_lazy(problem, arrays, get_engine(engine), self)
-        return in_library_of(inputs[0] if inputs else None, execute(problem, arrays, get_engine(engine), estimates))
+        return in_library_of(inputs[0] if inputs else None, execute(problem, arrays, get_engine(engine), warm))
 
 
-#: Entries of an Op's warm path, and of each entry's memory estimates (per engine state).
+#: Entries of an Op's warm path.
 _WARM_ENTRIES = 64
 
 
 @dataclass(frozen=True)
 class _Prepared:
     """What a cold call established for a signature of inputs: the resolved problem, the
-    (input index, role) of its data inputs, and its memory estimates (:func:`.limits.check_memory`)."""
+    (input index, role) of its data inputs, and what its calls keep (:class:`~convgrad.execution.Warm`)."""
 
     problem: Problem
     roles: tuple[tuple[int, str], ...]
-    estimates: Memo[tuple[Any, ...], tuple[int, int]]
+    warm: Warm
 
 
 def _signature(inputs: tuple[Any, ...], definition: OpDef, attrs: Attrs, lenient: bool) -> tuple[Any, ...] | None:

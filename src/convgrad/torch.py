@@ -36,7 +36,7 @@ from . import adjoints, interop
 from .dtypes import DATA_DTYPES, as_array, bfloat16
 from .engines import get_engine
 from .errors import AttributeValueError, DTypeError, InputError, InputTypeError
-from .execution import execute
+from .execution import Warm, execute
 from .memo import Memo
 from .op import Op
 from .opdefs import OPS, AttrSpec, OpDef
@@ -191,7 +191,7 @@ def _shape(tensor: torch.Tensor) -> torch.Size:
 
 class _Eager(torch.autograd.Function):
     """A registered op's computation and autograd formula, called without the dispatcher's layers
-    (tens of microseconds a call): ``apply(problem, arrays, estimates, *tensors)`` with what
+    (tens of microseconds a call): ``apply(problem, arrays, warm, *tensors)`` with what
     :meth:`convgrad.Op.resolve` made of the tensors' NumPy views. Its backward computes the
     gradients directly (:func:`_gradients`) unless they are to be differentiated again
     (``create_graph``) or a mode watches (then the ops, :func:`_vjp`).
@@ -199,11 +199,11 @@ class _Eager(torch.autograd.Function):
     ``torch.func`` calls, which need it, take the registered op.)"""
 
     @staticmethod
-    def forward(ctx: Any, problem: Problem, arrays: dict[str, np.ndarray], estimates: Memo | None,
+    def forward(ctx: Any, problem: Problem, arrays: dict[str, np.ndarray], warm: Warm | None,
                 *tensors: torch.Tensor | None) -> torch.Tensor:
         ctx.problem = problem
         ctx.save_for_backward(*tensors)
-        return _compute(problem, arrays, estimates)
+        return _compute(problem, arrays, warm)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -246,14 +246,14 @@ def _run(kind: str, tensors: Sequence[torch.Tensor | None], attrs: Mapping[str, 
     registered op."""
     if not (_eager(tensors) if eager is None else eager):
         return _REGISTERED[kind](*tensors, **attrs)
-    problem, arrays, estimates = (op or interop.op_for(kind, attrs)).resolve(*_arrays(kind, tensors))
+    problem, arrays, warm = (op or interop.op_for(kind, attrs)).resolve(*_arrays(kind, tensors))
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return _eager_apply(problem, arrays, estimates, *tensors)
-    return _compute(problem, arrays, estimates)
+        return _eager_apply(problem, arrays, warm, *tensors)
+    return _compute(problem, arrays, warm)
 
 
-def _compute(problem: Problem, arrays: dict[str, np.ndarray], estimates: Memo | None = None) -> torch.Tensor:
-    return from_numpy(execute(problem, arrays, get_engine(None), estimates))
+def _compute(problem: Problem, arrays: dict[str, np.ndarray], warm: Warm | None = None) -> torch.Tensor:
+    return from_numpy(execute(problem, arrays, get_engine(None), warm))
 
 
 def refuse_tangents(where: str, tensors: Sequence[tuple[str, torch.Tensor | None]]) -> None:

@@ -20,6 +20,7 @@ measurements behind them.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -61,15 +62,35 @@ class FastEngine:
         channels_first = layout.channels_first(a)
         hit = warm(g, task, a.dtype, channels_first)
         if hit is not None and direct.serial(hit[1]):     # a repeated small call: no pool, no workspace
-            f, plan, _ = hit
-            result = direct.run(plan, g, a, b, task, _rounded(a.dtype, out_dtype))
-        else:
-            with np.errstate(all="ignore"):  # IEEE arithmetic: NaN and Inf propagate, overflow gives Inf
-                f, plan, result = pool.run(FastEngine._planned_run, g, task, a, b, out_dtype, channels_first, hit)
-            if plan.strategy == "gemm" and f.flops >= TUNING.quiet_blas_flops:
-                pool.quiet_blas()
+            return FastEngine._serial(hit, g, task, a.dtype, out_dtype)(a, b)
+        with np.errstate(all="ignore"):  # IEEE arithmetic: NaN and Inf propagate, overflow gives Inf
+            f, plan, result = pool.run(FastEngine._planned_run, g, task, a, b, out_dtype, channels_first, hit)
+        if plan.strategy == "gemm" and f.flops >= TUNING.quiet_blas_flops:
+            pool.quiet_blas()
         tune.ran(f)
         return result
+
+    @staticmethod
+    def bind(g: ConvGeometry, task: str, dtype: np.dtype, channels_first: bool,
+             out_dtype: np.dtype | None = None) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
+        """``task`` on ``g`` for canonical inputs of ``dtype`` (stored channels-first or not) as a
+        function ``run(a, b)`` of the inputs, where a call has run it before and its plan (under
+        the current :func:`.plan.context`, which the caller keys it by) is a serial ``direct``
+        loop; else None. What a repeated small call keeps (:func:`convgrad.execution.execute`)."""
+        hit = warm(g, task, dtype, channels_first) if g.n else None
+        return FastEngine._serial(hit, g, task, dtype, out_dtype) if hit is not None and direct.serial(hit[1]) else None
+
+    @staticmethod
+    def _serial(hit: tuple[Features, Plan, int], g: ConvGeometry, task: str, dtype: np.dtype,
+                out_dtype: np.dtype | None) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        f, plan, _ = hit
+        loops = direct.bind(plan, g, task, dtype, _rounded(dtype, out_dtype))
+
+        def run(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            result = loops(a, b)
+            tune.ran(f)
+            return result
+        return run
 
     @staticmethod
     def _planned_run(g: ConvGeometry, task: str, a: np.ndarray, b: np.ndarray, out_dtype: np.dtype | None,

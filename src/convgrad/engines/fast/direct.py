@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -42,7 +43,7 @@ from .tuning import TUNING
 if TYPE_CHECKING:
     from .plan import Plan
 
-__all__ = ["applies", "complete", "options", "run", "serial", "workspace_bytes", "forward", "backward_data",
+__all__ = ["applies", "bind", "complete", "options", "run", "serial", "workspace_bytes", "forward", "backward_data",
            "backward_weights"]
 
 LOOPS = ("general", "flat", "depthwise")
@@ -95,14 +96,23 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, ro
     """``task`` on its two canonical inputs, result in the accumulation dtype, or with
     ``rounded`` (a result in the data's dtype allowed) in the data's dtype where the loops
     round as they store (the depthwise kernels; the general loops' data results, image by image)."""
-    acc = compute_dtype(a.dtype)
-    if plan.param("loops") == "depthwise":
-        return depthwise.run(g, a, b, task, acc, rounded)
-    if plan.param("loops") == "flat":
-        return _flat(g, a, b, task, acc, rounded)
+    return bind(plan, g, task, a.dtype, rounded)(a, b)
+
+
+def bind(plan: Plan, g: ConvGeometry, task: str, dtype: np.dtype,
+         rounded: bool = False) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """:func:`run` of ``plan`` on ``g`` for inputs of ``dtype``, as a function of the two
+    canonical inputs (what a repeated call keeps: :meth:`.FastEngine.bind`)."""
+    acc = compute_dtype(dtype)
+    loops = plan.param("loops")
+    if loops == "depthwise":
+        return lambda a, b: depthwise.run(g, a, b, task, acc, rounded)
+    if loops == "flat":
+        return lambda a, b: _flat(g, a, b, task, acc, rounded)
     if task == "backward_weights":
-        return backward_weights(g, a, b, acc)
-    return (forward if task == "forward" else backward_data)(g, a, b, acc, rounded)
+        return lambda a, b: backward_weights(g, a, b, acc)
+    loop = forward if task == "forward" else backward_data
+    return lambda a, b: loop(g, a, b, acc, rounded)
 
 
 def workspace_bytes(f: Features, plan: Plan) -> int:
