@@ -136,9 +136,10 @@ def geometries(draw) -> ConvGeometry:
 
 
 #: Examples of the random-geometry test: each new kernel shape compiles kernel variants (130 s of
-#: a cold suite at 100 on a Zen 3), so the default suite draws 40; ``make test-all`` 100, ``make
-#: fuzz``'s ``CONVGRAD_FUZZ_EXAMPLES`` that many.
-RANDOM_GEOMETRIES = examples(40, 100)
+#: a cold suite at 100 on a Zen 3, 39 s at 40), so the default suite draws 25 (the strategies'
+#: edges are the awkward geometries' below); ``make test-all`` 100, ``make fuzz``'s
+#: ``CONVGRAD_FUZZ_EXAMPLES`` that many.
+RANDOM_GEOMETRIES = examples(25, 100)
 
 
 @settings(max_examples=RANDOM_GEOMETRIES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -153,7 +154,8 @@ def test_random_geometries_against_reference(g, dtype, channels_first, path):
             _close(got, want, _tolerance(np.dtype(dtype)), f"{task} {g} ({path})")
 
 
-@pytest.mark.parametrize("case", [
+#: Geometries that stress the strategies' edge handling, each run on every strategy.
+AWKWARD = [
     # kernel larger than the input, reached only through padding
     dict(n=2, groups=1, icg=3, ocg=2, in_size=(2, 3), kernel=(5, 4), strides=(1, 1), dilations=(1, 1),
          pb=(2, 1), pe=(2, 2)),
@@ -188,15 +190,36 @@ def test_random_geometries_against_reference(g, dtype, channels_first, path):
          pb=(0, 0), pe=(0, 0)),
     # empty batch
     dict(n=0, groups=2, icg=3, ocg=2, in_size=(5,), kernel=(3,), strides=(1,), dilations=(1,), pb=(1,), pe=(1,)),
-])
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("channels_first", [False, True])
-def test_awkward_geometries(case, dtype, channels_first, rng, path, poisoned_empty):
+]
+
+
+def _awkward_cases() -> list:
+    """(path, channels_first, dtype, case) of :func:`test_awkward_geometries`: every geometry on
+    every strategy in both dtypes and both layouts, the (dtype, layout) pairs taken pairwise in
+    the default suite (conftest.py: each geometry, strategy, dtype and layout is a kernel variant
+    of its own to compile): f64 in one layout and f32 in the other, which one alternating from
+    geometry to geometry and strategy to strategy, so that every geometry and strategy meets
+    both dtypes and both layouts, and every dtype both layouts; the other two ``exhaustive``."""
+    cases = []
+    for j, path in enumerate(PATHS):
+        for channels_first in (False, True):
+            for dtype in (np.float64, np.float32):
+                for i, case in enumerate(AWKWARD):
+                    default = (dtype is np.float64) == (channels_first == bool((i + j) % 2))
+                    cases.append(pytest.param(path, channels_first, dtype, case,
+                                              id=f"{path}-{channels_first}-{dtype.__name__}-case{i}",
+                                              marks=() if default else pytest.mark.exhaustive))
+    return cases
+
+
+@pytest.mark.parametrize("path, channels_first, dtype, case", _awkward_cases())
+def test_awkward_geometries(path, channels_first, dtype, case, rng, poisoned_empty):
     g = _geometry(**case)
     inputs = _engine_inputs(g, rng, dtype, channels_first)
-    for task in TASKS:
-        _close(getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task]),
-               _tolerance(np.dtype(dtype)), task)
+    with forced_strategy(path):
+        for task in TASKS:
+            _close(getattr(FAST, task)(g, *inputs[task]), getattr(REF, task)(g, *inputs[task]),
+                   _tolerance(np.dtype(dtype)), task)
 
 
 #: Stride-1 geometries for both loop nests of ``direct``: (n, groups, icg, ocg, in_size, kernel,

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from hypothesis import event, given
 from hypothesis import strategies as st
-from reliability_support import (Case, HugeCase, assert_close, fingerprint, fuzz_settings, hostile, huge_cases,
-                                 valid_cases)
+from reliability_support import (Case, HugeCase, assert_close, examples, fingerprint, fuzz_settings, hostile,
+                                 huge_cases, valid_cases)
 
 import convgrad as cg
 
@@ -57,7 +57,9 @@ def _run_checked(op: cg.Op, inputs: list[Any]) -> np.ndarray | cg.ConvgradError:
     return outcome
 
 
-@fuzz_settings(50)  # 52 s at 100 in a cold suite on a Zen 3 (2 cores); `make fuzz` runs 5000
+#: Valid problems compile kernel variants of their own (52 s at 100 in a cold suite on a Zen 3, 2
+#: cores): the default suite draws 30, ``make test-all`` 100, ``make fuzz`` 5000.
+@fuzz_settings(examples(30, 100))
 @given(valid_cases())
 def test_valid_problems_match_the_reference(case: Case) -> None:
     result = _run_checked(case.op(), case.inputs)
@@ -108,7 +110,9 @@ def _mutate(case: Case, data: st.DataObject) -> tuple[dict[str, Any], list[Any]]
     return attrs, inputs
 
 
-@fuzz_settings(500)  # 11 s at 800 in the suite; `make fuzz` runs 5000
+#: A corrupted problem that stays valid runs, and compiles its variants (39 s of a cold suite at 500
+#: on a Zen 3): the default suite draws 250, ``make test-all`` 500, ``make fuzz`` 5000.
+@fuzz_settings(examples(250, 500))
 @given(valid_cases(max_rank=2), st.data())
 def test_corrupted_problems_fail_cleanly(case: Case, data: st.DataObject) -> None:
     attrs, inputs = _mutate(case, data)
