@@ -188,8 +188,14 @@ def _scalar_key(value: Any) -> Any:
 def attributes_key(attrs: Mapping[str, Any]) -> tuple[Any, ...] | None:
     """The (name, :func:`value_key`) pairs of ``attrs`` in the order given; ``None`` where a value
     has no key."""
-    key = tuple([(k, value_key(v)) for k, v in attrs.items()])
-    for _, value in key:
+    key = []
+    for name, value in attrs.items():
+        t = type(value)
+        if t is int or t is str or value is None:  # the common cases, inline (a warm call's cost)
+            key.append((name, (t, value)))
+            continue
+        value = value_key(value)
         if value is None:
             return None
-    return key
+        key.append((name, value))
+    return tuple(key)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["env"]
+__all__ = ["env", "raw_values"]
 
 _DATA = getattr(os.environ, "_data", None)
 _KEYS: dict[str, object] = {}
@@ -25,3 +25,17 @@ def env(name: str) -> str | None:
         key = _KEYS[name] = os.environ.encodekey(name)  # type: ignore[attr-defined]
     value = _DATA.get(key)
     return None if value is None else os.environ.decodevalue(value)  # type: ignore[attr-defined]
+
+
+
+def raw_values(names: tuple[str, ...]) -> tuple[object, ...]:
+    """The values of ``names`` as ``os.environ`` holds them (encoded), in one call: equal exactly
+    where :func:`env`'s are, for memos keyed by the environment."""
+    if _DATA is None:
+        return tuple([os.environ.get(name) for name in names])
+    return tuple([_DATA.get(_KEYS.get(name) or _key(name)) for name in names])
+
+
+def _key(name: str) -> bytes:
+    key = _KEYS[name] = os.environ.encodekey(name)  # type: ignore[attr-defined]
+    return key

@@ -66,6 +66,7 @@ def _bind(problem: Problem, arrays: dict[str, np.ndarray], engine: Any, warm: Wa
     under ``key`` (the engine and its state now)."""
     first, second = _INPUTS[problem.task]
     fmt, wfmt = problem.data_format, problem.weights_format
+    views = fmt != "NXC" or wfmt[0] != "X"  # else the inputs are canonical as given
 
     def canonical(role: str, array: np.ndarray) -> np.ndarray:
         return weights_to_canonical(array, wfmt) if role == "w" else data_to_canonical(array, fmt)
@@ -84,8 +85,10 @@ def _bind(problem: Problem, arrays: dict[str, np.ndarray], engine: Any, warm: Wa
     def run(arrays: dict[str, np.ndarray]) -> np.ndarray:
         if needed > memory_budget():
             check_memory(problem, engine, warm.estimates)  # the budget's error, naming the sizes
-        result = loops(canonical(first, arrays[first]), canonical(second, arrays[second]))
-        return finish(problem, result, arrays.get("bias"))
+        a, b = arrays[first], arrays[second]
+        if views:
+            a, b = canonical(first, a), canonical(second, b)
+        return finish(problem, loops(a, b), arrays.get("bias"))
     return warm.runs.put(key, run)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 __all__ = ["Memo"]
@@ -19,9 +20,8 @@ class Memo(Generic[K, V]):
         self.size = size
         self._entries: dict[K, V] = {}
         self._lock = threading.Lock()
-
-    def get(self, key: K) -> V | None:
-        return self._entries.get(key)
+        #: ``get(key)``: the entry or None (the dict's own method: no Python frame on a warm call).
+        self.get: Callable[[K], V | None] = self._entries.get
 
     def put(self, key: K, value: V) -> V:
         with self._lock:

@@ -219,13 +219,17 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
-def _eager(tensors: Sequence[torch.Tensor | None]) -> bool:
+def _eager(tensors: Sequence[torch.Tensor | None], compiling: bool | None = None) -> bool:
     """Whether a call may skip the dispatcher: plain tensors, nothing tracing or transforming them
-    (``torch.compile``, ``torch.export``, fake or proxy tensors, ``torch.func``, modes)."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
+    (``torch.compile``, ``torch.export``, fake or proxy tensors, ``torch.func``, modes);
+    ``compiling``: ``torch.compiler.is_compiling()``, where the caller has it."""
+    if (torch.compiler.is_compiling() if compiling is None else compiling) or torch._C._len_torch_dispatch_stack() \
             or torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active():
         return False
-    return all(t is None or type(t) in _PLAIN and not _functorch_wrapped(t) for t in tensors)
+    for t in tensors:
+        if t is not None and (type(t) not in _PLAIN or _functorch_wrapped(t)):
+            return False
+    return True
 
 
 def _apply(kind: str, *tensors: torch.Tensor | None, **attrs: Any) -> torch.Tensor:
@@ -247,8 +251,10 @@ def _run(kind: str, tensors: Sequence[torch.Tensor | None], attrs: Mapping[str, 
     if not (_eager(tensors) if eager is None else eager):
         return _REGISTERED[kind](*tensors, **attrs)
     problem, arrays, warm = (op or interop.op_for(kind, attrs)).resolve(*_arrays(kind, tensors))
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return _eager_apply(problem, arrays, warm, *tensors)
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                return _eager_apply(problem, arrays, warm, *tensors)
     return _compute(problem, arrays, warm)
 
 
@@ -276,9 +282,10 @@ def refuse_tangents(where: str, tensors: Sequence[tuple[str, torch.Tensor | None
 def _call(kind: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> torch.Tensor:
     """Validate the attributes as convgrad does, check the tensors, run the op (under
     ``torch.compile`` nothing is remembered: Dynamo traces this code)."""
+    compiling = torch.compiler.is_compiling()
     plain, op = interop.attributes_and_op(kind, attrs, getattr(tensors[0], "ndim", 2) - 2,  # ConvgradError if bad
-                                          remember=not torch.compiler.is_compiling())
-    eager = _eager(tensors)
+                                          remember=not compiling)
+    eager = _eager(tensors, compiling)
     if not eager or forward_ad._current_level >= 0:  # else no tensor can carry a tangent (refuse_tangents' test)
         refuse_tangents(kind, list(zip(_NAMES[kind], tensors)))
     for tensor, name in zip(tensors, _NAMES[kind]):

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...environment import env
+from ...environment import env, raw_values
 from . import isa
 
 if TYPE_CHECKING:  # plan.py asks this module (lookup), so it imports Plan only where it reads one
@@ -83,11 +83,12 @@ def state() -> tuple[Any, ...] | None:
     """What :func:`lookup` answers from besides the problem, now: ``None`` with plans off, else
     the file's (path, mtime, size), this process's write count and ``CONVGRAD_AUTOTUNE`` (a memo
     of lookups is valid while this is unchanged)."""
-    values = (env("CONVGRAD_PLANS"), env("XDG_CACHE_HOME"), env("HOME"), env("CONVGRAD_AUTOTUNE"))
-    name = _names.get(values)
+    raw = raw_values(_STATE_VARIABLES)
+    name = _names.get(raw)
     if name is None:
-        name = _names[values] = (str(_cache_file(*values[:3])) if _on(values[0]) else "",
-                                 (values[3] or "").strip().lower() in ("1", "on", "true", "yes"))
+        values = [env(v) for v in _STATE_VARIABLES]
+        name = _names[raw] = (str(_cache_file(*values[:3])) if _on(values[0]) else "",
+                              (values[3] or "").strip().lower() in ("1", "on", "true", "yes"))
     if not name[0]:
         return None
     return _polled(name[0]), _writes[0], name[1]
@@ -108,8 +109,9 @@ def _polled(name: str) -> tuple[str, int | None, int | None]:
     return seen[2]
 
 
-#: state()'s file name ("" with plans off) and autotune flag, per value of the variables it reads.
-_names: dict[tuple[str | None, ...], tuple[str, bool]] = {}
+#: The variables state() reads, and its file name ("" with plans off) and autotune flag per their values.
+_STATE_VARIABLES = ("CONVGRAD_PLANS", "XDG_CACHE_HOME", "HOME", "CONVGRAD_AUTOTUNE")
+_names: dict[tuple[object, ...], tuple[str, bool]] = {}
 
 
 def cache_file() -> Path:
