@@ -108,7 +108,7 @@ def bind(plan: Plan, g: ConvGeometry, task: str, dtype: np.dtype,
     if loops == "depthwise":
         return lambda a, b: depthwise.run(g, a, b, task, acc, rounded)
     if loops == "flat":
-        return lambda a, b: _flat(g, a, b, task, acc, rounded)
+        return _flat(g, task, acc, rounded)
     if task == "backward_weights":
         return lambda a, b: backward_weights(g, a, b, acc)
     loop = forward if task == "forward" else backward_data
@@ -257,26 +257,33 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtyp
     return dx
 
 
-def _flat(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, dtype: np.dtype, rounded: bool) -> np.ndarray:
-    """``task`` on the :mod:`.direct_flat` loops, result in ``dtype`` (canonical), or with
-    ``rounded`` a data result of 16-bit data in the data's dtype, each value rounded as stored."""
+def _flat(g: ConvGeometry, task: str, dtype: np.dtype, rounded: bool) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """``task`` on the :mod:`.direct_flat` loops as a function of the two canonical inputs, result
+    in ``dtype`` (canonical), or with ``rounded`` a data result of 16-bit data in the data's dtype,
+    each value rounded as stored."""
     xs, ys, ws, _ = _shapes(g)
     if task == "backward_weights":
-        (x, dy), kind = _data((a, b), dtype)
-        dw = np.empty(ws, dtype)
-        direct_flat.backward_weights(g, x.reshape(xs), dy.reshape(ys), kind, dw)
-        return np.ascontiguousarray(dw.transpose(0, 1, 2, 4, 3, 5)).reshape(g.w_shape)
+        def weights(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            (x, dy), kind = _data((a, b), dtype)
+            dw = np.empty(ws, dtype)
+            direct_flat.backward_weights(g, x.reshape(xs), dy.reshape(ys), kind, dw)
+            return np.ascontiguousarray(dw.transpose(0, 1, 2, 4, 3, 5)).reshape(g.w_shape)
+        return weights
     forward = task == "forward"
-    if g.groups == 1 and b.dtype == dtype and b.flags.c_contiguous:
-        w = b.reshape(ws)  # canonical (*K, ICg, OC) is (*K, 1, ICg, OCg) as it lies
-    else:
-        w = np.ascontiguousarray(tap_weights(g, b), dtype).reshape(ws)
-    (src,), kind = _data((a,), dtype)
-    sums, bits, result = _outputs(g.y_shape if forward else g.x_shape, ys if forward else xs, dtype, kind,
-                                  rounded, a.dtype, image=False)
-    (direct_flat.forward if forward else direct_flat.backward_data)(g, src.reshape(xs if forward else ys), kind, w,
-                                                                    sums, bits)
-    return result
+    loops = direct_flat.bind(g, task)
+    src_shape, out_shape, grouped = (xs, g.y_shape, ys) if forward else (ys, g.x_shape, xs)
+    as_lies = g.groups == 1  # canonical (*K, ICg, OC) is (*K, 1, ICg, OCg) as it lies
+
+    def run(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        if as_lies and b.dtype == dtype and b.flags.c_contiguous:
+            w = b.reshape(ws)
+        else:
+            w = np.ascontiguousarray(tap_weights(g, b), dtype).reshape(ws)
+        (src,), kind = _data((a,), dtype)
+        sums, bits, result = _outputs(out_shape, grouped, dtype, kind, rounded, a.dtype, image=False)
+        loops(src.reshape(src_shape), kind, w, sums, bits)
+        return result
+    return run
 
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.dtype) -> np.ndarray:

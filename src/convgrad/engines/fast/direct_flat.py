@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from . import microkernel
 from .depthwise import FASTMATH
 from .geometry import spatial
 
-__all__ = ["applies", "waste", "forward", "backward_data", "backward_weights", "workspace_items"]
+__all__ = ["applies", "waste", "bind", "backward_weights", "workspace_items"]
 
 
 def applies(g: ConvGeometry) -> bool:
@@ -167,21 +168,26 @@ def _params(g: ConvGeometry) -> tuple[tuple[int, int, int, int], np.ndarray, np.
                        np.array(pitch, np.int64))
 
 
-def forward(g: ConvGeometry, x: np.ndarray, kind: int, w: np.ndarray, y: np.ndarray, bits: np.ndarray,
-            flip: bool = False) -> None:
-    """y (N, O0, O1, O2, G, J) = conv(x (N, X0, X1, X2, G, I), w (K0, K1, K2, G, I, J)); x may
-    hold 16-bit bits of ``kind``, and with ``bits`` not empty (y's shape) the result is rounded
-    into them (``y`` unused). ``flip``: see :func:`_forward`."""
-    (f, span), arrays = _params(g)
-    _forward(x, kind, w, flip, y, bits, np.zeros((g.groups, g.icg, f), w.dtype), np.empty(span, w.dtype), *arrays)
+def bind(g: ConvGeometry, task: str) -> Callable[[np.ndarray, int, np.ndarray, np.ndarray, np.ndarray], None]:
+    """The forward or data-gradient loops on ``g`` as a function ``run(src, kind, w, out, bits)``
+    (sizes and tables made once: a repeated call keeps it):
 
+    - forward: out (N, O0, O1, O2, G, J) = conv(src (N, X0, X1, X2, G, I), w (K0, K1, K2, G, I, J));
+    - backward_data: out = dx (N, X0, X1, X2, G, I) from src = dy (N, O0, O1, O2, G, J) and the
+      same w: the forward loops on dy padded by ``(K-1)*D - PB`` and ``(K-1)*D - PE``
+      (:func:`_adjoint`), reading the kernel flipped and each group's weights transposed.
 
-def backward_data(g: ConvGeometry, dy: np.ndarray, kind: int, w: np.ndarray, dx: np.ndarray,
-                  bits: np.ndarray) -> None:
-    """dx (N, X0, X1, X2, G, I) from dy (N, O0, O1, O2, G, J) and w (K0, K1, K2, G, I, J) (``bits``
-    as in :func:`forward`): the forward loops on dy padded by ``(K-1)*D - PB`` and
-    ``(K-1)*D - PE``, reading the kernel flipped and each group's weights transposed (stride 1)."""
-    forward(_adjoint(g), dy, kind, w, dx, bits, flip=True)
+    src may hold 16-bit bits of ``kind``, and with ``bits`` not empty (out's shape) the result is
+    rounded into them (``out`` unused)."""
+    flip = task == "backward_data"
+    if flip:
+        g = _adjoint(g)
+    (f, span), (lo, dilation, pitch) = _params(g)
+    frame = (g.groups, g.icg, f)
+
+    def run(src: np.ndarray, kind: int, w: np.ndarray, out: np.ndarray, bits: np.ndarray) -> None:
+        _forward(src, kind, w, flip, out, bits, np.zeros(frame, w.dtype), np.empty(span, w.dtype), lo, dilation, pitch)
+    return run
 
 
 @functools.lru_cache(maxsize=256)
