@@ -13,11 +13,42 @@ os.environ["CONVGRAD_PLANS"] = "off"
 os.environ.pop("CONVGRAD_AUTOTUNE", None)
 
 
+#: Seconds of the slowest test files in a cold ``make test`` (Zen 3, 2 cores, 2026-11-27; the
+#: rest take under 30 s). ``make test`` hands whole files to its two workers in collection order
+#: (see :func:`pytest_xdist_make_scheduler`); the longest start first, so that the short ones fill
+#: the end and neither worker is left alone with a long file (xdist's own order, most tests first,
+#: left files of few long tests such as the fuzz and property tests for the end).
+COLD_SECONDS = {
+    "test_depthwise.py": 295, "test_fast_engine.py": 234, "test_guarantees.py": 169, "test_reliability_fuzz.py": 85,
+    "test_kernels.py": 79, "test_torch_convert.py": 74, "test_blis.py": 69, "test_properties.py": 62,
+    "test_conv_driver.py": 53, "test_strategies.py": 52, "test_reliability.py": 50, "test_engine_plans.py": 47,
+    "test_plan_cache.py": 43, "test_dask_arrays.py": 37, "test_pool.py": 35, "test_fuzz_cli.py": 32,
+    "test_jit_engine.py": 30,
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` in the collection's order (:data:`COLD_SECONDS`), not xdist's (most
+    tests first)."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestFirst(LoadFileScheduling):
+        def schedule(self) -> None:
+            self.config.option.loadscopereorder = False
+            super().schedule()
+
+    return LongestFirst(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Cases marked ``exhaustive`` (the rest of a cross product of kernel variants, whose code
-    paths the default suite runs with fewer compiled kernels: each variant costs seconds of
-    numba compilation on a fresh checkout) run only with ``CONVGRAD_EXHAUSTIVE=1`` (``make
-    test-all``); the default suite deselects them."""
+    """The longest files first (:data:`COLD_SECONDS`). Cases marked ``exhaustive`` (the rest of a
+    cross product of kernel variants, whose code paths the default suite runs with fewer compiled
+    kernels: each variant costs seconds of numba compilation on a fresh checkout) run only with
+    ``CONVGRAD_EXHAUSTIVE=1`` (``make test-all``); the default suite deselects them."""
+    items.sort(key=lambda item: -COLD_SECONDS.get(item.path.name, 0))
     if os.environ.get("CONVGRAD_EXHAUSTIVE") == "1":
         return
     kept = [item for item in items if item.get_closest_marker("exhaustive") is None]
