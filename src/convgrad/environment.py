@@ -33,9 +33,10 @@ def raw_values(names: tuple[str, ...]) -> tuple[object, ...]:
     where :func:`env`'s are, for memos keyed by the environment."""
     if _DATA is None:
         return tuple([os.environ.get(name) for name in names])
-    return tuple([_DATA.get(_KEYS.get(name) or _key(name)) for name in names])
+    keys = _KEY_TUPLES.get(names)
+    if keys is None:
+        keys = _KEY_TUPLES[names] = tuple(os.environ.encodekey(name) for name in names)  # type: ignore[attr-defined]
+    return tuple(map(_DATA.get, keys))
 
 
-def _key(name: str) -> bytes:
-    key = _KEYS[name] = os.environ.encodekey(name)  # type: ignore[attr-defined]
-    return key
+_KEY_TUPLES: dict[tuple[str, ...], tuple[bytes, ...]] = {}

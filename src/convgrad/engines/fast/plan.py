@@ -245,14 +245,18 @@ def _fixed() -> tuple[object, ...]:
 
 class one_call:  # noqa: N801 - used as a function: ``with one_call():``
     """One API call (its memory estimate and its run) on this thread: :func:`context` reads the
-    process's state (files, environment, threads) once for all of it (nested: the outer one's)."""
+    process's state (files, environment, threads) once for all of it (nested: the outer one's);
+    ``one_call(now)``: the call has read it, :func:`context`'s ``now``."""
 
-    __slots__ = ("outer",)
+    __slots__ = ("outer", "now")
+
+    def __init__(self, now: tuple[object, ...] | None = None) -> None:
+        self.now = now
 
     def __enter__(self) -> None:
         self.outer = getattr(_call, "fixed", None) is None
         if self.outer:
-            _call.fixed = _fixed()
+            _call.fixed = self.now[:-1] if self.now else _fixed()  # context() = fixed + (forced,)
 
     def __exit__(self, *exc: object) -> None:
         if self.outer:
