@@ -350,3 +350,28 @@ def test_repeated_serial_calls_run_outside_the_pool_with_the_cold_results(monkey
             for got in warm:
                 np.testing.assert_array_equal(got.view(np.uint8), cold.view(np.uint8), err_msg=f"seed {seed}")
     assert len(pooled) == len(calls)                     # each cold call did run in the pool
+
+
+def test_a_repeated_small_call_runs_its_bound_function(monkeypatch) -> None:
+    """From the second call of a signature on, a small call skips the engine's per-call layers:
+    it runs the function ``FastEngine.bind`` made for it, kept per engine state, with the cold
+    call's bits; a change of that state (a plan forced afterwards) is seen at the next call."""
+    rng, seed = fresh_rng()
+    x = rng.standard_normal((1, 8, 8, 4)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 4, 4)).astype(np.float32)
+    call = lambda: cg.convolution(x, w, pads_begin=1, pads_end=1)  # noqa: E731
+    _cold()
+    cold = call()
+    call()                                               # the second call binds
+    layers: list[str] = []
+    run = fast.FastEngine._run
+    monkeypatch.setattr(fast.FastEngine, "_run", staticmethod(lambda g, task, *args: layers.append(task)
+                                                             or run(g, task, *args)))
+    for _ in range(3):
+        np.testing.assert_array_equal(call().view(np.uint32), cold.view(np.uint32), err_msg=f"seed {seed}")
+    assert layers == []
+    with fast.forced_strategy("gemm"):
+        np.testing.assert_allclose(call(), cold, rtol=1e-5, atol=1e-5, err_msg=f"seed {seed}")
+    assert layers == ["forward"]                         # the forced plan ran through the engine
+    np.testing.assert_array_equal(call().view(np.uint32), cold.view(np.uint32), err_msg=f"seed {seed}")
+    assert layers == ["forward"]
