@@ -375,3 +375,29 @@ def test_a_repeated_small_call_runs_its_bound_function(monkeypatch) -> None:
     assert layers == ["forward"]                         # the forced plan ran through the engine
     np.testing.assert_array_equal(call().view(np.uint32), cold.view(np.uint32), err_msg=f"seed {seed}")
     assert layers == ["forward"]
+
+
+def test_the_environment_is_read_anew_at_every_call(monkeypatch, tmp_path) -> None:
+    """``env`` and ``raw_values`` (what the engine state is built from) follow every change made
+    through ``os.environ``: set, changed, deleted; the plan cache's state follows its variables
+    after a first reading of them."""
+    from convgrad.environment import env, raw_values
+    names = ("CONVGRAD_TEST_VARIABLE", "HOME")
+    monkeypatch.delenv(names[0], raising=False)
+    first = raw_values(names)
+    assert env(names[0]) is None and first[0] is None
+    for value in ("1", "two", ""):
+        monkeypatch.setenv(names[0], value)
+        assert env(names[0]) == value
+        assert raw_values(names) != first and raw_values(names)[1:] == first[1:]
+    monkeypatch.delenv(names[0])
+    assert env(names[0]) is None and raw_values(names) == first
+    monkeypatch.setenv("CONVGRAD_PLANS", str(tmp_path / "a.json"))
+    a = plan_cache.state()
+    monkeypatch.setenv("CONVGRAD_PLANS", str(tmp_path / "b.json"))
+    b = plan_cache.state()
+    assert a is not None and b is not None and a[0][0].endswith("a.json") and b[0][0].endswith("b.json")
+    monkeypatch.setenv("CONVGRAD_AUTOTUNE", "1")
+    assert plan_cache.state()[2] is True
+    monkeypatch.setenv("CONVGRAD_PLANS", "off")
+    assert plan_cache.state() is None
