@@ -27,7 +27,6 @@ def env(name: str) -> str | None:
     return None if value is None else os.environ.decodevalue(value)  # type: ignore[attr-defined]
 
 
-
 def raw_values(names: tuple[str, ...]) -> tuple[object, ...]:
     """The values of ``names`` as ``os.environ`` holds them (encoded), in one call: equal exactly
     where :func:`env`'s are, for memos keyed by the environment."""

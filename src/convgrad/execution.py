@@ -46,19 +46,21 @@ def execute(problem: Problem | TensorProblem, arrays: dict[str, np.ndarray], eng
     arithmetic does, without warnings."""
     if isinstance(problem, TensorProblem):
         return run_tensor_problem(problem, [arrays[s.name] for s in problem.definition.inputs], engine)
-    bias = arrays.get("bias")
-    estimates = warm.estimates if warm is not None else None
     if warm is None or not hasattr(engine, "bind"):
-        return finish(problem, execute_canonical(problem, arrays, engine, rounded=bias is None, estimates=estimates), bias)
+        return _unbound(problem, arrays, engine, warm)
     state = engine.state()  # an engine that binds has a state and a scope taking it (read once a call)
     run = warm.runs.get((engine, state))
     if run is not None:
         return run(arrays)
     with engine.scope(state):
         run = _bind(problem, arrays, engine, warm, (engine, state))
-        if run is not None:
-            return run(arrays)
-        return finish(problem, execute_canonical(problem, arrays, engine, rounded=bias is None, estimates=estimates), bias)
+        return run(arrays) if run is not None else _unbound(problem, arrays, engine, warm)
+
+
+def _unbound(problem: Problem, arrays: dict[str, np.ndarray], engine: Engine, warm: Warm | None) -> np.ndarray:
+    bias = arrays.get("bias")
+    return finish(problem, execute_canonical(problem, arrays, engine, rounded=bias is None,
+                                             estimates=warm.estimates if warm is not None else None), bias)
 
 
 def _bind(problem: Problem, arrays: dict[str, np.ndarray], engine: Any, warm: Warm,

@@ -124,10 +124,11 @@ class Op:
 
     def resolve(self, *inputs: Any) -> tuple[Problem | TensorProblem, dict[str, np.ndarray], Warm | None]:
         """:meth:`prepare`'s problem and arrays, and what calls of the inputs' signature keep for
-        :func:`~convgrad.execution.execute` (memory estimates, bound runs; None off the warm path). The warm path: a call
-        whose inputs have a signature a call resolved before (:func:`_signature`: plain arrays of
-        the same shapes, dtypes and strides, the same shape values, the attributes as they are
-        now) reuses that resolution, which depends on nothing else."""
+        :func:`~convgrad.execution.execute` (memory estimates, bound runs; None off the warm
+        path). The warm path: a call whose inputs have a signature a call resolved before
+        (:func:`_signature`: plain arrays of the same shapes, dtypes and strides, the same shape
+        values, the attributes as they are now) reuses that resolution, which depends on nothing
+        else."""
         signature = _signature(inputs, self.definition, self.attrs, self.lenient) \
             if self.definition.family == "convolution" else None
         memo = self._warm
