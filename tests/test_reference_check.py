@@ -116,11 +116,16 @@ def test_slabs_bound_the_checks_memory(kind):
     data = 4 * math.prod(geom.x_shape)  # 384 KiB
 
     def peak(slab_size: int) -> int:
-        tracemalloc.start()
-        assert convolution_error(problem, arrays, got, slab_size=slab_size) < 1e-6, seed
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-        return peak
+        """The least of three traced peaks: tracemalloc counts every thread's allocations, and a
+        thread an earlier test left running (a dask cluster's, a pool's) may allocate meanwhile
+        (seen once in a fresh clone's `make test`: 1.03 MB where the check alone takes 0.3)."""
+        peaks = []
+        for _ in range(3):
+            tracemalloc.start()
+            assert convolution_error(problem, arrays, got, slab_size=slab_size) < 1e-6, seed
+            peaks.append(tracemalloc.get_traced_memory()[1])
+            tracemalloc.stop()
+        return min(peaks)
 
     assert peak(2**16) < data
     assert peak(2**30) > 5 * data
