@@ -33,6 +33,7 @@ except ModuleNotFoundError as exc:
     raise missing_extra(exc, "torch", "PyTorch") from exc
 
 from . import adjoints, interop
+from .attributes import attributes_key
 from .dtypes import DATA_DTYPES, as_array, bfloat16
 from .engines import get_engine
 from .errors import AttributeValueError, DTypeError, InputError, InputTypeError
@@ -243,19 +244,58 @@ def _arrays(kind: str, tensors: Sequence[torch.Tensor | None]) -> list[np.ndarra
 
 
 def _run(kind: str, tensors: Sequence[torch.Tensor | None], attrs: Mapping[str, Any], op: Op | None,
-         eager: bool | None = None) -> torch.Tensor:
+         eager: bool | None = None, signature: tuple[Any, ...] | None = None) -> torch.Tensor:
     """Op ``kind`` of plain attributes on tensors (``op``: their :func:`~convgrad.interop.op_for`,
     ``eager``: :func:`_eager` of the tensors, where the caller has them): eagerly (:class:`_Eager`,
     or no autograd node where no gradient is wanted) where :func:`_eager` allows, else the
-    registered op."""
+    registered op. An eager call's resolution is kept under its ``signature`` (:func:`_signature`)."""
     if not (_eager(tensors) if eager is None else eager):
         return _REGISTERED[kind](*tensors, **attrs)
     problem, arrays, warm = (op or interop.op_for(kind, attrs)).resolve(*_arrays(kind, tensors))
+    if signature is not None and warm is not None:
+        _resolved.put(signature, (problem, tuple(zip([i for i, t in enumerate(tensors) if t is not None], arrays)),
+                                  warm))
+    return _eagerly(problem, arrays, warm, tensors)
+
+
+def _eagerly(problem: Problem, arrays: dict[str, np.ndarray], warm: Warm | None,
+             tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """A resolved problem on the tensors' views: through :class:`_Eager` where a gradient is wanted."""
     if torch.is_grad_enabled():
         for t in tensors:
             if t is not None and t.requires_grad:
                 return _eager_apply(problem, arrays, warm, *tensors)
     return _compute(problem, arrays, warm)
+
+
+def _signature(kind: str, tensors: Sequence[Any], attrs: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """What a call's resolution depends on: the op, its attributes as given (type-exact:
+    :func:`~convgrad.attributes.attributes_key`) and each input's shape, strides and dtype (plain
+    CPU tensors only); None where the warm path does not apply."""
+    key = attributes_key(attrs)
+    if key is None:
+        return None
+    signature: list[Any] = [kind, key]
+    for t in tensors:
+        if t is None:
+            signature.append(None)
+        elif type(t) in _PLAIN and t.is_cpu:
+            signature.append((t.shape, t.stride(), t.dtype))
+        else:
+            return None
+    return tuple(signature)
+
+
+def _view(tensor: torch.Tensor) -> np.ndarray:
+    """:func:`to_numpy` of a tensor a call of its signature has viewed before (a float dtype, CPU)."""
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    return tensor.view(torch.int16).numpy().view(bfloat16) if tensor.dtype is torch.bfloat16 else tensor.numpy()
+
+
+#: Eager calls' resolutions by :func:`_signature`: (problem, (tensor index, role) of each input,
+#: what its repeated calls keep). A warm call goes from its signature to the engine's bound run.
+_resolved: Memo[tuple[Any, ...], tuple[Problem, tuple[tuple[int, str], ...], Warm]] = Memo(512)
 
 
 def _compute(problem: Problem, arrays: dict[str, np.ndarray], warm: Warm | None = None) -> torch.Tensor:
@@ -283,6 +323,11 @@ def _call(kind: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> torch.T
     """Validate the attributes as convgrad does, check the tensors, run the op (under
     ``torch.compile`` nothing is remembered: Dynamo traces this code)."""
     compiling = torch.compiler.is_compiling()
+    signature = None if compiling else _signature(kind, tensors, attrs)
+    hit = _resolved.get(signature) if signature is not None else None
+    if hit is not None and forward_ad._current_level < 0 and _eager(tensors, False):  # a call resolved before
+        problem, roles, warm = hit
+        return _eagerly(problem, {role: _view(tensors[i]) for i, role in roles}, warm, tensors)
     plain, op = interop.attributes_and_op(kind, attrs, getattr(tensors[0], "ndim", 2) - 2,  # ConvgradError if bad
                                           remember=not compiling)
     eager = _eager(tensors, compiling)
@@ -296,7 +341,7 @@ def _call(kind: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> torch.T
                                  "(convgrad's functional API takes NumPy arrays)")
         if not tensor.is_cpu:
             raise InputTypeError(kind, name, f"is on device {tensor.device}: expected a CPU tensor")
-    return _run(kind, tensors, plain, op, eager)
+    return _run(kind, tensors, plain, op, eager, signature)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -279,6 +279,10 @@ def _flat(g: ConvGeometry, task: str, dtype: np.dtype, rounded: bool) -> Callabl
             w = b.reshape(ws)
         else:
             w = np.ascontiguousarray(tap_weights(g, b), dtype).reshape(ws)
+        if a.dtype == dtype and a.flags.c_contiguous:   # the common case, without _data's and _outputs' calls
+            result = np.empty(out_shape, dtype)
+            loops(a.reshape(src_shape), 0, w, result.reshape(grouped), _UNROUNDED)
+            return result
         (src,), kind = _data((a,), dtype)
         sums, bits, result = _outputs(out_shape, grouped, dtype, kind, rounded, a.dtype, image=False)
         loops(src.reshape(src_shape), kind, w, sums, bits)

@@ -99,15 +99,19 @@ def _shift(k0, k1, k2, dilation, pitch):  # pragma: no cover - compiled
 
 
 @microkernel.cached_njit(fastmath=FASTMATH)
-def _forward(x, kind, w, flip, y, bits, xf, row, lo, dilation, pitch):  # pragma: no cover - compiled
+def _forward(x, kind, w, flip, y, bits, tables):  # pragma: no cover - compiled
     """y (N, O0, O1, O2, G, J) from x (N, X0, X1, X2, G, I) and w (K0, K1, K2, G, I, J) (with
     ``flip``, w (K0, K1, K2, G, J, I) read with the kernel flipped: the data gradient's loops),
-    image by image through the zeroed frame xf (G, I, F) and a row of L values; with ``bits``
-    not empty (16-bit data of ``kind``), each value rounded once into ``bits`` (y's shape) instead."""
+    image by image through a zeroed frame xf (G, I, F) and a row of L values (``tables``: F, L,
+    the begin pads, dilations and frame sizes P, three each); with ``bits`` not empty (16-bit
+    data of ``kind``), each value rounded once into ``bits`` (y's shape) instead."""
     n_, o0_, o1_, o2_, g_, j_ = bits.shape if bits.size > 0 else y.shape
     k0_, k1_, k2_ = w.shape[:3]
     i_ = w.shape[5] if flip else w.shape[4]
-    span = row.size
+    span = tables[1]
+    lo, dilation, pitch = tables[2:5], tables[5:8], tables[8:11]
+    xf = np.zeros((g_, i_, tables[0]), w.dtype)   # allocated here: two NumPy calls fewer for a tiny call
+    row = np.empty(span, w.dtype)
     for n in range(n_):
         _frame(x[n], kind, xf, lo, pitch)
         for g in range(g_):
@@ -183,10 +187,10 @@ def bind(g: ConvGeometry, task: str) -> Callable[[np.ndarray, int, np.ndarray, n
     if flip:
         g = _adjoint(g)
     (f, span), (lo, dilation, pitch) = _params(g)
-    frame = (g.groups, g.icg, f)
+    tables = np.array([f, span, *lo, *dilation, *pitch], np.int64)
 
     def run(src: np.ndarray, kind: int, w: np.ndarray, out: np.ndarray, bits: np.ndarray) -> None:
-        _forward(src, kind, w, flip, out, bits, np.zeros(frame, w.dtype), np.empty(span, w.dtype), lo, dilation, pitch)
+        _forward(src, kind, w, flip, out, bits, tables)
     return run
 
 
