@@ -160,7 +160,7 @@ def _gradients(problem: Problem, saved: Sequence[torch.Tensor | None], grad: tor
     dispatch test, ``grad`` viewed once), with the gradient ops and attributes remembered for
     the forward's problem, in one engine call scope. (The views are made here, not kept from the
     forward: they would hold the inputs' memory after autograd frees its saved tensors.)"""
-    views = _arrays(problem.op, saved)
+    views = [None if t is None else _view(t) for t in saved]
     hit = _plans.get(id(problem))
     if hit is None or hit[0] is not problem:
         plan = adjoints.steps(problem, [None if v is None else v.shape for v in views])
@@ -168,10 +168,12 @@ def _gradients(problem: Problem, saved: Sequence[torch.Tensor | None], grad: tor
         hit = _plans.put(id(problem), (problem, plan, ops))
     _, plan, ops = hit
 
-    def direct(step: adjoints.Step, *arrays: np.ndarray) -> torch.Tensor:
-        return _compute(*ops[step.kind].resolve(*arrays))
+    engine = get_engine(None)
 
-    with getattr(get_engine(None), "scope", contextlib.nullcontext)():
+    def direct(step: adjoints.Step, *arrays: np.ndarray) -> torch.Tensor:
+        return _compute(*ops[step.kind].resolve(*arrays), engine)
+
+    with getattr(engine, "scope", contextlib.nullcontext)():
         return tuple(adjoints.vjp(problem, views, to_numpy(grad), needs, direct,
                                   lambda _, axes: _sum(grad, axes), np.shape, plan))
 
@@ -298,8 +300,9 @@ def _view(tensor: torch.Tensor) -> np.ndarray:
 _resolved: Memo[tuple[Any, ...], tuple[Problem, tuple[tuple[int, str], ...], Warm]] = Memo(512)
 
 
-def _compute(problem: Problem, arrays: dict[str, np.ndarray], warm: Warm | None = None) -> torch.Tensor:
-    return from_numpy(execute(problem, arrays, get_engine(None), warm))
+def _compute(problem: Problem, arrays: dict[str, np.ndarray], warm: Warm | None = None,
+             engine: Any = None) -> torch.Tensor:
+    return from_numpy(execute(problem, arrays, engine or get_engine(None), warm))
 
 
 def refuse_tangents(where: str, tensors: Sequence[tuple[str, torch.Tensor | None]]) -> None:

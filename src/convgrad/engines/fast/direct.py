@@ -262,15 +262,18 @@ def _flat(g: ConvGeometry, task: str, dtype: np.dtype, rounded: bool) -> Callabl
     in ``dtype`` (canonical), or with ``rounded`` a data result of 16-bit data in the data's dtype,
     each value rounded as stored."""
     xs, ys, ws, _ = _shapes(g)
+    loops = direct_flat.bind(g, task)
     if task == "backward_weights":
         def weights(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-            (x, dy), kind = _data((a, b), dtype)
+            if a.dtype == dtype and b.dtype == dtype and a.flags.c_contiguous and b.flags.c_contiguous:
+                x, dy, kind = a, b, 0
+            else:
+                (x, dy), kind = _data((a, b), dtype)
             dw = np.empty(ws, dtype)
-            direct_flat.backward_weights(g, x.reshape(xs), dy.reshape(ys), kind, dw)
+            loops(x.reshape(xs), kind, dy.reshape(ys), dw, _UNROUNDED)
             return np.ascontiguousarray(dw.transpose(0, 1, 2, 4, 3, 5)).reshape(g.w_shape)
         return weights
     forward = task == "forward"
-    loops = direct_flat.bind(g, task)
     src_shape, out_shape, grouped = (xs, g.y_shape, ys) if forward else (ys, g.x_shape, xs)
     as_lies = g.groups == 1  # canonical (*K, ICg, OC) is (*K, 1, ICg, OCg) as it lies
 

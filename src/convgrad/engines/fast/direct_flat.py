@@ -31,7 +31,7 @@ from . import microkernel
 from .depthwise import FASTMATH
 from .geometry import spatial
 
-__all__ = ["applies", "waste", "bind", "backward_weights", "workspace_items"]
+__all__ = ["applies", "waste", "bind", "workspace_items"]
 
 
 def applies(g: ConvGeometry) -> bool:
@@ -140,11 +140,14 @@ def _forward(x, kind, w, flip, y, bits, tables):  # pragma: no cover - compiled
 
 
 @microkernel.cached_njit(fastmath=FASTMATH)
-def _backward_weights(x, dy, kind, dw, xf, dyf, lo, dilation, pitch):  # pragma: no cover - compiled
+def _backward_weights(x, kind, dy, dw, tables):  # pragma: no cover - compiled
     """dw (K0, K1, K2, G, I, J) from x (N, X0, X1, X2, G, I) and dy (N, O0, O1, O2, G, J), image
-    by image through the zeroed frames xf (G, I, F) and dyf (G, J, L)."""
+    by image through zeroed frames xf (G, I, F) and dyf (G, J, L) (``tables`` as :func:`_forward`'s)."""
     k0_, k1_, k2_, g_, i_, j_ = dw.shape
-    span = dyf.shape[2]
+    span = tables[1]
+    lo, dilation, pitch = tables[2:5], tables[5:8], tables[8:11]
+    xf = np.zeros((g_, i_, tables[0]), dw.dtype)
+    dyf = np.zeros((g_, j_, span), dw.dtype)
     dw[...] = 0
     for n in range(x.shape[0]):
         _frame(x[n], kind, xf, lo, pitch)
@@ -165,29 +168,33 @@ def _backward_weights(x, dy, kind, dw, xf, dyf, lo, dilation, pitch):  # pragma:
 
 
 @functools.lru_cache(maxsize=256)
-def _params(g: ConvGeometry) -> tuple[tuple[int, int, int, int], np.ndarray, np.ndarray, np.ndarray]:
-    """(frame size F, span L, begin pads, dilations, frame sizes P), remembered per geometry."""
+def _tables(g: ConvGeometry) -> np.ndarray:
+    """The loops' tables: F, L, the begin pads, dilations and frame sizes P (three each), as
+    int64, remembered per geometry (shared: not to be written)."""
     pitch, f, span = _sizes(g)
-    return (f, span), (np.array(spatial(g.pads_begin, 0), np.int64), np.array(spatial(g.dilations, 1), np.int64),
-                       np.array(pitch, np.int64))
+    return np.array([f, span, *spatial(g.pads_begin, 0), *spatial(g.dilations, 1), *pitch], np.int64)
 
 
 def bind(g: ConvGeometry, task: str) -> Callable[[np.ndarray, int, np.ndarray, np.ndarray, np.ndarray], None]:
-    """The forward or data-gradient loops on ``g`` as a function ``run(src, kind, w, out, bits)``
-    (sizes and tables made once: a repeated call keeps it):
+    """The loops of ``task`` on ``g`` as a function ``run(a, kind, b, out, bits)`` (sizes and
+    tables made once: a repeated call keeps it):
 
-    - forward: out (N, O0, O1, O2, G, J) = conv(src (N, X0, X1, X2, G, I), w (K0, K1, K2, G, I, J));
-    - backward_data: out = dx (N, X0, X1, X2, G, I) from src = dy (N, O0, O1, O2, G, J) and the
+    - forward: out (N, O0, O1, O2, G, J) = conv(a (N, X0, X1, X2, G, I), b = w (K0, K1, K2, G, I, J));
+    - backward_data: out = dx (N, X0, X1, X2, G, I) from a = dy (N, O0, O1, O2, G, J) and the
       same w: the forward loops on dy padded by ``(K-1)*D - PB`` and ``(K-1)*D - PE``
-      (:func:`_adjoint`), reading the kernel flipped and each group's weights transposed.
+      (:func:`_adjoint`), reading the kernel flipped and each group's weights transposed;
+    - backward_weights: out = dw (K0, K1, K2, G, I, J) from a = x and b = dy (``bits`` unused).
 
-    src may hold 16-bit bits of ``kind``, and with ``bits`` not empty (out's shape) the result is
-    rounded into them (``out`` unused)."""
+    a (and b) may hold 16-bit bits of ``kind``; for the forward and the data gradient, with
+    ``bits`` not empty (out's shape) the result is rounded into them (``out`` unused)."""
     flip = task == "backward_data"
     if flip:
         g = _adjoint(g)
-    (f, span), (lo, dilation, pitch) = _params(g)
-    tables = np.array([f, span, *lo, *dilation, *pitch], np.int64)
+    tables = _tables(g)
+    if task == "backward_weights":
+        def weights(x: np.ndarray, kind: int, dy: np.ndarray, dw: np.ndarray, bits: np.ndarray) -> None:
+            _backward_weights(x, kind, dy, dw, tables)
+        return weights
 
     def run(src: np.ndarray, kind: int, w: np.ndarray, out: np.ndarray, bits: np.ndarray) -> None:
         _forward(src, kind, w, flip, out, bits, tables)
@@ -207,8 +214,3 @@ def _adjoint(g: ConvGeometry) -> ConvGeometry:
                         begin, end)
 
 
-def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, kind: int, dw: np.ndarray) -> None:
-    """dw (K0, K1, K2, G, I, J) from x (N, X0, X1, X2, G, I) and dy (N, O0, O1, O2, G, J)."""
-    (f, span), arrays = _params(g)
-    _backward_weights(x, dy, kind, dw, np.zeros((g.groups, g.icg, f), dw.dtype),
-                      np.zeros((g.groups, g.ocg, span), dw.dtype), *arrays)
