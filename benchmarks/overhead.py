@@ -81,7 +81,8 @@ def main() -> None:
 
     op = cg.Op("ConvolutionBackwardData", strides=[1, 1], pads_begin=[p, p], pads_end=[p, p], dilations=[1, 1])
     x_shape = np.array(x.shape, np.int32)
-    xg, wg = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
+    xn, wn = torch.from_numpy(x), torch.from_numpy(w)                # NXC, XIO: convgrad's layout, made once
+    xg, wg = xn.clone().requires_grad_(), wn.clone().requires_grad_()
     xtg, wtg = xt.clone().requires_grad_(), wt.clone().requires_grad_()
 
     def ours_autograd() -> None:
@@ -98,8 +99,7 @@ def main() -> None:
          "aten.convolution_backward (weights)", aten([False, True, False])),
         ("reused cg.Op (data gradient)", lambda: op(dy, w, x_shape),
          "aten.convolution_backward (data)", aten([True, False, False])),
-        ("convgrad.torch.convolution", lambda: ct.convolution(torch.from_numpy(x), torch.from_numpy(w),
-                                                              pads_begin=p, pads_end=p),
+        ("convgrad.torch.convolution", lambda: ct.convolution(xn, wn, pads_begin=p, pads_end=p),
          "F.conv2d", lambda: F.conv2d(xt, wt, padding=p)),
         ("convgrad.torch forward + backward", ours_autograd, "F.conv2d forward + backward", torch_autograd),
     ]
