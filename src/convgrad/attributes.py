@@ -185,9 +185,17 @@ def _scalar_key(value: Any) -> Any:
     return (t, value) if t in _SCALARS or isinstance(value, np.integer) else None
 
 
+_PLAIN = frozenset({int, str, type(None)})
+
+
 def attributes_key(attrs: Mapping[str, Any]) -> tuple[Any, ...] | None:
     """The (name, :func:`value_key`) pairs of ``attrs`` in the order given; ``None`` where a value
-    has no key."""
+    has no key. (Attributes all ints, strings or None, the common case: their names, types and
+    values as three tuples, without a pair per attribute.)"""
+    values = tuple(attrs.values())
+    types = tuple(map(type, values))
+    if _PLAIN.issuperset(types):
+        return tuple(attrs), types, values
     key = []
     for name, value in attrs.items():
         t = type(value)
