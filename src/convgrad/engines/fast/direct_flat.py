@@ -99,10 +99,10 @@ def _shift(k0, k1, k2, dilation, pitch):  # pragma: no cover - compiled
 
 
 @microkernel.cached_njit(fastmath=FASTMATH)
-def _forward(x, kind, w, flip, y, bits, tables):  # pragma: no cover - compiled
+def _forward(x, kind, w, flip, y, bits, xf, row, tables):  # pragma: no cover - compiled
     """y (N, O0, O1, O2, G, J) from x (N, X0, X1, X2, G, I) and w (K0, K1, K2, G, I, J) (with
     ``flip``, w (K0, K1, K2, G, J, I) read with the kernel flipped: the data gradient's loops),
-    image by image through a zeroed frame xf (G, I, F) and a row of L values (``tables``: F, L,
+    image by image through the zeroed frame xf (G, I, F) and a row of L values (``tables``: F, L,
     the begin pads, dilations and frame sizes P, three each); with ``bits`` not empty (16-bit
     data of ``kind``), each value rounded once into ``bits`` (y's shape) instead."""
     n_, o0_, o1_, o2_, g_, j_ = bits.shape if bits.size > 0 else y.shape
@@ -110,8 +110,6 @@ def _forward(x, kind, w, flip, y, bits, tables):  # pragma: no cover - compiled
     i_ = w.shape[5] if flip else w.shape[4]
     span = tables[1]
     lo, dilation, pitch = tables[2:5], tables[5:8], tables[8:11]
-    xf = np.zeros((g_, i_, tables[0]), w.dtype)   # allocated here: two NumPy calls fewer for a tiny call
-    row = np.empty(span, w.dtype)
     for n in range(n_):
         _frame(x[n], kind, xf, lo, pitch)
         for g in range(g_):
@@ -140,14 +138,12 @@ def _forward(x, kind, w, flip, y, bits, tables):  # pragma: no cover - compiled
 
 
 @microkernel.cached_njit(fastmath=FASTMATH)
-def _backward_weights(x, kind, dy, dw, tables):  # pragma: no cover - compiled
+def _backward_weights(x, kind, dy, dw, xf, dyf, tables):  # pragma: no cover - compiled
     """dw (K0, K1, K2, G, I, J) from x (N, X0, X1, X2, G, I) and dy (N, O0, O1, O2, G, J), image
-    by image through zeroed frames xf (G, I, F) and dyf (G, J, L) (``tables`` as :func:`_forward`'s)."""
+    by image through the zeroed frames xf (G, I, F) and dyf (G, J, L) (``tables`` as :func:`_forward`'s)."""
     k0_, k1_, k2_, g_, i_, j_ = dw.shape
     span = tables[1]
     lo, dilation, pitch = tables[2:5], tables[5:8], tables[8:11]
-    xf = np.zeros((g_, i_, tables[0]), dw.dtype)
-    dyf = np.zeros((g_, j_, span), dw.dtype)
     dw[...] = 0
     for n in range(x.shape[0]):
         _frame(x[n], kind, xf, lo, pitch)
@@ -191,13 +187,16 @@ def bind(g: ConvGeometry, task: str) -> Callable[[np.ndarray, int, np.ndarray, n
     if flip:
         g = _adjoint(g)
     tables = _tables(g)
+    span = int(tables[1])
+    # the frames come from NumPy, not the compiled loops: tracemalloc (the memory tests, the benchmarks) sees them
+    frame, dy_frame = (g.groups, g.icg, int(tables[0])), (g.groups, g.ocg, span)
     if task == "backward_weights":
         def weights(x: np.ndarray, kind: int, dy: np.ndarray, dw: np.ndarray, bits: np.ndarray) -> None:
-            _backward_weights(x, kind, dy, dw, tables)
+            _backward_weights(x, kind, dy, dw, np.zeros(frame, dw.dtype), np.zeros(dy_frame, dw.dtype), tables)
         return weights
 
     def run(src: np.ndarray, kind: int, w: np.ndarray, out: np.ndarray, bits: np.ndarray) -> None:
-        _forward(src, kind, w, flip, out, bits, tables)
+        _forward(src, kind, w, flip, out, bits, np.zeros(frame, w.dtype), np.empty(span, w.dtype), tables)
     return run
 
 
