@@ -285,6 +285,21 @@ def test_non_contiguous_inputs_give_the_same_result() -> None:
                                rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("warm_first", [False, True], ids=["cold", "after-a-plain-call"])
+def test_negative_views_are_read_as_their_values(warm_first: bool) -> None:
+    """A tensor with PyTorch's negative bit (``torch._neg_view``: same memory, values negated)
+    has a plain tensor's shape, strides and dtype, so a warm call of that signature meets it
+    too: both read its values, not its memory (they read the memory, unnegated, before)."""
+    case = CASES[1]
+    x, w, b = inputs(case, torch.float32)
+    negated = torch._neg_view(x)
+    assert negated.is_neg() and negated.stride() == x.stride()
+    if warm_first:
+        ours(case)(x, w, b)
+    torch.testing.assert_close(ours(case)(negated, w, None), ours(case)(-x, w, None), rtol=0, atol=0)
+    torch.testing.assert_close(ours(case)(negated, w, None), -ours(case)(x, w, None), rtol=1e-6, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_zero_copy_in_and_out(dtype, monkeypatch) -> None:
     base = torch.rand(3, 8, 5).to(dtype)

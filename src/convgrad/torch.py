@@ -65,9 +65,10 @@ def to_numpy(tensor: torch.Tensor, op: str = "convgrad.torch", name: str = "tens
             return tensor.view(torch.int16).numpy().view(bfloat16)
         if tensor.dtype in _NUMPY_DTYPES:
             return tensor.numpy()
-    except (RuntimeError, TypeError):  # a conjugate / negative view, a device: convgrad's own error below
-        pass
-    return as_array(tensor, op, name)
+    except (RuntimeError, TypeError):  # a negative view (its values resolved), a conjugate one, a device
+        if tensor.is_neg():
+            return to_numpy(tensor.resolve_neg(), op, name)
+    return as_array(tensor, op, name)    # convgrad's own error for what it cannot take
 
 
 def from_numpy(array: np.ndarray) -> torch.Tensor:
@@ -289,10 +290,14 @@ def _signature(kind: str, tensors: Sequence[Any], attrs: Mapping[str, Any]) -> t
 
 
 def _view(tensor: torch.Tensor) -> np.ndarray:
-    """:func:`to_numpy` of a tensor a call of its signature has viewed before (a float dtype, CPU)."""
+    """:func:`to_numpy` of a tensor a call of its signature has viewed before (a float dtype, CPU),
+    without its checks (it takes over where ``numpy()`` refuses: a negative view)."""
     if tensor.requires_grad:
         tensor = tensor.detach()
-    return tensor.view(torch.int16).numpy().view(bfloat16) if tensor.dtype is torch.bfloat16 else tensor.numpy()
+    try:
+        return tensor.view(torch.int16).numpy().view(bfloat16) if tensor.dtype is torch.bfloat16 else tensor.numpy()
+    except (RuntimeError, TypeError):
+        return to_numpy(tensor)
 
 
 #: Eager calls' resolutions by :func:`_signature`: (problem, (tensor index, role) of each input,
