@@ -285,6 +285,37 @@ def test_non_contiguous_inputs_give_the_same_result() -> None:
                                rtol=0, atol=0)
 
 
+def test_a_warm_call_goes_from_its_signature_to_the_engine(monkeypatch) -> None:
+    """A repeated eager call of one signature (op, attributes as given, each tensor's shape,
+    strides and dtype: ``convgrad.torch._signature``) parses no attribute and resolves nothing
+    again, with the cold call's bits; invalid neighbours (an attribute, a dtype) still get the
+    cold call's errors, word for word."""
+    case = CASES[1]
+    x, w, b = inputs(case, torch.float32)
+    function = ct.conv_transpose if case.transposed else ct.convolution
+    bad_attrs, bad_dtype = {**case.attrs, "strides": 0}, (x.to(torch.int32), w, b)
+    ct._resolved.clear()
+    interop._plain.clear()
+    errors = []
+    for args, attrs in (((x, w, b), bad_attrs), (bad_dtype, case.attrs)):
+        with pytest.raises(convgrad.ConvgradError) as info:
+            function(*args, **attrs)
+        errors.append((type(info.value), str(info.value)))
+    cold = function(x, w, b, **case.attrs)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a warm call parsed or resolved again")
+    with monkeypatch.context() as patched:
+        patched.setattr(interop, "attributes_and_op", refuse)
+        patched.setattr(convgrad.Op, "resolve", refuse)
+        warm = function(x, w, b, **case.attrs)
+    torch.testing.assert_close(warm, cold, rtol=0, atol=0)
+    for (args, attrs), (kind, message) in zip((((x, w, b), bad_attrs), (bad_dtype, case.attrs)), errors):
+        with pytest.raises(kind) as info:
+            function(*args, **attrs)
+        assert str(info.value) == message
+
+
 @pytest.mark.parametrize("warm_first", [False, True], ids=["cold", "after-a-plain-call"])
 def test_negative_views_are_read_as_their_values(warm_first: bool) -> None:
     """A tensor with PyTorch's negative bit (``torch._neg_view``: same memory, values negated)
