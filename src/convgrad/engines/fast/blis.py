@@ -11,7 +11,8 @@ with the kernel's roles: ``A`` broadcast (``mr`` rows), ``B`` loaded as vectors 
                 C[ir, jr] += A[ir] . Bp[pc, jr]                     (the kernel, kc deep)
 
 ``kc``: a B micro-panel (``kc x nr``) fills ``TUNING.gemm_panel_l1[width]`` L1 data caches (it streams
-from L2: longer kernel calls cost fewer C tile loads and restart fewer A streams); ``mc``: an A
+from L2: longer kernel calls cost fewer C tile loads and restart fewer A streams; a deep
+reduction's, ``TUNING.gemm_deep_panel_l1``, leaves room for its packed A's lines); ``mc``: an A
 block (``mc x kc``) at most half the L2; both from the host's cache sizes
 (:func:`.isa.cache_sizes`); blocks and shares of the panels dealt evenly to the threads.
 The kernel broadcasts A, so it reads any evenly strided A where it lies (oneDNN's brgemm does
@@ -153,9 +154,11 @@ def _blocks_for(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | 
     rows, vecs = block or register_block(n, width, m, itemsize)
     l1, l2, _ = isa.cache_sizes()
     nr = vecs * width
-    kc = max(16, min(-(-k // 2) * 2, int(TUNING.gemm_panel_l1[width] * l1) // (nr * itemsize) // 16 * 16))
+    reduction = deep(m, k, n)
+    share = (TUNING.gemm_deep_panel_l1 if reduction else TUNING.gemm_panel_l1)[width]
+    kc = max(16, min(-(-k // 2) * 2, int(share * l1) // (nr * itemsize) // 16 * 16))
     mc_max = max(rows, (l2 // 2) // (kc * itemsize) // rows * rows)
-    k_chunks = min(threads, -(-k // kc)) if deep(m, k, n) else 1
+    k_chunks = min(threads, -(-k // kc)) if reduction else 1
     mc, m_blocks, shares, by_share = split(m, rows, -(-n // nr), mc_max, -(-threads // k_chunks))
     return Blocks(width, rows, vecs, kc, mc, m_blocks, shares, by_share, k_chunks)
 

@@ -152,6 +152,11 @@ class Tuning:
     #: stages 2-4 at 0.5 / 1 / 2: 147 / 171 / 218 ms in all, their forward and data gradients the
     #: same at each (124 / 120 / 119, 109 / 108 / 110); the Zen 4's measurements set 2.
     gemm_panel_l1: dict[int, float] = field(default_factory=lambda: {8: 0.5, 16: 2.0})
+    #: ``gemm_panel_l1`` of a deep reduction (:func:`.blis.deep`: the weights gradients), whose A
+    #: (x^T or dy^T) is packed per K step with one cache line of a block's rows per step: kc
+    #: such lines and the B micro-panel share the L1 (docs/engine-measurements.md, "Zen 3,
+    #: 2026-11-27, sixth session").
+    gemm_deep_panel_l1: dict[int, float] = field(default_factory=lambda: {8: 0.25, 16: 2.0})
     #: A GEMM reducing over K > this times (M + N) (a weights gradient) splits K among the threads.
     gemm_deep: float = 4.0
     #: A B stored along K (a data gradient's transposed weights) with at least this many times
