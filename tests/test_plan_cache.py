@@ -14,8 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import convgrad as cg
+from convgrad.cli import main
 from convgrad.dtypes import DATA_DTYPES
 from convgrad.engines.fast import Features, Plan, candidates, default_plan, plan_cache, select, tune
 from convgrad.engines.fast.plan import forced
@@ -334,9 +336,18 @@ def test_autotune_tunes_a_new_problem_at_its_first_call(monkeypatch: pytest.Monk
     assert [e.problem for e in plan_cache.entries()] == [f.key()]
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``convgrad tune ARGS`` in this process (click's runner: exit code, stdout and stderr apart;
+    an exception escaping the command fails the test): its plans compile once with this file's
+    other tests, not again in a new Python per call (2-3 s each just to start and import)."""
+    result = CliRunner().invoke(main, ["tune", *args], catch_exceptions=False)
+    return subprocess.CompletedProcess(["convgrad", "tune", *args], result.exit_code, result.stdout, result.stderr)
+
+
+def _cli_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m convgrad tune ARGS`` in a new process."""
     return subprocess.run([sys.executable, "-m", "convgrad", "tune", *args], capture_output=True, text=True,
-                          env=env or os.environ.copy(), timeout=300)
+                          env=os.environ.copy(), timeout=300)
 
 
 def test_convgrad_tune_shapes_show_and_clear(tmp_path: Path, fresh_cache: Path) -> None:
@@ -349,8 +360,8 @@ def test_convgrad_tune_shapes_show_and_clear(tmp_path: Path, fresh_cache: Path) 
     data = json.loads(fresh_cache.read_text())
     (slot,) = data["machines"].values()
     assert len(slot["plans"]) == 2
-    show = _cli("--show")
-    assert show.returncode == 0 and "2 plans for it" in show.stdout
+    show = _cli_process("--show")                       # the command, and the file, in a new process
+    assert show.returncode == 0 and "2 plans for it" in show.stdout and "Traceback" not in show.stderr
     cleared = _cli("--clear")
     assert cleared.returncode == 0 and "removed 2 plans" in cleared.stdout
     assert "0 plans for it" in _cli("--show").stdout
