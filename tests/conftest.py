@@ -13,19 +13,19 @@ os.environ["CONVGRAD_PLANS"] = "off"
 os.environ.pop("CONVGRAD_AUTOTUNE", None)
 
 
-#: Seconds of the slowest test files in a cold run (Zen 3, shared, one worker, the numba cache
-#: empty, 2026-11-27, before the cuts of that day's second table in docs/testing.md; the rest take
-#: under 15 s). ``make test`` hands whole files to its two workers in collection order (see
-#: :func:`pytest_xdist_make_scheduler`); the longest start first, so that the short ones fill the
-#: end and neither worker is left alone with a long file (xdist's own order, most tests first,
-#: left files of few long tests such as the fuzz and property tests for the end).
+#: Seconds of the slowest test files in a cold ``make test`` (Zen 3, shared, 2 cores, a fresh
+#: clone at de49c94, 2026-11-27; the rest take under 15 s). ``make test`` hands whole files to its
+#: two workers in collection order (see :func:`pytest_xdist_make_scheduler`); the longest start
+#: first, so that the short ones fill the end and neither worker is left alone with a long file
+#: (xdist's own order, most tests first, left files of few long tests such as the fuzz and
+#: property tests for the end).
 COLD_SECONDS = {
-    "test_depthwise.py": 256, "test_fast_engine.py": 181, "test_kernels.py": 116, "test_torch_convert.py": 111,
-    "test_guarantees.py": 74, "test_conv_driver.py": 61, "test_reliability_fuzz.py": 59, "test_blis.py": 57,
-    "test_strategies.py": 53, "test_plan_cache.py": 46, "test_engine_plans.py": 44, "test_reference_check.py": 32,
-    "test_dask_arrays.py": 31, "test_reliability.py": 30, "test_jit_engine.py": 27, "test_fuzz_cli.py": 25,
-    "test_pool.py": 23, "test_dask_cluster.py": 20, "test_readme.py": 19, "test_first_contact.py": 18,
-    "test_properties.py": 16, "test_hostile_cli.py": 15,
+    "test_depthwise.py": 253, "test_fast_engine.py": 164, "test_kernels.py": 99, "test_reliability_fuzz.py": 74,
+    "test_torch_convert.py": 64, "test_conv_driver.py": 63, "test_blis.py": 63, "test_guarantees.py": 41,
+    "test_reliability.py": 38, "test_pool.py": 38, "test_engine_plans.py": 30, "test_dask_arrays.py": 29,
+    "test_strategies.py": 29, "test_jit_engine.py": 28, "test_fuzz_cli.py": 26, "test_properties.py": 25,
+    "test_readme.py": 23, "test_jax_interop.py": 21, "test_reference_check.py": 20, "test_plan_cache.py": 19,
+    "test_hostile_cli.py": 17,
 }
 
 
