@@ -817,43 +817,43 @@ def _pair_blocks(g: ConvGeometry, x: np.ndarray, rows: int, out: np.ndarray | No
 
 @functools.cache
 def _pair_filler(rows: int) -> Callable:
-    """:func:`_fill_pairs` for blocks of ``rows`` channels (compiled for that block size: its
-    copies are a few stores, not loops; 1.6x faster)."""
-    @microkernel.cached_njit(parallel=True)
-    def fill(x3, out, spans, step, lo0, lo1, icg):  # pragma: no cover - compiled
+    """:func:`_fill_pairs` for blocks of ``rows`` channels, one padded row an item (compiled for
+    that block size: its copies are a few stores, not loops; 1.6x faster; a serial body run by
+    :class:`.microkernel.parallel_items`, which spares each block size numba's parallel-loop
+    passes: 6-19 s of compiling a variant with its own ``prange``)."""
+    def fill(row, x3, out, spans, step, lo0, lo1, icg):  # pragma: no cover - compiled
         phases, groups, blocks, _, p0_, p1_, q_, _ = out.shape
-        n_, i0_, i1_ = x3.shape[:3]
-        for row in numba.prange(n_ * p0_ * p1_):
-            n, p0, p1 = row // (p0_ * p1_), row // p1_ % p0_, row % p1_
-            i0, i1 = p0 - lo0, p1 - lo1
-            if not (0 <= i0 < i0_ and 0 <= i1 < i1_):        # a padding row
-                for ph in range(phases):
-                    for gi in range(groups):
-                        for b in range(blocks):
-                            out[ph, gi, b, n, p0, p1] = 0
-                continue
-            src = x3[n, i0, i1]
-            pair = np.zeros(blocks * rows, np.uint32)      # the channels' pairs; zero past icg
+        i0_, i1_ = x3.shape[1:3]
+        n, p0, p1 = row // (p0_ * p1_), row // p1_ % p0_, row % p1_
+        i0, i1 = p0 - lo0, p1 - lo1
+        if not (0 <= i0 < i0_ and 0 <= i1 < i1_):        # a padding row
             for ph in range(phases):
-                f0, s0, p0s = spans[ph, 0, 0], spans[ph, 0, 1], spans[ph, 0, 2]
-                f1, s1, p1s = spans[ph, 1, 0], spans[ph, 1, 1], spans[ph, 1, 2]
                 for gi in range(groups):
-                    for q in range(q_):
-                        if f0 <= q < s0:
-                            lo = src[p0s + (q - f0) * step, gi * icg:(gi + 1) * icg]
-                            for c in range(icg):
-                                pair[c] = np.uint32(lo[c])
-                        else:
-                            pair[:icg] = 0
-                        if f1 <= q < s1:
-                            hi = src[p1s + (q - f1) * step, gi * icg:(gi + 1) * icg]
-                            for c in range(icg):
-                                pair[c] |= np.uint32(hi[c]) << np.uint32(16)
-                        for b in range(blocks):
-                            dst = out[ph, gi, b, n, p0, p1, q]
-                            for r in range(rows):
-                                dst[r] = pair[b * rows + r]
-    return fill
+                    for b in range(blocks):
+                        out[ph, gi, b, n, p0, p1] = 0
+            return
+        src = x3[n, i0, i1]
+        pair = np.zeros(blocks * rows, np.uint32)      # the channels' pairs; zero past icg
+        for ph in range(phases):
+            f0, s0, p0s = spans[ph, 0, 0], spans[ph, 0, 1], spans[ph, 0, 2]
+            f1, s1, p1s = spans[ph, 1, 0], spans[ph, 1, 1], spans[ph, 1, 2]
+            for gi in range(groups):
+                for q in range(q_):
+                    if f0 <= q < s0:
+                        lo = src[p0s + (q - f0) * step, gi * icg:(gi + 1) * icg]
+                        for c in range(icg):
+                            pair[c] = np.uint32(lo[c])
+                    else:
+                        pair[:icg] = 0
+                    if f1 <= q < s1:
+                        hi = src[p1s + (q - f1) * step, gi * icg:(gi + 1) * icg]
+                        for c in range(icg):
+                            pair[c] |= np.uint32(hi[c]) << np.uint32(16)
+                    for b in range(blocks):
+                        dst = out[ph, gi, b, n, p0, p1, q]
+                        for r in range(rows):
+                            dst[r] = pair[b * rows + r]
+    return microkernel.parallel_items(fill)
 
 
 def _fill_pairs(x3: np.ndarray, out: np.ndarray, spans: np.ndarray, step: int, lo0: int, lo1: int, icg: int) -> None:
@@ -864,7 +864,7 @@ def _fill_pairs(x3: np.ndarray, out: np.ndarray, spans: np.ndarray, step: int, l
     N images written once. Per padded row (parallel over all of them) and pair q, both halves of
     every channel are joined in one vectorised pass, then dealt to the blocks (3x faster than a
     loop per block of R channels)."""
-    _pair_filler(out.shape[-1])(x3, out, spans, step, lo0, lo1, icg)
+    _pair_filler(out.shape[-1])(x3.shape[0] * out.shape[4] * out.shape[5], x3, out, spans, step, lo0, lo1, icg)
 
 
 def _dy_pairs(g: ConvGeometry, dy: np.ndarray, lanes: int, out: np.ndarray | None = None) -> np.ndarray:
