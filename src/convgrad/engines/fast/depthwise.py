@@ -22,13 +22,12 @@ from __future__ import annotations
 import functools
 import math
 
-import numba
 import numpy as np
 
 from ... import casts
 from ...problem import ConvGeometry
 from . import depthwise_kernels as kernels
-from . import isa, pool
+from . import isa, microkernel, pool
 from .frame import empty_like_data
 from .geometry import params, spatial, spatial3, tap
 from .tuning import TUNING
@@ -38,61 +37,64 @@ __all__ = ["FASTMATH", "run", "parts", "forward", "backward_data", "backward_wei
 FASTMATH = {"reassoc", "contract"}  # vectorised sums and fused multiply-adds; IEEE NaN/inf kept
 
 
-@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
-def _gather(src, w, out, stride, dilation, pad, transposed):  # pragma: no cover - compiled
-    """out[n, a, c] = sum_k src[n, tap(a, k), c] * w[k, c] (forward, or backward data if transposed)."""
+def _gather_row(row, src, w, out, stride, dilation, pad, transposed):  # pragma: no cover - compiled
+    """Row ``row`` (image, a0, a1) of ``out[n, a, c] = sum_k src[n, tap(a, k), c] * w[k, c]`` (forward,
+    or backward data if transposed)."""
     n_, a0_, a1_, a2_, c_ = out.shape
     _, s0_, s1_, s2_, _ = src.shape
     k0_, k1_, k2_, _ = w.shape
-    for row in numba.prange(n_ * a0_ * a1_):
-        n, a0, a1 = row // (a0_ * a1_), row // a1_ % a0_, row % a1_
-        for a2 in range(a2_):
-            for c in range(c_):
-                out[n, a0, a1, a2, c] = 0
-            for k0 in range(k0_):
-                b0 = tap(a0, k0, stride[0], dilation[0], pad[0], s0_, transposed)
-                if b0 < 0:
+    n, a0, a1 = row // (a0_ * a1_), row // a1_ % a0_, row % a1_
+    for a2 in range(a2_):
+        for c in range(c_):
+            out[n, a0, a1, a2, c] = 0
+        for k0 in range(k0_):
+            b0 = tap(a0, k0, stride[0], dilation[0], pad[0], s0_, transposed)
+            if b0 < 0:
+                continue
+            for k1 in range(k1_):
+                b1 = tap(a1, k1, stride[1], dilation[1], pad[1], s1_, transposed)
+                if b1 < 0:
                     continue
-                for k1 in range(k1_):
-                    b1 = tap(a1, k1, stride[1], dilation[1], pad[1], s1_, transposed)
-                    if b1 < 0:
+                for k2 in range(k2_):
+                    b2 = tap(a2, k2, stride[2], dilation[2], pad[2], s2_, transposed)
+                    if b2 < 0:
                         continue
-                    for k2 in range(k2_):
-                        b2 = tap(a2, k2, stride[2], dilation[2], pad[2], s2_, transposed)
-                        if b2 < 0:
-                            continue
-                        for c in range(c_):
-                            out[n, a0, a1, a2, c] += src[n, b0, b1, b2, c] * w[k0, k1, k2, c]
+                    for c in range(c_):
+                        out[n, a0, a1, a2, c] += src[n, b0, b1, b2, c] * w[k0, k1, k2, c]
 
 
-@numba.njit(parallel=True, fastmath=FASTMATH, cache=True)
-def _backward_weights(x, dy, dw, stride, dilation, pad, parts):  # pragma: no cover - compiled
-    """dw[k, c] += sum_{n, o} x[n, tap(o, k), c] * dy[n, o, c], in ``parts`` parallel partial sums."""
+def _weights_part(part, x, dy, acc, stride, dilation, pad, parts):  # pragma: no cover - compiled
+    """``acc[part][k, c] = sum_{n, o} x[n, tap(o, k), c] * dy[n, o, c]`` over part ``part`` of
+    ``parts`` of the output rows."""
     n_, o0_, o1_, o2_, c_ = dy.shape
     _, i0_, i1_, i2_, _ = x.shape
-    k0_, k1_, k2_, _ = dw.shape
+    k0_, k1_, k2_, _ = acc.shape[1:]
     rows = n_ * o0_ * o1_
-    acc = np.zeros((parts, k0_, k1_, k2_, c_), dw.dtype)
-    for part in numba.prange(parts):
-        for row in range(part * rows // parts, (part + 1) * rows // parts):
-            n, o0, o1 = row // (o0_ * o1_), row // o1_ % o0_, row % o1_
-            for k0 in range(k0_):
-                i0 = tap(o0, k0, stride[0], dilation[0], pad[0], i0_, False)
-                if i0 < 0:
+    for row in range(part * rows // parts, (part + 1) * rows // parts):
+        n, o0, o1 = row // (o0_ * o1_), row // o1_ % o0_, row % o1_
+        for k0 in range(k0_):
+            i0 = tap(o0, k0, stride[0], dilation[0], pad[0], i0_, False)
+            if i0 < 0:
+                continue
+            for k1 in range(k1_):
+                i1 = tap(o1, k1, stride[1], dilation[1], pad[1], i1_, False)
+                if i1 < 0:
                     continue
-                for k1 in range(k1_):
-                    i1 = tap(o1, k1, stride[1], dilation[1], pad[1], i1_, False)
-                    if i1 < 0:
-                        continue
-                    for o2 in range(o2_):  # the row of outputs innermost but one: dy stays in cache
-                        for k2 in range(k2_):
-                            i2 = tap(o2, k2, stride[2], dilation[2], pad[2], i2_, False)
-                            if i2 < 0:
-                                continue
-                            for c in range(c_):
-                                acc[part, k0, k1, k2, c] += x[n, i0, i1, i2, c] * dy[n, o0, o1, o2, c]
-    for part in range(parts):
-        dw += acc[part]
+                for o2 in range(o2_):  # the row of outputs innermost but one: dy stays in cache
+                    for k2 in range(k2_):
+                        i2 = tap(o2, k2, stride[2], dilation[2], pad[2], i2_, False)
+                        if i2 < 0:
+                            continue
+                        for c in range(c_):
+                            acc[part, k0, k1, k2, c] += x[n, i0, i1, i2, c] * dy[n, o0, o1, o2, c]
+
+
+#: The loops where the register-blocked kernels do not apply (f64, 16-bit data of two dtypes,
+#: strided data), each a serial body run by :class:`.microkernel.parallel_items`: compiled per
+#: dtypes and C-contiguity without numba's parallel-loop passes (5-11 s a variant with its own
+#: ``prange``, one per array layout).
+_gather = microkernel.parallel_items(_gather_row, fastmath=FASTMATH)
+_weights_parts = microkernel.parallel_items(_weights_part, fastmath=FASTMATH)
 
 
 def _weights(g: ConvGeometry, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -106,7 +108,7 @@ def _gather_into(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarra
     src3, out3 = spatial3(src), spatial3(out)
     kernel = _kernel(src, out)
     if kernel is None:
-        _gather(src3, _weights(g, w, out.dtype), out3, *params(g), transposed)
+        _gather(math.prod(out3.shape[:3]), src3, _weights(g, w, out.dtype), out3, *params(g), transposed)
         return
     width, kind = kernel
     taps = _weights(g, w, np.dtype(np.float32))
@@ -181,7 +183,11 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dw: np.ndar
     x3, dy3, kernel, count = spatial3(x), spatial3(dy), spatial(g.kernel, 1), parts(g)
     native = _kernel(x, dy) if x.dtype == dy.dtype else None
     if native is None:
-        _backward_weights(x3, dy3, dw.reshape(*kernel, g.ic), *params(g), count)
+        acc = np.zeros((count, *kernel, g.ic), dw.dtype)   # the parts' partial sums, added in order
+        _weights_parts(count, x3, dy3, acc, *params(g), count)
+        view = dw.reshape(*kernel, g.ic)
+        for part in acc:
+            view += part
         return
     width, kind = native
     taps = math.prod(kernel)

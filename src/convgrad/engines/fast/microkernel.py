@@ -465,11 +465,12 @@ class parallel_items:  # noqa: N801 - used as a function: ``drive = parallel_ite
     depthwise driver 0.9-1.6 s against 2.2-3.2, Zen 3, 2026-11-27), at the cost of one direct call
     per item (readonly and writable arrays, C and any layout, share one calling convention)."""
 
-    __slots__ = ("function", "body", "addresses")
+    __slots__ = ("function", "body", "addresses", "options")
 
-    def __init__(self, body: Callable):
-        self.function, self.body = body, None    # compiled at the first call: after pool.py chose the layer
-        self.addresses: dict[tuple, int] = {}
+    def __init__(self, body: Callable, **options: object):
+        """``options``: numba's, for compiling ``body`` (e.g. ``fastmath``)."""
+        self.function, self.body, self.options = body, None, options  # compiled at the first call: after
+        self.addresses: dict[tuple, int] = {}                         # pool.py chose the layer
 
     def __call__(self, items: int, *args: object) -> None:
         key = tuple([(a.dtype, a.ndim, a.flags.c_contiguous) if a.__class__ is _NDARRAY else a.__class__
@@ -479,7 +480,7 @@ class parallel_items:  # noqa: N801 - used as a function: ``drive = parallel_ite
             if self.body is None:
                 from numba.np.ufunc import parallel
                 parallel._launch_threads()  # the pool's symbols, which a body loaded from the disk cache links
-                self.body = cached_njit()(self.function)
+                self.body = cached_njit(**self.options)(self.function)
             signature = (types.int64, *(types.Array(numba.from_dtype(a.dtype), a.ndim, "C" if a.flags.c_contiguous
                                                     else "A") if a.__class__ is _NDARRAY else numba.typeof(a)
                                         for a in args))
