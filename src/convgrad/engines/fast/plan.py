@@ -14,7 +14,8 @@ applies), else :func:`default_plan`, the tuning table's rule:
    most ``TUNING.jit_narrow_idle``), a junk-heavy gradient (``Features.junk_heavy``) only for the
    unit-stride data gradient of bf16 on the dot instruction (the drivers skip the taps that read
    rows of padding), and a multi-tap weights gradient only
-   of f32 data or of bf16 pairs on the dot instruction (:func:`.jit.weights_in_pairs`): every
+   of f32 data or of bf16 pairs on the dot instruction (:func:`.jit.weights_in_pairs`) and
+   not of output rows of at most ``TUNING.jit_weights_short_rows[family]`` positions: every
    such problem of bf16 data, of NXC data, or of any data where PyTorch's threads share the
    cores (``Features.shared``: one pool); of the others (NCX f32 alone) those of several taps
    with at most ``TUNING.jit_channels[task]`` channels per group on either side;
@@ -120,6 +121,8 @@ def jit_selected(f: Features) -> bool:
         return False
     if f.task == "backward_weights" and f.data_dtype != f.acc and not f.pointwise and not TUNING.jit_weights_16_bit \
             and not jit.weights_in_pairs(f):
+        return False
+    if f.task == "backward_weights" and f.taps > 1 and f.out_size[-1] <= TUNING.jit_weights_short_rows.get(f.family, 0):
         return False
     if f.icg < TUNING.jit_min_input_channels[f.task] or \
             f.icg < TUNING.jit_min_input_channels["backward_data"] and jit.idle(f) > TUNING.jit_narrow_idle:

@@ -58,6 +58,12 @@ class Tuning:
     #: (AVX2), 2026-11-27, conv1 on each block, alternating rounds: 4x3 (idle 1.5) 0.81x BLAS's
     #: time (0.62x in sequence, `convgrad tune`), 6x2 (2.0) 1.01x, 8x1 (2.7) 2.1x.
     jit_narrow_idle: float = 1.75
+    #: ... a multi-tap weights gradient not where its output rows hold at most this many
+    #: positions, per family (the driver's batch-reduce calls take one output row of positions
+    #: as their reduction: 7 at ResNet-50's res5): Zen 3 (AVX2), 2026-11-28, mb 16, two threads,
+    #: GFLOP/s jit / the output-row GEMMs / PyTorch: 3x3 512 channels at 7x7 50.7 / 100.5 / 46.3,
+    #: 256 at 14x14 70.4 / 94.7 / 72.9 (docs/engine-measurements.md, "sixth session") ...
+    jit_weights_short_rows: dict[str, int] = field(default_factory=lambda: {"avx2": 14})
     #: ... and a multi-tap weights gradient only of data already in f32 (its f32 copies of
     #: 16-bit x and dy would exceed the 2x memory bound; pointwise ones stay 16-bit on the GEMM).
     jit_weights_16_bit: bool = False
