@@ -265,10 +265,7 @@ def _flat(g: ConvGeometry, task: str, dtype: np.dtype, rounded: bool) -> Callabl
     loops = direct_flat.bind(g, task)
     if task == "backward_weights":
         def weights(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-            if a.dtype == dtype and b.dtype == dtype and a.flags.c_contiguous and b.flags.c_contiguous:
-                x, dy, kind = a, b, 0
-            else:
-                (x, dy), kind = _data((a, b), dtype)
+            (x, dy), kind = _data((a, b), dtype)
             dw = np.empty(ws, dtype)
             loops(x.reshape(xs), kind, dy.reshape(ys), dw, _UNROUNDED)
             return np.ascontiguousarray(dw.transpose(0, 1, 2, 4, 3, 5)).reshape(g.w_shape)
@@ -282,10 +279,6 @@ def _flat(g: ConvGeometry, task: str, dtype: np.dtype, rounded: bool) -> Callabl
             w = b.reshape(ws)
         else:
             w = np.ascontiguousarray(tap_weights(g, b), dtype).reshape(ws)
-        if a.dtype == dtype and a.flags.c_contiguous:   # the common case, without _data's and _outputs' calls
-            result = np.empty(out_shape, dtype)
-            loops(a.reshape(src_shape), 0, w, result.reshape(grouped), _UNROUNDED)
-            return result
         (src,), kind = _data((a,), dtype)
         sums, bits, result = _outputs(out_shape, grouped, dtype, kind, rounded, a.dtype, image=False)
         loops(src.reshape(src_shape), kind, w, sums, bits)
