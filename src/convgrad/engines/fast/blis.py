@@ -35,7 +35,7 @@ import numba
 import numpy as np
 
 from ... import casts
-from . import isa, microkernel, pool, workspace
+from . import isa, microkernel, pool, tiles, workspace
 from ...memo import Memo
 from .tuning import TUNING
 
@@ -67,7 +67,10 @@ def register_block(n: int, width: int, m: int, itemsize: int, k: int = 0) -> tup
     size where it names one and ``n`` fills its vectors, else the fewest idle lanes and rows
     (:func:`.microkernel.block_for`, loads weighed by ``TUNING.gemm_loads_weight``), a block whose
     columns leave the result padded (copied out afterwards) weighed by ``TUNING.gemm_result_copy``
-    over the reduction's depth ``k`` (if given): a short reduction's copy is a large share."""
+    over the reduction's depth ``k`` (if given): a short reduction's copy is a large share. bf16
+    pairs on AMX tiles: :func:`.tiles.block_for`."""
+    if itemsize == 2 and isa.bf16_kernel() >= microkernel.TILES_STANDIN:
+        return tiles.block_for(n, m)
     block = TUNING.gemm_blocks.get((width, itemsize))
     if block is not None and n >= block[1] * width:
         return block
@@ -156,7 +159,9 @@ def _blocks_for(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | 
     nr = vecs * width
     reduction = deep(m, k, n)
     share = (TUNING.gemm_deep_panel_l1 if reduction else TUNING.gemm_panel_l1)[width]
-    kc = max(16, min(-(-k // 2) * 2, int(share * l1) // (nr * itemsize) // 16 * 16))
+    on_tiles = itemsize == 2 and isa.bf16_kernel() >= microkernel.TILES_STANDIN and (rows, vecs) in tiles.TILE_BLOCKS
+    unit = 2 * tiles.PAIRS if on_tiles else 16      # tiles: whole tile steps
+    kc = max(unit, min(-(-k // 2) * 2, int(share * l1) // (nr * itemsize) // unit * unit))
     mc_max = max(rows, (l2 // 2) // (kc * itemsize) // rows * rows)
     k_chunks = min(threads, -(-k // kc)) if reduction else 1
     mc, m_blocks, shares, by_share = split(m, rows, -(-n // nr), mc_max, -(-threads // k_chunks))
@@ -176,9 +181,12 @@ def workspace_bytes(m: int, k: int, n: int, itemsize: int) -> int:
 
 
 @functools.cache
-def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
+def _driver(width: int, rows: int, vecs: int, native: int) -> Callable:
     """The loops of :func:`gemm` for one register block, run for each item of work in the pool
-    (:class:`.microkernel.parallel_items`; compiled for that block alone)."""
+    (:class:`.microkernel.parallel_items`; compiled for that block alone; ``native``: the bf16
+    kernel, :func:`.isa.bf16_kernel`)."""
+    on_tiles = native >= microkernel.TILES_STANDIN and (rows, vecs) in tiles.TILE_BLOCKS   # packed A row-major
+
     def run(item, a, lda, astep, m, k, bp, panels, kd, poff, bstep, c, kc, mc, m_blocks, depth, n_shares, by_share,
             k_chunks, out, scratch, apack, copy_lda):  # pragma: no cover
         """``c[:m, :] = A @ B``, A's value (row, kk) at ``a[row*lda + kk*astep]`` (flat; for
@@ -196,7 +204,8 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
         A non-empty ``apack`` (threads, kc/depth * mc values or pairs, as uint32): A whose values
         (bf16: pairs) along K are not adjacent (a weights gradient's x^T) is packed per K step and
         block of rows into the thread's (kc/depth, mc, depth), the BLIS way (zero past M and K),
-        and the kernel reads it there."""
+        and the kernel reads it there. On tiles, packed A (and the tail panel) is row-major
+        instead, (mc, kc/depth, depth): a tile's rows hold consecutive pairs."""
         nr = vecs * width
         line = 64 // a.itemsize
         pack_a = apack.shape[0] > 0 and copy_lda == 0
@@ -260,32 +269,34 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
                 valid = block
                 for i2 in range(ks):
                     kk = (s0 + i2) * 2
-                    dst = pk[i2 * mp:(i2 + 1) * mp]
+                    start, step_r = (i2, ks) if on_tiles else (i2 * mp, 1)
+                    dst = pk[start:]
                     if lda == 1:
                         lo = a[kk * astep + m0:kk * astep + m0 + valid]
                         if kk + 1 < k:
                             hi = a[(kk + 1) * astep + m0:(kk + 1) * astep + m0 + valid]
                             for r in range(valid):
-                                dst[r] = np.uint32(lo[r]) | (np.uint32(hi[r]) << np.uint32(16))
+                                dst[r * step_r] = np.uint32(lo[r]) | (np.uint32(hi[r]) << np.uint32(16))
                         else:
                             for r in range(valid):
-                                dst[r] = np.uint32(lo[r])
+                                dst[r * step_r] = np.uint32(lo[r])
                     else:
                         for r in range(valid):
                             at = (m0 + r) * lda + kk * astep
-                            dst[r] = np.uint32(a[at]) | ((np.uint32(a[at + astep]) << np.uint32(16))
-                                                         if kk + 1 < k else np.uint32(0))
+                            dst[r * step_r] = np.uint32(a[at]) | ((np.uint32(a[at + astep]) << np.uint32(16))
+                                                                  if kk + 1 < k else np.uint32(0))
                     for r in range(valid, mp):
-                        dst[r] = 0
+                        dst[r * step_r] = 0
             elif tail >= 0:                                   # packed as (ks, rows, depth)
                 first_row = m0 + tail * rows                  # K outer: a transposed A's rows of
                 kept = min(rows, m - first_row)               # one K step lie side by side
                 valid = min(ks * depth, k - s0 * depth)
                 for i in range(ks * depth):
-                    dst = ap[(i // depth) * rows * depth + i % depth:]
+                    dst, step_r = (ap[i:], ks * depth) if on_tiles else (ap[(i // depth) * rows * depth + i % depth:],
+                                                                         depth)
                     src = first_row * lda + (s0 * depth + i) * astep
                     for r in range(rows):
-                        dst[r * depth] = a[src + r * lda] if r < kept and i < valid else 0
+                        dst[r * step_r] = a[src + r * lda] if r < kept and i < valid else 0
             pf_k = (s0 + steps) * depth                        # the next step's rows of a transposed A,
             pf_n = min(steps * depth, k_hi * depth - pf_k, k - pf_k) if pack_a and lda == 1 else 0
             calls, call = (last - first) * row_panels, 0       # prefetched while the kernels run
@@ -301,9 +312,14 @@ def _driver(width: int, rows: int, vecs: int, native: bool) -> Callable:
                     if copy_a:                                # A: the thread's copied rows
                         src, aoff, alda, astp = (apack[numba.get_thread_id()].view(a.dtype), rp * rows * copy_lda,
                                                  copy_lda, depth)
+                    elif pack_a and on_tiles:                 # A: the thread's packed block, row-major
+                        src, aoff, alda, astp = (apack[numba.get_thread_id()].view(a.dtype), rp * rows * ks * depth,
+                                                 ks * depth, depth)
                     elif pack_a:                              # A: the thread's packed block
                         src, aoff, alda, astp = (apack[numba.get_thread_id()].view(a.dtype), rp * rows * depth,
                                                  depth, mp * depth)
+                    elif rp == tail and on_tiles:             # A: the packed tail panel, row-major
+                        src, aoff, alda, astp = ap, 0, ks * depth, depth
                     elif rp == tail:                          # A: the packed tail panel
                         src, aoff, alda, astp = ap, 0, depth, rows * depth
                     else:                                     # A where it lies
@@ -512,7 +528,7 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     copy_lda = _copy_lda(bl, lda, a.dtype.itemsize, panels) if not pack_a and astep == 1 else 0
     per_thread = -(-bl.mc * copy_lda * a.dtype.itemsize // 4) if copy_lda else (bl.kc // depth) * bl.mc
     apack = workspace.empty(pool.threads() * per_thread if pack_a or copy_lda else 0, np.uint32)
-    _driver(bl.width, bl.rows, bl.vecs, bf16 and isa.bf16_native())(
+    _driver(bl.width, bl.rows, bl.vecs, isa.bf16_kernel() if bf16 else 0)(
         bl.k_chunks * bl.m_blocks * bl.shares, flat, lda, astep, m, k, bp, panels, kd, poff, bstep, c, bl.kc, bl.mc,
         bl.m_blocks, depth, bl.shares, bl.by_share, bl.k_chunks, out, scratch,
         apack.reshape(-1, per_thread) if pack_a or copy_lda else apack.reshape(0, 0), copy_lda)

@@ -5,6 +5,7 @@ A *family* is a set of JIT micro-kernels compiled for one vector width (:mod:`.m
 ================  ======  ====================================================================
 family            width   needs (LLVM feature names of ``llvmlite.binding.get_host_cpu_features``)
 ================  ======  ====================================================================
+``amx_bf16``      16      ``avx512_bf16``'s and amx-tile, amx-bf16 (bf16 on AMX tiles, :mod:`.tiles`)
 ``avx512_bf16``   16      avx512f, avx512bf16 (bf16 data on the bf16 dot-product kernel, f32 sums)
 ``avx512``        16      avx512f
 ``avx2``          8       avx2, fma
@@ -18,7 +19,8 @@ can run is testable on it; asking for one the CPU cannot run raises :class:`Conv
 LLVM into pairs of 8-wide operations, so the ``avx512`` family's code path is *correct* there and
 can be forced for testing with ``allow_emulated=True`` (its speed means nothing there); so can
 ``avx512_bf16``, whose bf16 kernel then runs a plain-IR stand-in of the dot-product instruction
-(:mod:`.microkernel`)
+(:mod:`.microkernel`), and ``amx_bf16``, whose tiles then run a stand-in too (:mod:`.tiles`).
+``amx_bf16`` also needs Linux to grant the process the tile state (:func:`tiles_permitted`).
 """
 
 from __future__ import annotations
@@ -29,20 +31,23 @@ from pathlib import Path
 from ...environment import env
 from ...errors import ConvgradError
 
-__all__ = ["FAMILIES", "WIDTH", "host_features", "supported", "family", "set_family", "bf16_host", "bf16_native", "cache_sizes",
-           "ISAError"]
+__all__ = ["FAMILIES", "WIDTH", "PAIRS", "host_features", "supported", "family", "set_family", "bf16_host", "bf16_native",
+           "bf16_kernel", "pairs", "tiles_host", "tiles_permitted", "cache_sizes", "ISAError"]
 
 #: Families from the most capable down, and the CPU features each needs.
 FAMILIES: dict[str, frozenset[str]] = {
+    "amx_bf16": frozenset({"avx512f", "avx512bf16", "amx-tile", "amx-bf16"}),
     "avx512_bf16": frozenset({"avx512f", "avx512bf16"}),
     "avx512": frozenset({"avx512f"}),
     "avx2": frozenset({"avx2", "fma"}),
     "portable": frozenset(),
 }
 #: f32 lanes per vector register of each JIT family.
-WIDTH = {"avx512_bf16": 16, "avx512": 16, "avx2": 8}
+WIDTH = {"amx_bf16": 16, "avx512_bf16": 16, "avx512": 16, "avx2": 8}
+#: Families whose kernels take bf16 data as bf16 pairs (the dot instruction's or the tiles' layout).
+PAIRS = ("amx_bf16", "avx512_bf16")
 #: Families whose vector code LLVM can legalise onto a narrower host (correct, not fast).
-_EMULABLE = {"avx512_bf16": "avx2", "avx512": "avx2"}
+_EMULABLE = {"amx_bf16": "avx2", "avx512_bf16": "avx2", "avx512": "avx2"}
 
 
 class ISAError(ConvgradError, ValueError):
@@ -81,7 +86,23 @@ def cache_sizes() -> tuple[int, int, int]:
 def supported() -> list[str]:
     """The families this host can run, best first (``portable`` always)."""
     have = host_features()
-    return [name for name, needs in FAMILIES.items() if needs <= have]
+    return [name for name, needs in FAMILIES.items() if needs <= have and (name != "amx_bf16" or tiles_permitted())]
+
+
+@functools.cache
+def tiles_permitted() -> bool:
+    """Whether this process may use AMX tiles: Linux's ``arch_prctl(ARCH_REQ_XCOMP_PERM,
+    XFEATURE_XTILEDATA)`` granted (asked once; a kernel without it, or another OS: False)."""
+    if not {"amx-tile", "amx-bf16"} <= host_features():
+        return False
+    import ctypes
+    import ctypes.util
+    import platform
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return False
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    sys_arch_prctl, req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
+    return libc.syscall(sys_arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0
 
 
 def _check(name: str, allow_emulated: bool) -> str:
@@ -91,6 +112,9 @@ def _check(name: str, allow_emulated: bool) -> str:
     if name in have or (allow_emulated and _EMULABLE.get(name) in have):
         return name
     missing = sorted(FAMILIES[name] - host_features())
+    if not missing:
+        raise ISAError(None, f"kernel family {name!r}: the operating system did not grant this process the AMX "
+                       f"tile state (arch_prctl ARCH_REQ_XCOMP_PERM): expected one of {', '.join(have)}")
     raise ISAError(None, f"kernel family {name!r} needs CPU features {', '.join(missing)} that this CPU "
                    f"({_cpu_name()}) lacks: expected one of {', '.join(have)}")
 
@@ -109,10 +133,26 @@ def bf16_host() -> bool:
     return "avx512bf16" in host_features()
 
 
+def tiles_host() -> bool:
+    """Whether this CPU has AMX's bf16 tiles and the process may use them."""
+    return tiles_permitted()
+
+
 def bf16_native() -> bool:
-    """Whether the ``avx512_bf16`` family's kernels run the instruction itself (else its bit-exact
-    stand-in: on CPUs without it, or where :func:`set_family` asked for the stand-in)."""
-    return bf16_host() and not _standin[0]
+    """Whether the family's bf16 kernels run the instructions themselves (else their bit-exact
+    stand-ins: on CPUs without them, or where :func:`set_family` asked for the stand-ins)."""
+    return (tiles_host() if family() == "amx_bf16" else bf16_host()) and not _standin[0]
+
+
+def pairs() -> bool:
+    """Whether the family's kernels take bf16 data as bf16 pairs (:data:`PAIRS`)."""
+    return family() in PAIRS
+
+
+def bf16_kernel() -> int:
+    """The bf16 kernel the family's drivers compile (:func:`.microkernel.run`'s ``native``):
+    0/1 the dot instruction's stand-in / the instruction, 2/3 AMX tiles' stand-in / the tiles."""
+    return 2 * (family() == "amx_bf16") + bf16_native()
 
 
 def family() -> str:
@@ -125,7 +165,7 @@ def family() -> str:
 
 def set_family(name: str | None, allow_emulated: bool = False, standin: bool = False) -> str:
     """Use family ``name`` from now on (``None``: the host's best); returns the one used before.
-    ``allow_emulated``: accept ``avx512``/``avx512_bf16`` on an AVX2 host (LLVM splits their vectors,
+    ``allow_emulated``: accept ``avx512``/``avx512_bf16``/``amx_bf16`` on an AVX2 host (LLVM splits their vectors,
     the bf16 dot product runs a stand-in; for tests). ``standin``: the bf16 kernels run the
     stand-in even where the CPU has the instruction (the emulated twins of native tests)."""
     before = family()

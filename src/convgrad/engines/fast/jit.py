@@ -44,7 +44,7 @@ from ... import casts, layout
 from ...casts import F16_BITS, narrowed
 from ...dtypes import bfloat16
 from ...problem import ConvGeometry
-from . import blis, geometry, isa, microkernel, pool, workspace
+from . import blis, geometry, isa, microkernel, pool, tiles, workspace
 from .features import Features
 from .frame import empty_like_data
 from .geometry import padded, phase_taps, spatial, spatial3, tap_weights
@@ -68,13 +68,22 @@ def applies(f: Features, plan: Plan | None = None) -> bool:
     (f32/bf16/f16 data), not depthwise, on a host family with JIT kernels (not ``portable``)."""
     if not (f.acc == F32 and isa.family() in isa.WIDTH and not f.depthwise and f.n > 0):
         return False
-    return plan is None or (_block_of(plan.param("block")) is not None and plan.param("split") in SPLITS
+    return plan is None or (_block_of(plan.param("block"), on_tiles(f)) is not None and plan.param("split") in SPLITS
                             and isinstance(plan.param("cache_bytes"), int) and plan.param("cache_bytes") > 0)
 
 
-def _block_of(name: object) -> tuple[int, int] | None:
-    """The (rows R, vectors V) of a block named "RxV" among the family's blocks, or None."""
-    return next(((r, v) for r, v in microkernel.BLOCKS[_width()] if f"{r}x{v}" == name), None)
+def _block_of(name: object, tile_blocks: bool = True) -> tuple[int, int] | None:
+    """The (rows R, vectors V) of a block named "RxV" among the family's blocks (and, with
+    ``tile_blocks``, on the ``amx_bf16`` family, its tile blocks), or None."""
+    blocks = microkernel.BLOCKS[_width()] + (tiles.TILE_BLOCKS if tile_blocks and isa.family() == "amx_bf16" else ())
+    return next(((r, v) for r, v in blocks if f"{r}x{v}" == name), None)
+
+
+def on_tiles(f: Features) -> bool:
+    """Whether ``f``'s blocks may be AMX tile blocks: bf16 forward and backward data on the
+    ``amx_bf16`` family (the weights gradient's operand pairs lie along positions, not in a
+    tile's rows; pointwise problems: our GEMM picks)."""
+    return on_dot_product(f) and f.family == "amx_bf16" and f.task != "backward_weights"
 
 
 def complete(f: Features, params: dict) -> dict:
@@ -91,6 +100,8 @@ def complete(f: Features, params: dict) -> dict:
         m, k = {"forward": (positions, g.icg), "backward_data": (positions, g.ocg),
                 "backward_weights": (g.icg, positions)}[f.task]
         rows, vecs = blis.register_block(channels, _width(), m, 4 // _depth(f.data_dtype), k)
+    elif on_tiles(f):
+        rows, vecs = tiles.block_for(channels)
     else:
         weights = f.task == "backward_weights"       # rows over input channels: weighed as our GEMM's
         rows, vecs = microkernel.block_for(channels, _width(), g.icg if weights else None, _computed(g, f.task),
@@ -104,7 +115,7 @@ def complete(f: Features, params: dict) -> dict:
 def idle(f: Features) -> float:
     """FMAs the register block :func:`complete` picks for ``f`` computes per one kept (idle
     lanes, and for the weights gradient idle rows of input channels)."""
-    block = _block_of(complete(f, {})["block"])
+    block = _block_of(complete(f, {})["block"], on_tiles(f))
     assert block is not None
     channels = f.geometry.icg if f.task == "backward_data" else f.geometry.ocg
     return microkernel.idle(block, channels, _width(), f.geometry.icg if f.task == "backward_weights" else None)
@@ -129,7 +140,8 @@ def options(f: Features) -> list[dict]:
     """Parameter sets worth timing: each register block of the family (and for the weights
     gradient, each split)."""
     splits = SPLITS if f.task == "backward_weights" else ("rows",)
-    return [{"block": f"{r}x{v}", "split": s} for r, v in microkernel.BLOCKS[_width()] for s in splits]
+    blocks = microkernel.BLOCKS[_width()] + (tiles.TILE_BLOCKS if on_tiles(f) else ())
+    return [{"block": f"{r}x{v}", "split": s} for r, v in blocks for s in splits]
 
 
 def _plan(g: ConvGeometry, task: str, plan: Plan | None) -> Plan:
@@ -156,7 +168,7 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, ro
 
 
 def _operand(a: np.ndarray) -> np.ndarray:
-    """``a`` as the GEMM reads it: bf16 bits (uint16) on the ``avx512_bf16`` family, else f32."""
+    """``a`` as the GEMM reads it: bf16 bits (uint16) on a family of bf16 pairs, else f32."""
     return a.view(np.uint16) if _depth(a.dtype) == 2 else a.astype(F32, copy=False)
 
 
@@ -335,9 +347,9 @@ def _tail(rows: int, row: int) -> int:
 
 
 def _depth(dtype: np.dtype) -> int:
-    """Reduction values per kernel step: 2 for bf16 data on the ``avx512_bf16`` family (the bf16
-    dot-product kernel on channel pairs), else 1 (f32 values; bf16/f16 widened)."""
-    return 2 if dtype == bfloat16 and isa.family() == "avx512_bf16" else 1
+    """Reduction values per kernel step: 2 for bf16 data on the families of bf16 pairs (the bf16
+    dot-product kernel or AMX tiles on channel pairs), else 1 (f32 values; bf16/f16 widened)."""
+    return 2 if dtype == bfloat16 and isa.pairs() else 1
 
 
 def _rounding(dtype: np.dtype, rounded: bool) -> int:
@@ -378,7 +390,7 @@ def _reads_data(tap_rows, rows_in, t, q0, q1):  # pragma: no cover - compiled
 
 
 @functools.cache
-def _outputs(width: int, rows: int, vecs: int, native: bool) -> Callable:
+def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
     """The driver of forward and backward data for one kernel variant, run for each item in the
     pool (:class:`.microkernel.parallel_items`; compiled for it alone; ``native``:
     :func:`.microkernel.run`'s flag)."""
@@ -497,7 +509,7 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_
     flat_out, none = out.reshape(-1), np.empty(0, np.uint16 if out.dtype == F32 else F32)
     f32_out, bits_out = (flat_out, none) if out.dtype == F32 else (none, flat_out)
     parts = max(1, parts)
-    _outputs(width, rows, vecs, depth == 2 and isa.bf16_native())(
+    _outputs(width, rows, vecs, isa.bf16_kernel() if depth == 2 else 0)(
         math.prod(shape[:3]) * parts * groups * -(-channels // vw), geometry.flat(src), steps, taps_a, f32_out,
         bits_out, kind, out_base, out_steps, np.array(shape, np.int64), pitch, q2, wp, taps * kred * depth * vw, taps_b,
         groups, kred, depth, channels, wp.nbytes > cache_bytes, parts, tap_rows, np.array(rows_in, np.int64))
@@ -721,7 +733,7 @@ def _phase_tables(g: ConvGeometry, tap_step: int, ds: tuple[int, ...]) -> list[t
 
 
 @functools.cache
-def _weights(width: int, rows: int, vecs: int, native: bool) -> Callable:
+def _weights(width: int, rows: int, vecs: int, native: int) -> Callable:
     """The driver of the weights gradient for one kernel variant, run for each item in the pool
     (:class:`.microkernel.parallel_items`; compiled for it alone)."""
     def weights(item, xb, x_steps, g_step, block_step, taps_a, dyp, dy_row, rows_grid, chunk, parts, shares, split,
@@ -768,8 +780,8 @@ def _weights(width: int, rows: int, vecs: int, native: bool) -> Callable:
 
 
 def on_dot_product(f: Features) -> bool:
-    """Whether ``f`` runs on the bf16 dot instruction: bf16 data on the ``avx512_bf16`` family."""
-    return f.dtype == "bfloat16" and f.family == "avx512_bf16"
+    """Whether ``f`` runs on the bf16 dot instruction (or tiles): bf16 data on a family of pairs."""
+    return f.dtype == "bfloat16" and f.family in isa.PAIRS
 
 
 def weights_in_pairs(f: Features) -> bool:
@@ -1064,7 +1076,7 @@ def _weight_sums(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, t0:
                     dyp = _lanes(dyc, g.groups, g.ocg, nblocks * vw)
                     g_step, block_step, flat_x = g.icg, rows, geometry.flat(xb)
                 rows_total = gc.n * oc[0] * oc[1]
-                _weights(_width(), rows, vecs, depth == 2 and isa.bf16_native())(
+                _weights(_width(), rows, vecs, isa.bf16_kernel() if depth == 2 else 0)(
                     shares * (threads if split_blocks else 1), flat_x, np.array(x_steps, np.int64), g_step,
                     block_step, taps_a, dyp.reshape(-1), g.groups * nblocks * vw * depth,
                     np.array((gc.n, *oc), np.int64), min(chunk, rows_total), parts.reshape(-1), shares, threads if split_blocks else 1, g.groups, g.icg, g.ocg, depth,

@@ -56,7 +56,7 @@ from numba.core import cgutils, errors
 from numba.extending import intrinsic
 
 from ... import casts
-from . import isa
+from . import isa, tiles
 from .tuning import TUNING
 
 __all__ = ["BLOCKS", "WIDTHS", "block_for", "idle", "run", "kernel_call", "cached_njit", "parallel_items",
@@ -71,7 +71,8 @@ WIDTHS = tuple(BLOCKS)
 _CHAINS = {8: 12, 16: 24}
 #: sha256 of this module's source and of :mod:`convgrad.casts` (whose rounding callers inline as
 #: they store): part of the disk-cache key of :func:`cached_njit` callers.
-SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes() + Path(casts.__file__).read_bytes()).hexdigest()
+SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes() + (Path(__file__).parent / "tiles.py").read_bytes()
+                               + Path(casts.__file__).read_bytes()).hexdigest()
 
 
 def block_for(channels: int, width: int, rows: int | None = None,
@@ -171,14 +172,16 @@ class _Ops:
         even = self._daz(b.shl(value, self._bits(16, True)))
         return self.splat(odd, self.acc), self.splat(even, self.acc)
 
-    def step(self, acc: ir.Value, a, b) -> ir.Value:
-        """``acc`` plus the product(s) of one reduction step."""
+    def step(self, acc: ir.Value, a, b, even_first: bool = False) -> ir.Value:
+        """``acc`` plus the product(s) of one reduction step (the stand-in: the odd pair's product
+        first, as ``VDPBF16PS``; ``even_first``: the even one first, as ``TDPBF16PS``)."""
         if not self.bf16:
             return self.builder.call(self.fma, [a, b, acc])
         if self.native:
             return self.builder.call(self.dot, [acc, a, b])
-        for x, y in zip(a, b):                                      # odd pair first (SDM order)
-            acc = self._flushed_fma(x, y, acc)
+        order = (1, 0) if even_first else (0, 1)
+        for j in order:
+            acc = self._flushed_fma(a[j], b[j], acc)
         return acc
 
     def _flushed_fma(self, x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
@@ -305,34 +308,47 @@ def _constant(value: ir.Value, name: str) -> int:
     return int(value.constant)
 
 
+#: The bf16 kernels (``run``'s ``native``, :func:`.isa.bf16_kernel`): the dot instruction's stand-in,
+#: the instruction, and for :data:`.tiles.TILE_BLOCKS` the AMX tiles' stand-in and the tiles.
+DOT_STANDIN, DOT, TILES_STANDIN, TILES = 0, 1, 2, 3
+
+
 @intrinsic
 def run(typingctx, width, rows, vecs, native, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k,
         accumulate):
     """The kernel of ``width`` (8 or 16) and block ``rows`` x ``vecs`` (compile-time constants,
     one of :data:`BLOCKS`) on f32 ``a``/``b``, or bf16 bits (uint16) ``a``/``b`` (see the module
-    docstring): with ``native`` (a constant bool) the AVX512_BF16 instruction where the host has
-    it, else the stand-in (:func:`.isa.bf16_native` says which the engine uses). A uint16 ``c``
-    takes the block rounded to bf16 (rounded stores, the module docstring)."""
+    docstring): ``native`` (a constant: a bool, or one of :data:`DOT_STANDIN`... :data:`TILES`)
+    picks the bf16 kernel: the AVX512_BF16 instruction where the host has it (True, ``DOT``),
+    else the stand-in; ``TILES``/``TILES_STANDIN`` with a block of :data:`.tiles.TILE_BLOCKS`: AMX
+    tiles (:mod:`.tiles`) where the host has them, else their stand-in.
+    (:func:`.isa.bf16_kernel` says which the engine uses). A uint16 ``c`` takes the block
+    rounded to bf16 (rounded stores, the module docstring)."""
     kinds = {a.dtype, b.dtype} if all(isinstance(t, types.Array) for t in (c, a, b, ta, tb)) else set()
     if kinds not in ({types.float32}, {types.uint16}) or c.dtype not in (types.float32, types.uint16):
         raise errors.TypingError("microkernel.run: c must be a float32 (or, rounded, uint16) array and a, b "
                                  f"both float32 or both uint16 (bf16 bits), got {c}, {a}, {b}")
     i64t = types.int64
-    sig = types.void(i64t, i64t, i64t, types.boolean, c, i64t, i64t, a, i64t, i64t, i64t, b, i64t, i64t, ta, tb, i64t, i64t,
-                     i64t)
+    flag = types.boolean if isinstance(native, (types.Boolean, types.BooleanLiteral)) else i64t
+    sig = types.void(i64t, i64t, i64t, flag, c, i64t, i64t, a, i64t, i64t, i64t, b, i64t, i64t, ta, tb, i64t, i64t, i64t)
     bf16 = kinds == {types.uint16}
 
     def codegen(context, builder, signature, argv):
-        width_, rows_, vecs_, native_ = (_constant(argv[j], name)
-                                         for j, name in enumerate(("width", "rows", "vecs", "native")))
-        if (rows_, vecs_) not in BLOCKS.get(width_, ()):
+        width_, rows_, vecs_, mode = (_constant(argv[j], name)
+                                      for j, name in enumerate(("width", "rows", "vecs", "native")))
+        on_tiles = bf16 and mode >= TILES_STANDIN and width_ == 16 and (rows_, vecs_) in tiles.TILE_BLOCKS
+        if not on_tiles and (rows_, vecs_) not in BLOCKS.get(width_, ()):
             raise errors.NumbaValueError(f"microkernel.run: no {rows_}x{vecs_} block of width {width_}: "
                                          f"expected one of {BLOCKS}")
         ptrs = {name: cgutils.create_struct_proxy(signature.args[j])(context, builder, value=argv[j]).data
                 for name, j in _ARRAYS}
         ints = {name: argv[j] for name, j in _INTS}
-        _emit(builder, rows_, vecs_, width_, ptrs, ints, bf16, bf16 and bool(native_) and isa.bf16_host(),
-              rounding=c.dtype == types.uint16)
+        dot = bf16 and mode in (DOT, TILES) and isa.bf16_host()
+        if on_tiles:
+            tiles.emit(builder, rows_, vecs_, ptrs, ints, c.dtype == types.uint16, mode == TILES and isa.tiles_host(),
+                       dot, _emit, lambda b: _Ops(b, 16, True, False))
+        else:
+            _emit(builder, rows_, vecs_, width_, ptrs, ints, bf16, dot, rounding=c.dtype == types.uint16)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -504,10 +520,11 @@ def kernel_call(width: int, rows: int, vecs: int, native: bool = True) -> Callab
     return call
 
 
-def kernel_ir(width: int, rows: int, vecs: int, bf16: bool = False, native: bool = False) -> str:
+def kernel_ir(width: int, rows: int, vecs: int, bf16: bool = False, native: bool = False, on_tiles: bool = False) -> str:
     """LLVM IR text of one kernel as a function ``kernel(c, a, b, ta, tb, coff, ldc, aoff, lda,
     astep, boff, bstep, ntaps, k, accumulate)``: for reading its assembly for another CPU (``native``: the
-    AVX512_BF16 instruction, whatever this host has)."""
+    AVX512_BF16 instruction, whatever this host has; ``on_tiles``: a bf16 tile block, on AMX
+    tiles with ``native``)."""
     module = ir.Module(name=f"kernel_{width}_{rows}x{vecs}")
     f32p, i16p, i64 = ir.FloatType().as_pointer(), ir.IntType(16).as_pointer(), ir.IntType(64)
     operand = i16p if bf16 else f32p
@@ -516,7 +533,10 @@ def kernel_ir(width: int, rows: int, vecs: int, bf16: bool = False, native: bool
     builder = ir.IRBuilder(fn.append_basic_block("entry"))
     ptrs = dict(zip(("c", "a", "b", "ta", "tb"), fn.args[:5]))
     ints = dict(zip((name for name, _ in _INTS), fn.args[5:]))
-    _emit(builder, rows, vecs, width, ptrs, ints, bf16, native)
+    if on_tiles:
+        tiles.emit(builder, rows, vecs, ptrs, ints, False, native, native, _emit, lambda b: _Ops(b, 16, True, False))
+    else:
+        _emit(builder, rows, vecs, width, ptrs, ints, bf16, native)
     builder.ret_void()
     return str(module)
 

@@ -44,7 +44,7 @@ class Tuning:
     #: limits on BLAS (faster in each of six alternating rounds; PyTorch 1397), bf16 1783 against
     #: 1744 (2026-11-27). NCX f32 without PyTorch keeps the limits (BLAS reads NCX 1x1 layers as
     #: they lie: 626 against 879 ms, Zen 4).
-    jit_families: tuple[str, ...] = ("avx512_bf16", "avx512", "avx2")
+    jit_families: tuple[str, ...] = ("amx_bf16", "avx512_bf16", "avx512", "avx2")
     #: ... and for the other problems, kernels of several taps with at most this many channels
     #: per group on either side, per task ...
     jit_channels: dict[str, float] = field(default_factory=lambda: _per_task(128, 64, 64))

@@ -1,0 +1,241 @@
+"""The micro-kernel's bf16 blocks on AMX tiles (``amx_bf16`` family): ``tdpbf16ps``, f32 sums.
+
+A tile block ``R x V`` (:data:`TILE_BLOCKS`: R = 16 or 32 rows, V vectors of 16 f32 lanes)
+computes the same batch-reduce step as :func:`.microkernel.run`'s bf16 kernel (its docstring
+gives the sum) with ``R/16 x V`` accumulator tiles of 16 rows x 16 f32, ``R/16`` tiles of ``a``
+(16 rows x 16 pairs along K: 64 bytes a row, rows ``lda`` apart) and ``V`` tiles of ``b`` (16
+pairs along K x 16 interleaved lane pairs: rows ``bstep`` apart), all of one shape (16 rows x
+64 bytes), 8 tiles at most. Per tap, the steps ``i < k16 = k - k % 16`` run on the tiles, 16 at
+a time; the last ``k % 16`` steps of every tap then run on the vector kernel (the dot
+instruction, ``VDPBF16PS``) over the stored accumulators: oneDNN's brgemm kernels do the same
+with a tail tile configuration. Tiles need ``a``'s pairs of consecutive steps adjacent (``astep``
+2, a row-major A); any other call (a transposed A, ``k`` < 16) runs whole on the vector kernel,
+in row blocks that fit the 32 vector registers.
+
+``TDPBF16PS`` (Intel SDM; as :mod:`.microkernel`'s dot): each row's lane ``n`` adds, per pair
+``k``, the even product and then the odd one, each rounded once to f32 (RNE), denormal inputs and
+results as zeros of their sign. Where the host lacks AMX (and in the emulated twins of the native
+tests) a plain-IR stand-in runs the same steps: tiles in a stack buffer, loads and stores row by
+row, the dot as :class:`.microkernel._Ops`' flushed fused multiply-adds, even pair first.
+
+Linux hands the tile state to a process that asks (``arch_prctl(ARCH_REQ_XCOMP_PERM,
+XFEATURE_XTILEDATA)``, :func:`.isa.tiles_permitted`), once; each kernel call loads its tile
+configuration (``ldtilecfg``: another library's kernels on the same thread may have loaded theirs).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+
+__all__ = ["TILE_BLOCKS", "ROWS", "PAIRS", "block_for", "emit"]
+
+#: Tile blocks (rows R, vectors V): R/16 * V accumulators + R/16 + V operand tiles <= 8.
+TILE_BLOCKS: tuple[tuple[int, int], ...] = ((32, 2), (16, 3), (16, 2), (16, 1))
+ROWS = 16    #: rows of a tile
+PAIRS = 16   #: bf16 pairs along K in a tile row (64 bytes)
+#: Rows of the vector kernel's blocks for ``V`` vectors (R*V + V + 1 <= 31 zmm registers).
+_VECTOR_ROWS = {1: 16, 2: 14, 3: 8}
+#: Weight of operand-tile loads per tile product in :func:`block_for` (measured: docs/engine-measurements.md).
+_LOADS_WEIGHT = 0.25
+
+
+def block_for(channels: int, rows: int | None = None) -> tuple[int, int]:
+    """The tile block for ``channels`` output channels (and ``rows`` rows, if given): the fewest
+    products per one kept (idle lanes and rows) x (1 + weight x operand tiles per product), then
+    the most accumulators (:func:`.microkernel.block_for`'s rule, counted in tiles)."""
+    vectors = -(-channels // 16)
+
+    def cost(block: tuple[int, int]) -> tuple[float, int]:
+        r, v = block
+        idle = -(-vectors // v) * v / vectors * ((-(-rows // r) * r / rows) if rows else 1.0)
+        tiles = r // ROWS
+        return round(idle * (1 + _LOADS_WEIGHT * (tiles + v) / (tiles * v)), 2), -r * v
+
+    return min((b for b in TILE_BLOCKS if b[1] <= vectors or b == (16, 1)), key=cost)
+
+
+class _Tiles:
+    """The tile instructions: AMX's (``native``) or their plain-IR stand-in on a stack buffer."""
+
+    def __init__(self, builder: ir.IRBuilder, native: bool, ops: object):
+        self.b, self.native, self.ops = builder, native, ops
+        self.i8, self.i64 = ir.IntType(8), ir.IntType(64)
+        i8p = self.i8.as_pointer()
+        module = builder.module
+        if native:
+            def fn(name: str, args: list) -> ir.Function:
+                return cgutils.get_or_insert_function(module, ir.FunctionType(ir.VoidType(), args), name)
+            self._cfg = fn("llvm.x86.ldtilecfg", [i8p])
+            self._load = fn("llvm.x86.tileloadd64", [self.i8, i8p, self.i64])
+            self._store = fn("llvm.x86.tilestored64", [self.i8, i8p, self.i64])
+            self._zero = fn("llvm.x86.tilezero", [self.i8])
+            self._dot = fn("llvm.x86.tdpbf16ps", [self.i8, self.i8, self.i8])
+        else:
+            self.buffer = cgutils.alloca_once(builder, ir.ArrayType(self.i8, 8 * ROWS * 64))
+        self.row = ir.VectorType(ir.IntType(32), 16)
+
+    def configure(self) -> None:
+        """Load the configuration: palette 1, tiles 0-7 of 16 rows x 64 bytes."""
+        if not self.native:
+            return
+        name = "convgrad_tile_config"
+        config = self.b.module.globals.get(name)
+        if config is None:
+            data = [1] + [0] * 15 + sum(([64, 0] if t < 8 else [0, 0] for t in range(16)), []) + \
+                [ROWS if t < 8 else 0 for t in range(16)]
+            config = cgutils.global_constant(self.b.module, name, ir.Constant(ir.ArrayType(self.i8, 64), data))
+            config.align = 64
+        self.b.call(self._cfg, [self.b.bitcast(config, self.i8.as_pointer())])
+
+    def _tile_row(self, t: int, r: ir.Value | int) -> ir.Value:
+        b = self.b
+        r = ir.Constant(self.i64, r) if isinstance(r, int) else r
+        at = b.add(ir.Constant(self.i64, t * ROWS * 64), b.mul(r, ir.Constant(self.i64, 64)))
+        return b.gep(b.bitcast(self.buffer, self.i8.as_pointer()), [at])
+
+    def load(self, t: int, ptr: ir.Value, stride: ir.Value) -> None:
+        """Tile ``t`` = 16 rows of 64 bytes from byte pointer ``ptr``, ``stride`` bytes apart."""
+        b = self.b
+        if self.native:
+            b.call(self._load, [ir.Constant(self.i8, t), ptr, stride])
+            return
+        for r in range(ROWS):
+            src = b.gep(ptr, [b.mul(stride, ir.Constant(self.i64, r))])
+            row = b.load(b.bitcast(src, self.row.as_pointer()), align=1)
+            b.store(row, b.bitcast(self._tile_row(t, r), self.row.as_pointer()), align=1)
+
+    def store(self, t: int, ptr: ir.Value, stride: ir.Value) -> None:
+        """Tile ``t``'s 16 rows to byte pointer ``ptr``, ``stride`` bytes apart."""
+        b = self.b
+        if self.native:
+            b.call(self._store, [ir.Constant(self.i8, t), ptr, stride])
+            return
+        for r in range(ROWS):
+            row = b.load(b.bitcast(self._tile_row(t, r), self.row.as_pointer()), align=1)
+            b.store(row, b.bitcast(b.gep(ptr, [b.mul(stride, ir.Constant(self.i64, r))]), self.row.as_pointer()),
+                    align=1)
+
+    def zero(self, t: int) -> None:
+        b = self.b
+        if self.native:
+            b.call(self._zero, [ir.Constant(self.i8, t)])
+            return
+        for r in range(ROWS):
+            b.store(ir.Constant(self.row, None), b.bitcast(self._tile_row(t, r), self.row.as_pointer()), align=1)
+
+    def dot(self, c: int, a: int, bt: int) -> None:
+        """Tile ``c`` += the products of tiles ``a`` (rows x pairs) and ``bt`` (pairs x lane pairs)."""
+        b = self.b
+        if self.native:
+            b.call(self._dot, [ir.Constant(self.i8, t) for t in (c, a, bt)])
+            return
+        ops, acc_t = self.ops, ir.VectorType(ir.FloatType(), 16)
+        pair_t = ir.VectorType(ir.IntType(16), 32)
+        with cgutils.for_range(b, ir.Constant(self.i64, ROWS)) as m:
+            crow = b.bitcast(self._tile_row(c, m.index), acc_t.as_pointer())
+            with cgutils.for_range(b, ir.Constant(self.i64, PAIRS)) as kk:
+                pair = b.load(b.bitcast(b.gep(self._tile_row(a, m.index), [b.mul(kk.index, ir.Constant(self.i64, 4))]),
+                                        ir.IntType(32).as_pointer()), align=1)
+                lanes = b.load(b.bitcast(self._tile_row(bt, kk.index), pair_t.as_pointer()), align=1)
+                acc = ops.step(b.load(crow, align=1), ops.operand_a(pair), ops.operand_b(lanes), even_first=True)
+                b.store(acc, crow, align=1)
+
+
+def emit(builder: ir.IRBuilder, rows: int, vecs: int, ptrs: dict, ints: dict, rounding: bool, native: bool,
+         dot_native: bool, vector: object, ops_for: object) -> None:
+    """Emit the tile block ``rows`` x ``vecs`` (module docstring) at the builder's position:
+    tiles where ``astep`` is 2 and ``k`` >= 16, the vector kernel (``vector``: :func:`.microkernel._emit`)
+    for the steps past the last 16 and for any other call. ``ptrs``/``ints`` as ``vector`` takes
+    them (bf16 ``a``/``b``; ``c`` f32, or bf16 bits with ``rounding``); ``native``: AMX (else
+    the stand-in), ``dot_native``: the dot instruction for the vector steps (else its stand-in);
+    ``ops_for(builder)``: the stand-in's :class:`.microkernel._Ops`."""
+    b, i64 = builder, ir.IntType(64)
+    const = lambda v: ir.Constant(i64, v)  # noqa: E731
+    tiles = _Tiles(b, native, None if native else ops_for(b))
+    strips = rows // ROWS
+    c_tile = lambda s, v: s * vecs + v  # noqa: E731
+    a_tile = lambda s: strips * vecs + s  # noqa: E731
+    b_tile = lambda v: strips * vecs + strips + v  # noqa: E731
+    i8p = ir.IntType(8).as_pointer()
+
+    def vectors(target: dict, values: dict, with_rounding: bool) -> None:
+        """The whole block on the vector kernel, in row blocks that fit the registers."""
+        step = _VECTOR_ROWS[vecs]
+        for r0 in range(0, rows, step):
+            part = dict(values, coff=b.add(values["coff"], b.mul(values["ldc"], const(r0))),
+                        aoff=b.add(values["aoff"], b.mul(values["lda"], const(r0))))
+            vector(b, min(step, rows - r0), vecs, 16, target, part, True, dot_native, rounding=with_rounding)
+
+    use_tiles = b.and_(b.and_(b.icmp_signed("==", ints["astep"], const(2)),
+                              b.icmp_signed(">=", ints["k"], const(PAIRS))),
+                       b.icmp_signed(">", ints["ntaps"], const(0)))
+    with b.if_else(use_tiles) as (then, otherwise):
+        with then:
+            if rounding:   # the block's f32 sums on the stack, rounded into c at the end
+                sums = cgutils.alloca_once(b, ir.ArrayType(ir.FloatType(), rows * vecs * 16))
+                target = dict(ptrs, c=b.bitcast(sums, ir.FloatType().as_pointer()))
+                tints = dict(ints, coff=const(0), ldc=const(vecs * 16))
+            else:
+                target, tints = ptrs, ints
+            cbytes = b.bitcast(target["c"], i8p)
+            cstride = b.mul(tints["ldc"], const(4))
+
+            def c_at(s: int, v: int) -> ir.Value:
+                at = b.add(tints["coff"], b.add(b.mul(tints["ldc"], const(s * ROWS)), const(v * 16)))
+                return b.gep(cbytes, [b.mul(at, const(4))])
+
+            tiles.configure()
+            if rounding:
+                for s in range(strips):
+                    for v in range(vecs):
+                        tiles.zero(c_tile(s, v))
+            else:
+                with b.if_else(b.icmp_signed("!=", ints["accumulate"], const(0))) as (load, start):
+                    with load:
+                        for s in range(strips):
+                            for v in range(vecs):
+                                tiles.load(c_tile(s, v), c_at(s, v), cstride)
+                    with start:
+                        for s in range(strips):
+                            for v in range(vecs):
+                                tiles.zero(c_tile(s, v))
+            k16 = b.and_(ints["k"], const(-PAIRS))
+            abytes, bbytes = b.bitcast(ptrs["a"], i8p), b.bitcast(ptrs["b"], i8p)
+            astride, bstride = b.mul(ints["lda"], const(2)), b.mul(ints["bstep"], const(2))
+            with cgutils.for_range(b, ints["ntaps"]) as t:
+                abase = b.add(ints["aoff"], b.load(b.gep(ptrs["ta"], [t.index])))
+                bbase = b.add(ints["boff"], b.load(b.gep(ptrs["tb"], [t.index])))
+                with cgutils.for_range(b, b.udiv(k16, const(PAIRS))) as j:
+                    for s in range(strips):
+                        at = b.add(abase, b.add(b.mul(ints["lda"], const(s * ROWS)), b.mul(j.index, const(2 * PAIRS))))
+                        tiles.load(a_tile(s), b.gep(abytes, [b.mul(at, const(2))]), astride)
+                    for v in range(vecs):
+                        at = b.add(bbase, b.add(b.mul(j.index, b.mul(ints["bstep"], const(PAIRS))), const(v * 32)))
+                        tiles.load(b_tile(v), b.gep(bbytes, [b.mul(at, const(2))]), bstride)
+                    for s in range(strips):
+                        for v in range(vecs):
+                            tiles.dot(c_tile(s, v), a_tile(s), b_tile(v))
+            for s in range(strips):
+                for v in range(vecs):
+                    tiles.store(c_tile(s, v), c_at(s, v), cstride)
+            with b.if_then(b.icmp_signed("<", k16, ints["k"])):      # each tap's last k % 16 steps
+                vectors(target, dict(tints, aoff=b.add(ints["aoff"], b.mul(k16, ints["astep"])),
+                                     boff=b.add(ints["boff"], b.mul(k16, ints["bstep"])),
+                                     k=b.sub(ints["k"], k16), accumulate=const(1)), False)
+            if rounding:
+                _round_out(b, rows, vecs, target["c"], ptrs["c"], ints)
+        with otherwise:
+            vectors(ptrs, ints, rounding)
+
+
+def _round_out(b: ir.IRBuilder, rows: int, vecs: int, sums: ir.Value, c: ir.Value, ints: dict) -> None:
+    """``c``'s block (bf16 bits, rows ``ldc`` apart from ``coff``) = the rounded f32 ``sums`` (packed rows)."""
+    from .microkernel import _rounded
+    i64 = ir.IntType(64)
+    acc_t, out_t = ir.VectorType(ir.FloatType(), 16), ir.VectorType(ir.IntType(16), 16)
+    for r in range(rows):
+        for v in range(vecs):
+            value = b.load(b.bitcast(b.gep(sums, [ir.Constant(i64, (r * vecs + v) * 16)]), acc_t.as_pointer()), align=4)
+            at = b.add(ints["coff"], b.add(b.mul(ints["ldc"], ir.Constant(i64, r)), ir.Constant(i64, v * 16)))
+            b.store(_rounded(b, value, 16), b.bitcast(b.gep(c, [at]), out_t.as_pointer()), align=2)

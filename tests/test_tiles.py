@@ -1,0 +1,198 @@
+"""The ``amx_bf16`` family (AMX tiles, engines/fast/tiles.py) on every machine.
+
+- The tile blocks against a NumPy model of TDPBF16PS's order (the SDM: per pair the even product,
+  then the odd one, each rounded once, denormals flushed as VDPBF16PS does) followed by the vector
+  kernel's steps past the last 16, bit for bit: natively where the host has AMX (and may use it),
+  and through the stand-in (the emulated twin) everywhere;
+- their assembly for ``sapphirerapids`` (compiled in a subprocess): the tile loop's loads and
+  products, nothing spilled there;
+- our GEMM and the jit drivers on the family (the stand-in where the host lacks AMX) against
+  float64 and the reference engine; the family's choice, its error where the OS refuses the tiles.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import convgrad as cg
+from convgrad.engines import get_engine
+from convgrad.engines.fast import blis, isa, jit, microkernel, tiles
+from convgrad.engines.fast.features import Features
+from convgrad.engines.fast.plan import Plan
+from convgrad.problem import ConvGeometry
+
+from test_kernels import _assembly, _bf16_case, _dot_step, _f32, _special_bits
+
+BF16 = cg.dtypes.DATA_DTYPES["bf16"]
+NATIVE_TILES = isa.tiles_host()
+#: The AMX tiles where the host has them, and their stand-in everywhere.
+MODES = [pytest.param(microkernel.TILES, id="native", marks=pytest.mark.skipif(not NATIVE_TILES, reason="no AMX")),
+         pytest.param(microkernel.TILES_STANDIN, id="standin")]
+
+
+def _tile_model(p: dict, rows: int, vecs: int, tile_order: tuple[int, int] = (0, 1)) -> np.ndarray:
+    """c after one call of a tile block: with ``astep`` 2 and ``k`` >= 16, per tap its first
+    ``k16`` steps on tiles (each pair: the products in ``tile_order``, 0 the even one), then per
+    tap the rest on the vector kernel (odd first); else every step on the vector kernel."""
+    vw = vecs * 16
+    c32 = p["c"].copy()
+    a, b = _f32(p["a"]), _f32(p["b"])
+    k = p["k"]
+    k16 = k - k % 16 if p["astep"] == 2 and k >= 16 and p["ntaps"] > 0 else 0
+    for r in range(rows):
+        at = p["coff"] + r * p["ldc"]
+        acc = c32[at:at + vw].copy()
+        for lo, hi, order in ((0, k16, tile_order), (k16, k, (1, 0))):
+            for t in range(p["ntaps"]):
+                for i in range(lo, hi):
+                    ai = p["aoff"] + p["ta"][t] + r * p["lda"] + i * p["astep"]
+                    pairs = b[p["boff"] + p["tb"][t] + i * p["bstep"]:][:2 * vw].reshape(vw, 2)
+                    for half in order:
+                        acc = _dot_step(acc, a[ai + half], pairs[:, half])
+        c32[at:at + vw] = acc
+    return c32
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("rows, vecs", tiles.TILE_BLOCKS)
+def test_tile_blocks_are_the_instructions_order_bit_exact(rows, vecs, mode, rng):
+    """Each tile block, bit for bit the model: 37 steps (two tile steps and a tail of 5 on the
+    vector kernel), 16 (tiles alone), 11 (the vector kernel alone), and a transposed A (``astep``
+    not 2: the vector kernel); the even-first order matters (the odd-first model differs)."""
+    call = microkernel.kernel_call(16, rows, vecs, mode)
+    for k, astep in ((37, 2), (16, 2), (11, 2), (18, 3)):
+        p = _bf16_case(rng, 16, rows, vecs, k=k)
+        p["astep"] = astep
+        got = p["c"].copy()
+        call(got, *list(p.values())[1:])
+        np.testing.assert_array_equal(got, _tile_model(p, rows, vecs), err_msg=f"k={k} astep={astep}")
+        if k == 37:
+            assert not np.array_equal(got, _tile_model(p, rows, vecs, (1, 0)))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tiles_flush_denormals_as_the_dot_does(mode, rng):
+    """Operands near the bottom of the range (denormal inputs, products that underflow): the
+    tiles give the model's flushed sums bit for bit, accumulate=0 ignores c (NaN here) and
+    nothing outside the block is written."""
+    rows, vecs, k = 16, 1, 32
+    p = _bf16_case(rng, 16, rows, vecs, k=k)
+    p["a"], p["b"] = _special_bits(rng, p["a"].size), _special_bits(rng, p["b"].size)
+    p["c"] = np.where(rng.random(p["c"].size) < 0.3, np.float32(1e-39), p["c"]).astype(np.float32)
+    call = microkernel.kernel_call(16, rows, vecs, mode)
+    got = p["c"].copy()
+    call(got, *list(p.values())[1:])
+    np.testing.assert_array_equal(got, _tile_model(p, rows, vecs))
+    poisoned = np.full_like(p["c"], np.nan)
+    call(poisoned, *list(p.values())[1:], 0)
+    zero = dict(p, c=np.zeros_like(p["c"]))
+    block = np.zeros(p["c"].shape, bool)
+    for r in range(rows):
+        block[p["coff"] + r * p["ldc"]:][:16] = True
+    np.testing.assert_array_equal(poisoned[block], _tile_model(zero, rows, vecs)[block])
+    assert np.isnan(poisoned[~block]).all()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tile_rounded_stores(mode, rng):
+    """A uint16 ``c`` on a tile block: the f32 sums (tiles, then the vector steps) rounded once
+    to bf16, nothing outside the block written."""
+    from convgrad import casts
+    rows, vecs = 32, 2
+    p = _bf16_case(rng, 16, rows, vecs, k=21)
+    call = microkernel.kernel_call(16, rows, vecs, mode)
+    sums = np.zeros_like(p["c"])
+    call(sums, *list(p.values())[1:], 0)
+    bits = np.full(p["c"].shape, 0xABCD, np.uint16)
+    call(bits, *list(p.values())[1:], 1)
+    block = np.zeros(p["c"].shape, bool)
+    for r in range(rows):
+        block[p["coff"] + r * p["ldc"]:][:vecs * 16] = True
+    np.testing.assert_array_equal(bits[block], casts.from_f32(sums[block], BF16).view(np.uint16))
+    assert (bits[~block] == 0xABCD).all()
+
+
+def test_tile_blocks_assembly_for_sapphire_rapids():
+    """Every tile block compiled for Sapphire Rapids: the inner loop loads R/16 + V tiles and
+    multiplies R/16 x V of them (``tdpbf16ps``), no stack operand there; the configuration
+    loaded once per call."""
+    for rows, vecs in tiles.TILE_BLOCKS:
+        asm = _assembly(microkernel.kernel_ir(16, rows, vecs, bf16=True, native=True, on_tiles=True), "sapphirerapids")
+        lines = [line.strip() for line in asm.splitlines()]
+        dots = [i for i, line in enumerate(lines) if line.startswith("tdpbf16ps")]
+        assert len(dots) == rows // 16 * vecs, (rows, vecs)
+        start = max(i for i in range(dots[0]) if lines[i].endswith(":"))
+        end = next(i for i in range(dots[-1], len(lines)) if lines[i].startswith("j"))
+        loop = lines[start:end + 1]
+        assert sum(line.startswith("tileloadd") for line in loop) == rows // 16 + vecs, loop
+        assert not [line for line in loop if "(%rsp)" in line], loop
+        assert sum(line.startswith("ldtilecfg") for line in lines) == 1
+
+
+def test_tile_block_choice():
+    """Whole tiles of lanes where the channels allow: 48 channels on 16x3, 64 on 32x2, 20 on
+    32x2 (two vectors), 3 on one vector."""
+    assert tiles.block_for(48) == (16, 3)
+    assert tiles.block_for(64) == (32, 2)
+    assert tiles.block_for(20) == (32, 2)
+    assert tiles.block_for(3) == (16, 1)
+
+
+@pytest.fixture
+def amx_family():
+    before = isa.set_family("amx_bf16", allow_emulated=True)
+    yield
+    isa.set_family(before)
+
+
+@pytest.mark.parametrize("m, k, n", [(70, 64, 48), (33, 37, 96), (1, 50, 32), (64, 1000, 40)])
+def test_gemm_on_tiles(m, k, n, amx_family):
+    """Our GEMM on the family (AMX tiles, or their stand-in): close to float64 with A row-major
+    (tiles), transposed (packed row-major per block), odd K (pairs padded) and a partial panel of
+    rows; rounded results the f32 ones rounded once."""
+    from convgrad import casts
+    rng = np.random.default_rng()
+    a, b = (rng.standard_normal(s).astype(BF16) for s in ((m, k), (k, n)))
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    assert blis.blocks(m, k, n, 2).rows % 16 == 0
+    for view in (a, np.ascontiguousarray(a.T).T):
+        got = blis.gemm(view.view(np.uint16), b.view(np.uint16))
+        np.testing.assert_allclose(got, want, atol=1e-5 * math.sqrt(k) * max(1.0, np.abs(want).max()), rtol=0)
+    rounded = blis.gemm(a.view(np.uint16), b.view(np.uint16), rounded=True)
+    f32 = np.ascontiguousarray(blis.gemm(a.view(np.uint16), b.view(np.uint16)))
+    np.testing.assert_array_equal(rounded, casts.from_f32(f32, BF16).view(np.uint16))
+
+
+@pytest.mark.parametrize("task", ["forward", "backward_data", "backward_weights"])
+@pytest.mark.parametrize("ic, oc, kernel", [(64, 48, (3, 3)), (3, 20, (3, 3)), (40, 33, (1, 1))])
+def test_convolutions_on_tiles(task, ic, oc, kernel, amx_family, rng):
+    """bf16 convolutions on the family's jit drivers (tile blocks for forward and backward
+    data; 3 channels: the vector kernel) against the reference engine."""
+    g = ConvGeometry(2, 1, ic, oc, (6, 9), tuple(s + 3 - k for s, k in zip((6, 9), kernel)), kernel,
+                     (1, 1), (1, 1), (1, 1), (1, 1))
+    data = {"forward": (g.x_shape, g.w_shape), "backward_data": (g.y_shape, g.w_shape),
+            "backward_weights": (g.x_shape, g.y_shape)}[task]
+    args = [rng.uniform(-1, 1, s).astype(BF16) for s in data]
+    f = Features.of(g, task, np.dtype(BF16), False)
+    params = jit.complete(f, {})
+    if task != "backward_weights" and ic > 3 and not f.pointwise:
+        assert jit._block_of(params["block"], True) in tiles.TILE_BLOCKS
+    got = getattr(jit, task)(g, *args, Plan.of("jit", **params))
+    want = getattr(get_engine("reference"), task)(g, *(x.astype(np.float64) for x in args))
+    np.testing.assert_allclose(got, want, atol=2e-5 * np.abs(want).max(), rtol=0)
+
+
+def test_family_needs_the_tile_state(monkeypatch):
+    """With AMX's features but no tile state granted, the family is not supported and asking for
+    it names the operating system's refusal; granted, it is the host's best."""
+    features = frozenset({"avx512f", "avx512bf16", "amx-tile", "amx-bf16", "avx2", "fma"})
+    monkeypatch.setattr(isa, "host_features", lambda: features)
+    monkeypatch.setattr(isa, "tiles_permitted", lambda: False)
+    assert isa.supported() == ["avx512_bf16", "avx512", "avx2", "portable"]
+    with pytest.raises(isa.ISAError, match="did not grant this process the AMX tile state"):
+        isa._check("amx_bf16", allow_emulated=False)
+    monkeypatch.setattr(isa, "tiles_permitted", lambda: True)
+    assert isa.supported()[0] == "amx_bf16"
