@@ -90,8 +90,8 @@ def _run(case: Case, tensors: dict[str, np.ndarray], engine: str, strategy: str 
 
 
 def _bf16_dot(engine: str, strategy: str | None, dtype: np.dtype) -> bool:
-    """Whether bf16 data may meet the dot instruction (or its stand-in), which flushes tiny sums."""
-    return dtype == BF16 and engine == "fast" and (isa.family() == "avx512_bf16" or strategy == "jit:standin")
+    """Whether bf16 data may meet the dot instruction or AMX tiles (or their stand-ins), which flush tiny sums."""
+    return dtype == BF16 and engine == "fast" and (isa.family() in isa.PAIRS or strategy == "jit:standin")
 
 
 def _exact(case: Case, tensors: dict[str, np.ndarray]) -> np.ndarray:

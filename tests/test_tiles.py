@@ -1,9 +1,10 @@
 """The ``amx_bf16`` family (AMX tiles, engines/fast/tiles.py) on every machine.
 
-- The tile blocks against a NumPy model of TDPBF16PS's order (the SDM: per pair the even product,
-  then the odd one, each rounded once, denormals flushed as VDPBF16PS does) followed by the vector
-  kernel's steps past the last 16, bit for bit: natively where the host has AMX (and may use it),
-  and through the stand-in (the emulated twin) everywhere;
+- The tile blocks against a NumPy model of TDPBF16PS as a Sapphire Rapids computes it (fitted to
+  every lane of 2,400 measured tile products, tests/data/amx_tdpbf16ps.npz: the even and the odd
+  products summed apart, in order, each sum rounded, then added to the accumulator; denormals
+  flushed), followed by the vector kernel's steps past the last 16, bit for bit: natively where
+  the host has AMX (and may use it), and through the stand-in (the emulated twin) everywhere;
 - their assembly for ``sapphirerapids`` (compiled in a subprocess): the tile loop's loads and
   products, nothing spilled there;
 - our GEMM and the jit drivers on the family (the stand-in where the host lacks AMX) against
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,10 +35,40 @@ MODES = [pytest.param(microkernel.TILES, id="native", marks=pytest.mark.skipif(n
          pytest.param(microkernel.TILES_STANDIN, id="standin")]
 
 
-def _tile_model(p: dict, rows: int, vecs: int, tile_order: tuple[int, int] = (0, 1)) -> np.ndarray:
+_TINY = 2.0 ** -126
+
+
+def _flushed(x: np.ndarray) -> np.ndarray:
+    """``x`` (exact, float64) rounded to f32 (RNE) and, below 2^-126, a zero of its sign (as float64)."""
+    with np.errstate(all="ignore"):
+        r = np.asarray(x, np.float64).astype(np.float32).astype(np.float64)
+    return np.where(np.abs(r) < _TINY, np.copysign(0.0, r), r)
+
+
+def _daz(x: np.ndarray) -> np.ndarray:
+    return np.where(np.abs(x) < _TINY, np.copysign(0.0, x), x)
+
+
+def _tdpbf16ps(acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """One TDPBF16PS step of a row as a Sapphire Rapids computes it (engines/fast/tiles.py):
+    ``a`` its 16 pairs (16, 2), ``b`` (16, lanes, 2); the even and the odd products summed in
+    order of k from -0, each sum rounded (and flushed), their sum rounded, added to the
+    accumulator, rounded; denormal inputs as zeros."""
+    a, b = _daz(a.astype(np.float64)), _daz(b.astype(np.float64))
+    halves = []
+    for h in (0, 1):
+        s = np.full(b.shape[1], -0.0)
+        for k in range(a.shape[0]):
+            s = _flushed(s + a[k, h] * b[k, :, h])          # products of bf16: exact in float64
+        halves.append(s)
+    return _flushed(_daz(acc.astype(np.float64)) + _flushed(halves[0] + halves[1])).astype(np.float32)
+
+
+def _tile_model(p: dict, rows: int, vecs: int, tiles_sdm: bool = False) -> np.ndarray:
     """c after one call of a tile block: with ``astep`` 2 and ``k`` >= 16, per tap its first
-    ``k16`` steps on tiles (each pair: the products in ``tile_order``, 0 the even one), then per
-    tap the rest on the vector kernel (odd first); else every step on the vector kernel."""
+    ``k16`` steps on tiles, 16 at a time (:func:`_tdpbf16ps`; ``tiles_sdm``: the SDM's
+    pseudo-code instead, each product added in turn, even first), then per tap the rest on the
+    vector kernel (odd first); else every step on the vector kernel."""
     vw = vecs * 16
     c32 = p["c"].copy()
     a, b = _f32(p["a"]), _f32(p["b"])
@@ -45,15 +77,56 @@ def _tile_model(p: dict, rows: int, vecs: int, tile_order: tuple[int, int] = (0,
     for r in range(rows):
         at = p["coff"] + r * p["ldc"]
         acc = c32[at:at + vw].copy()
-        for lo, hi, order in ((0, k16, tile_order), (k16, k, (1, 0))):
-            for t in range(p["ntaps"]):
-                for i in range(lo, hi):
-                    ai = p["aoff"] + p["ta"][t] + r * p["lda"] + i * p["astep"]
-                    pairs = b[p["boff"] + p["tb"][t] + i * p["bstep"]:][:2 * vw].reshape(vw, 2)
-                    for half in order:
-                        acc = _dot_step(acc, a[ai + half], pairs[:, half])
+        for t in range(p["ntaps"]):
+            for j in range(0, k16, 16):
+                ai = p["aoff"] + p["ta"][t] + r * p["lda"] + j * 2
+                pairs = np.stack([b[p["boff"] + p["tb"][t] + i * p["bstep"]:][:2 * vw].reshape(vw, 2)
+                                  for i in range(j, j + 16)])
+                if tiles_sdm:
+                    for i in range(16):
+                        for half in (0, 1):
+                            acc = _dot_step(acc, a[ai + 2 * i + half], pairs[i, :, half])
+                else:
+                    acc = _tdpbf16ps(acc, a[ai:ai + 32].reshape(16, 2), pairs)
+        for t in range(p["ntaps"]):
+            for i in range(k16, k):
+                ai = p["aoff"] + p["ta"][t] + r * p["lda"] + i * p["astep"]
+                pairs = b[p["boff"] + p["tb"][t] + i * p["bstep"]:][:2 * vw].reshape(vw, 2)
+                for half in (1, 0):
+                    acc = _dot_step(acc, a[ai + half], pairs[:, half])
         c32[at:at + vw] = acc
     return c32
+
+
+MEASURED = Path(__file__).parent / "data" / "amx_tdpbf16ps.npz"
+
+
+def test_the_model_and_the_standin_are_what_a_sapphire_rapids_computes():
+    """Measured on a Sapphire Rapids (2026-11-28, native ``tiles`` of a 16x1 block, one tile
+    step a call; tests/data/amx_tdpbf16ps.npz, made by benchmarks/tile_probe.py's cases): for
+    every lane of every case (random normals; one, two and sixteen pairs; wide exponents;
+    denormal operands and accumulators; signed zeros) the NumPy model and the stand-in give the
+    hardware's bits; VDPBF16PS on the same CPU gives the dot's model (test_kernels.py) bits."""
+    data = np.load(MEASURED)
+    names = sorted({key.rsplit("_", 1)[0] for key in data.files})
+    z = np.zeros(1, np.int64)
+    standin = microkernel.kernel_call(16, 16, 1, microkernel.TILES_STANDIN)
+    for name in names:
+        a, b, c, measured = (data[f"{name}_{part}"] for part in ("a", "b", "c", "tiles"))
+        af, bf = _f32(a).reshape(*a.shape[:2], 16, 2), _f32(b).reshape(b.shape[0], 16, 16, 2)
+        for i in range(a.shape[0]):
+            model = np.stack([_tdpbf16ps(c[i, r], af[i, r], bf[i]) for r in range(16)])
+            np.testing.assert_array_equal(model.view(np.uint32), measured[i].view(np.uint32), err_msg=f"{name} {i}")
+            got = c[i].copy()
+            standin(got.reshape(-1), 0, 16, np.ascontiguousarray(a[i]).reshape(-1), 0, 32, 2,
+                    np.ascontiguousarray(b[i]).reshape(-1), 0, 32, z, z, 1, 16, 1)
+            np.testing.assert_array_equal(got.view(np.uint32), measured[i].view(np.uint32), err_msg=f"{name} {i}")
+        dot = microkernel.kernel_call(16, 16, 1, False)
+        got = c[0].copy()
+        dot(got.reshape(-1), 0, 16, np.ascontiguousarray(a[0]).reshape(-1), 0, 32, 2,
+            np.ascontiguousarray(b[0]).reshape(-1), 0, 32, z, z, 1, 16, 1)
+        np.testing.assert_array_equal(got.view(np.uint32), data[f"{name}_dot"][0].view(np.uint32))
+    assert not np.array_equal(data["normal_tiles"], data["normal_dot"])    # the two instructions differ
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -61,7 +134,7 @@ def _tile_model(p: dict, rows: int, vecs: int, tile_order: tuple[int, int] = (0,
 def test_tile_blocks_are_the_instructions_order_bit_exact(rows, vecs, mode, rng):
     """Each tile block, bit for bit the model: 37 steps (two tile steps and a tail of 5 on the
     vector kernel), 16 (tiles alone), 11 (the vector kernel alone), and a transposed A (``astep``
-    not 2: the vector kernel); the even-first order matters (the odd-first model differs)."""
+    not 2: the vector kernel); the tiles' sums are not the SDM's (its model differs)."""
     call = microkernel.kernel_call(16, rows, vecs, mode)
     for k, astep in ((37, 2), (16, 2), (11, 2), (18, 3)):
         p = _bf16_case(rng, 16, rows, vecs, k=k)
@@ -70,7 +143,7 @@ def test_tile_blocks_are_the_instructions_order_bit_exact(rows, vecs, mode, rng)
         call(got, *list(p.values())[1:])
         np.testing.assert_array_equal(got, _tile_model(p, rows, vecs), err_msg=f"k={k} astep={astep}")
         if k == 37:
-            assert not np.array_equal(got, _tile_model(p, rows, vecs, (1, 0)))
+            assert not np.array_equal(got, _tile_model(p, rows, vecs, tiles_sdm=True))
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -514,7 +514,7 @@ def kernel_call(width: int, rows: int, vecs: int, native: bool = True) -> Callab
     """:func:`run` of one variant, callable from Python: ``f(c, coff, ldc, a, aoff, lda, astep, b,
     boff, bstep, ta, tb, ntaps, k, accumulate=1)`` (tests; compiled for this variant only;
     ``native`` False: the bf16 stand-in even where the host has the instruction)."""
-    @numba.njit(cache=True)
+    @cached_njit()
     def call(c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k, accumulate=1):  # pragma: no cover
         run(width, rows, vecs, native, c, coff, ldc, a, aoff, lda, astep, b, boff, bstep, ta, tb, ntaps, k, accumulate)
     return call

@@ -12,11 +12,15 @@ with a tail tile configuration. Tiles need ``a``'s pairs of consecutive steps ad
 2, a row-major A); any other call (a transposed A, ``k`` < 16) runs whole on the vector kernel,
 in row blocks that fit the 32 vector registers.
 
-``TDPBF16PS`` (Intel SDM; as :mod:`.microkernel`'s dot): each row's lane ``n`` adds, per pair
-``k``, the even product and then the odd one, each rounded once to f32 (RNE), denormal inputs and
-results as zeros of their sign. Where the host lacks AMX (and in the emulated twins of the native
-tests) a plain-IR stand-in runs the same steps: tiles in a stack buffer, loads and stores row by
-row, the dot as :class:`.microkernel._Ops`' flushed fused multiply-adds, even pair first.
+``TDPBF16PS`` as measured on a Sapphire Rapids (docs/engine-measurements.md; not the SDM's
+pseudo-code, which adds each product to the accumulator in turn): for each row and lane, the 16
+even products (a pair's first element) are summed in order of ``k`` from -0, each sum rounded to
+f32 (RNE), the 16 odd products likewise, then the two sums are added and rounded, and that is
+added to the accumulator and rounded; denormal inputs (operands and accumulator) count as zeros
+of their sign and every rounded result below 2^-126 becomes a zero of its sign (so an underflow
+whose even and odd sums differ in sign gives +0). Where the host lacks AMX (and in the emulated
+twins of the native tests) a plain-IR stand-in computes that bit for bit: tiles in a stack
+buffer, loads and stores row by row, the sums by fused multiply-adds (one rounding each).
 
 Linux hands the tile state to a process that asks (``arch_prctl(ARCH_REQ_XCOMP_PERM,
 XFEATURE_XTILEDATA)``, :func:`.isa.tiles_permitted`), once; each kernel call loads its tile
@@ -125,21 +129,38 @@ class _Tiles:
             b.store(ir.Constant(self.row, None), b.bitcast(self._tile_row(t, r), self.row.as_pointer()), align=1)
 
     def dot(self, c: int, a: int, bt: int) -> None:
-        """Tile ``c`` += the products of tiles ``a`` (rows x pairs) and ``bt`` (pairs x lane pairs)."""
+        """Tile ``c`` += the products of tiles ``a`` (rows x pairs) and ``bt`` (pairs x lane pairs),
+        as TDPBF16PS sums them (module docstring)."""
         b = self.b
         if self.native:
             b.call(self._dot, [ir.Constant(self.i8, t) for t in (c, a, bt)])
             return
         ops, acc_t = self.ops, ir.VectorType(ir.FloatType(), 16)
         pair_t = ir.VectorType(ir.IntType(16), 32)
+        sums = [cgutils.alloca_once(b, acc_t) for _ in range(2)]      # the even and the odd products' sums
+        negative_zero = ir.Constant(acc_t, [-0.0] * 16)
         with cgutils.for_range(b, ir.Constant(self.i64, ROWS)) as m:
             crow = b.bitcast(self._tile_row(c, m.index), acc_t.as_pointer())
+            for slot in sums:
+                b.store(negative_zero, slot)
             with cgutils.for_range(b, ir.Constant(self.i64, PAIRS)) as kk:
                 pair = b.load(b.bitcast(b.gep(self._tile_row(a, m.index), [b.mul(kk.index, ir.Constant(self.i64, 4))]),
                                         ir.IntType(32).as_pointer()), align=1)
                 lanes = b.load(b.bitcast(self._tile_row(bt, kk.index), pair_t.as_pointer()), align=1)
-                acc = ops.step(b.load(crow, align=1), ops.operand_a(pair), ops.operand_b(lanes), even_first=True)
-                b.store(acc, crow, align=1)
+                (a_odd, a_even), (b_odd, b_even) = ops.operand_a(pair), ops.operand_b(lanes)
+                for slot, x, y in ((sums[0], a_even, b_even), (sums[1], a_odd, b_odd)):
+                    b.store(self._flush(b.call(ops.fma, [x, y, b.load(slot)])), slot)
+            pairs = self._flush(b.fadd(b.load(sums[0]), b.load(sums[1])))
+            acc = ops._daz(b.bitcast(b.load(crow, align=1), ops.bits))
+            b.store(self._flush(b.fadd(acc, pairs)), crow, align=1)
+
+    def _flush(self, value: ir.Value) -> ir.Value:
+        """``value`` (16 f32 lanes) with results below 2^-126 as zeros of their sign."""
+        b, bits_t = self.b, ir.VectorType(ir.IntType(32), 16)
+        bits = b.bitcast(value, bits_t)
+        splat = lambda v: ir.Constant(bits_t, [v] * 16)  # noqa: E731
+        tiny = b.icmp_unsigned("<", b.and_(bits, splat(0x7FFFFFFF)), splat(0x00800000))
+        return b.bitcast(b.select(tiny, b.and_(bits, splat(0x80000000)), bits), value.type)
 
 
 def emit(builder: ir.IRBuilder, rows: int, vecs: int, ptrs: dict, ints: dict, rounding: bool, native: bool,
