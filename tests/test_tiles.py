@@ -283,3 +283,34 @@ def test_family_needs_the_tile_state(monkeypatch):
         isa._check("amx_bf16", allow_emulated=False)
     monkeypatch.setattr(isa, "tiles_permitted", lambda: True)
     assert isa.supported()[0] == "amx_bf16"
+
+
+@pytest.mark.parametrize("rounded", [False, True])
+def test_weights_gradient_by_taps_on_tiles(rounded, amx_family, rng):
+    """A bf16 weights gradient of stride 1 (dilated, padded unevenly) on the family's default
+    plan, one deep GEMM per tap: the reference engine's sums (a rounded result: their bf16
+    rounding), within 2x the inputs and output of extra memory; an Inf in x falls back to the
+    other plan and gives NaN exactly where the reference does."""
+    import tracemalloc
+    from convgrad import casts
+    g = ConvGeometry(2, 1, 96, 96, (6, 7), (4, 5), (3, 2), (1, 1), (2, 3), (1, 0), (1, 2))
+    x, dy = (rng.uniform(-1, 1, s).astype(BF16) for s in (g.x_shape, g.y_shape))
+    f = Features.of(g, "backward_weights", np.dtype(BF16), False)
+    plan = Plan.of("jit", **jit.complete(f, {}))
+    assert plan.param("split") == "taps" and jit.applies(f, plan)
+    want = get_engine("reference").backward_weights(g, x.astype(np.float64), dy.astype(np.float64))
+    f32 = jit.backward_weights(g, x, dy, plan)
+    np.testing.assert_allclose(f32, want, atol=2e-5 * np.abs(want).max(), rtol=0)
+    tracemalloc.start()
+    got = jit.backward_weights(g, x, dy, plan, rounded)
+    peak = tracemalloc.get_traced_memory()[1] - got.nbytes
+    tracemalloc.stop()
+    assert peak <= min(2 * (x.nbytes + dy.nbytes + got.nbytes), jit.workspace_bytes(f, plan)), peak
+    if rounded:
+        np.testing.assert_array_equal(got.view(np.uint16), casts.from_f32(np.ascontiguousarray(f32), BF16).view(np.uint16))
+    x[1, 2, 3, 5] = np.inf
+    special = get_engine("reference").backward_weights(g, x.astype(np.float64), dy.astype(np.float64))
+    assert np.isinf(special).any() and np.isfinite(special).any()
+    got = np.asarray(jit.backward_weights(g, x, dy, plan), np.float64)
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(special))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(special))

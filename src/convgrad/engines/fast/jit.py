@@ -59,8 +59,9 @@ __all__ = ["applies", "complete", "options", "run", "workspace_bytes", "forward"
 F32 = np.dtype(np.float32)
 #: Plan parameters: ``block`` the register block "RxV" (:data:`.microkernel.BLOCKS` of the
 #: family's width), ``cache_bytes`` (see :class:`.tuning.Tuning`), and for the weights gradient
-#: ``split``: the threads share the output positions ("rows") or dw's blocks ("blocks").
-SPLITS = ("rows", "blocks")
+#: ``split``: the threads share the output positions ("rows") or dw's blocks ("blocks"), or, bf16
+#: of stride 1 on AMX tiles, one deep GEMM per tap ("taps", :func:`_weights_by_taps`).
+SPLITS = ("rows", "blocks", "taps")
 
 
 def applies(f: Features, plan: Plan | None = None) -> bool:
@@ -69,6 +70,7 @@ def applies(f: Features, plan: Plan | None = None) -> bool:
     if not (f.acc == F32 and isa.family() in isa.WIDTH and not f.depthwise and f.n > 0):
         return False
     return plan is None or (_block_of(plan.param("block"), on_tiles(f)) is not None and plan.param("split") in SPLITS
+                            and (plan.param("split") != "taps" or taps_on_tiles(f))
                             and isinstance(plan.param("cache_bytes"), int) and plan.param("cache_bytes") > 0)
 
 
@@ -77,6 +79,13 @@ def _block_of(name: object, tile_blocks: bool = True) -> tuple[int, int] | None:
     ``tile_blocks``, on the ``amx_bf16`` family, its tile blocks), or None."""
     blocks = microkernel.BLOCKS[_width()] + (tiles.TILE_BLOCKS if tile_blocks and isa.family() == "amx_bf16" else ())
     return next(((r, v) for r, v in blocks if f"{r}x{v}" == name), None)
+
+
+def taps_on_tiles(f: Features) -> bool:
+    """Whether ``f`` can run as one GEMM per tap on AMX tiles (:func:`_weights_by_taps`): a bf16
+    weights gradient of one group and stride 1 on the ``amx_bf16`` family."""
+    return (f.task == "backward_weights" and f.dtype == "bfloat16" and f.family == "amx_bf16" and f.groups == 1
+            and all(s == 1 for s in f.strides))
 
 
 def on_tiles(f: Features) -> bool:
@@ -108,8 +117,8 @@ def complete(f: Features, params: dict) -> dict:
                                            TUNING.gemm_loads_weight if weights else None)
     by_blocks = math.prod(g.w_shape) > TUNING.weights_split * (math.prod(g.x_shape) + math.prod(g.y_shape))
     cache = TUNING.cache_bytes if f.task == "backward_weights" else max(TUNING.cache_bytes, isa.cache_sizes()[1])
-    return {"block": f"{rows}x{vecs}", "cache_bytes": cache,
-            "split": "blocks" if f.task == "backward_weights" and by_blocks else "rows", **params}
+    split = "taps" if taps_on_tiles(f) else "blocks" if f.task == "backward_weights" and by_blocks else "rows"
+    return {"block": f"{rows}x{vecs}", "cache_bytes": cache, "split": split, **params}
 
 
 def idle(f: Features) -> float:
@@ -139,7 +148,7 @@ def _computed(g: ConvGeometry, task: str) -> Callable[[int], float] | None:
 def options(f: Features) -> list[dict]:
     """Parameter sets worth timing: each register block of the family (and for the weights
     gradient, each split)."""
-    splits = SPLITS if f.task == "backward_weights" else ("rows",)
+    splits = tuple(s for s in SPLITS if s != "taps" or taps_on_tiles(f)) if f.task == "backward_weights" else ("rows",)
     blocks = microkernel.BLOCKS[_width()] + (tiles.TILE_BLOCKS if on_tiles(f) else ())
     return [{"block": f"{r}x{v}", "split": s} for r, v in blocks for s in splits]
 
@@ -311,6 +320,11 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
         dy_copy = m * g.oc if task == "backward_weights" and f.channels_first else 0
         return blis.workspace_bytes(rows_, k, n, 4) + 4 * (m * g.ic + math.prod(g.x_shape) + dy_copy
                                                            + math.prod(f.result_shape)) + (64 << 10)
+    if task == "backward_weights" and plan.param("split") == "taps":    # padded x and dy, a tap's GEMM, dw in f32
+        grid = math.prod(spatial(g.padded_size, 1))
+        positions = g.n * grid
+        gemms = max(blis.workspace_bytes(g.oc, positions, g.ic, 2), blis.workspace_bytes(g.ic, positions, g.oc, 2))
+        return 2 * ((positions + grid) * g.ic + positions * g.oc) + gemms + 4 * math.prod(g.w_shape) + (64 << 10)
     s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
     taps, o = math.prod(g.kernel), spatial(g.out_size, 1)
     if task == "backward_data":
@@ -1008,6 +1022,10 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan 
     with ``rounded``, where its f32 sums would outweigh x and dy, a few taps at a time, each
     slab of dw rounded to bf16 once its sums are done (:func:`_tap_slab`)."""
     plan = _plan(g, "backward_weights", plan)
+    if plan.param("split") == "taps":
+        if _finite_bits(x):
+            return _weights_by_taps(g, x, dy, rounded)
+        plan = type(plan).of("jit", **dict(plan.params, split="rows"))   # Inf/NaN in x would meet junk zeros
     taps = math.prod(g.kernel)
     slab = _tap_slab(g, x, dy, plan, rounded)
     if slab >= taps:
@@ -1017,6 +1035,35 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan 
         with workspace.part():   # each slab's pair copies back in the cache for the next
             casts.copy_into(dw[t0:t0 + slab], _weight_sums(g, x, dy, plan, t0, min(taps, t0 + slab)))
     return dw.reshape(g.w_shape)
+
+
+def _finite_bits(x: np.ndarray) -> bool:
+    """Whether 16-bit float ``x`` holds no Inf or NaN (no value with every exponent bit set)."""
+    bits = x.view(np.uint16)
+    mask = 0x7F80 if x.dtype == bfloat16 else 0x7C00
+    return not ((bits & mask) == mask).any()
+
+
+def _weights_by_taps(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, rounded: bool) -> np.ndarray:
+    """The bf16 weights gradient of stride 1 as one deep GEMM per tap on our GEMM (AMX tiles on
+    the ``amx_bf16`` family): x zero-padded and dy placed at the padded grid's origin (zeros
+    elsewhere), both flattened over (N, P0, P1, P2) positions f, so that tap t's
+    ``dw[t] = sum_f x[f + off_t] dy[f]^T`` with ``off_t = ((k0 D0) P1 + k1 D1) P2 + k2 D2``:
+    ``x_flat[off_t:off_t + F]^T @ dy_flat`` (IC x F x OC; F every position, the junk ones'
+    dy zero); ``rounded``: each tap's bf16 sums rounded once (no f32 dw). x must be finite (a
+    junk position's zero times Inf is NaN: the caller checks)."""
+    size, d, kernel = spatial(g.padded_size, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
+    offsets = [(k0 * d[0] * size[1] + k1 * d[1]) * size[2] + k2 * d[2]
+               for k0 in range(kernel[0]) for k1 in range(kernel[1]) for k2 in range(kernel[2])]
+    bits = np.dtype(np.uint16)
+    xp = padded(x.view(bits), spatial(g.pads_begin, 0), size, bits, max(offsets) * g.ic)
+    positions = math.prod(xp.shape[:4])
+    flat_x = geometry.flat(xp)[:(positions + max(offsets)) * g.ic].reshape(-1, g.ic)
+    dyp = padded(dy.view(bits), (0, 0, 0), size, bits).reshape(positions, g.oc)
+    dw = workspace.result((len(offsets), g.icg, g.oc), np.uint16 if rounded else F32)
+    for t, off in enumerate(offsets):      # rounded: each tap's sums rounded once, no f32 dw
+        dw[t] = blis.gemm(flat_x[off:off + positions].T, dyp, rounded=rounded)
+    return (dw.view(x.dtype) if rounded else dw).reshape(g.w_shape)
 
 
 def _tap_slab(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, rounded: bool) -> int:
