@@ -448,3 +448,25 @@ def test_the_drivers_tables_are_remembered_per_geometry_and_source(monkeypatch) 
         assert (base, grid) == (base2, grid2)
         for a, b in zip(arrays, fresh):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("dtype", [np.float32, cg.dtypes.DATA_DTYPES["bf16"]], ids=["f32", "bf16"])
+@pytest.mark.parametrize("task", TASKS)
+def test_nan_and_inf_meet_padding_only_where_the_sums_read_them(task, dtype, value, rng):
+    """A padded problem on the jit strategy with a NaN or an Inf in its weights (forward, data
+    gradient) or in dy (weights gradient), at a corner where most taps read padding: NaN and Inf
+    exactly where the reference engine has them (padding is not part of the sums,
+    docs/guarantees.md), the other outputs its values."""
+    g = _geometry(2, 1, 24, 20, (9, 8), (3, 3), (1, 1), pb=(1, 1), pe=(1, 1))
+    args = list(_inputs(g, rng, np.float32)[task])
+    args[1][(0,) * args[1].ndim] = value                  # w (*K, ICg, OC), or dy (N, *O, OC)
+    args = [a.astype(dtype) for a in args]
+    plan = Plan.of("jit", **jit.complete(Features.of(g, task, np.dtype(dtype), False), {}))
+    got = np.asarray(jit.run(plan, g, *args, task), np.float64)
+    want = getattr(get_engine("reference"), task)(g, *(a.astype(np.float64) for a in args))
+    assert not np.isfinite(want).all() and np.isfinite(want).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    finite = np.isfinite(want)
+    _close(got[finite], want[finite], TOLERANCE["f32" if dtype == np.float32 else "bf16"], task)

@@ -236,6 +236,14 @@ def _outputs(shape: tuple[int, ...], grouped: tuple[int, ...], dtype: np.dtype, 
     return result.reshape(grouped), _UNROUNDED, result
 
 
+def finite(values: np.ndarray, acc: np.dtype = np.dtype(np.float32)) -> bool:
+    """Whether every value is finite (one reduction: a sum that overflows counts as not finite,
+    which only sends a problem to this module's exact loops). The GEMM-based paths multiply zeros
+    of padding (and junk rows) with the weights, or a weights gradient's dy with x's padding:
+    a NaN or Inf there would make outputs NaN that meet it only in padding."""
+    return math.isfinite(float(np.add.reduce(values, axis=None, dtype=acc)))
+
+
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, dtype: np.dtype, rounded: bool = False) -> np.ndarray:
     """y = conv(x, w) in ``dtype`` (or, ``rounded``, in x's 16-bit dtype: :func:`_outputs`),
     canonical (N, *O, OC)."""

@@ -125,12 +125,12 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, ro
     # weights gradient after (over dw, not dy: a non-finite dy makes every dw it pairs with
     # non-finite, padding included, so a finite dw means no padding met one).
     meets_padding = name in ("frame", "output_rows") and _padded(g)
-    if name == "frame" and task == "backward_data" and not _finite(b, acc):
+    if name == "frame" and task == "backward_data" and not direct.finite(b, acc):
         name = "output_rows"  # the frame would multiply a NaN/Inf weight by its junk rows' zeros
-    if meets_padding and task == "forward" and not _finite(b, acc):
+    if meets_padding and task == "forward" and not direct.finite(b, acc):
         return direct.forward(g, a, b, acc)
     result = _run(name, plan, g, a, b, task, acc, rounded)
-    if meets_padding and task == "backward_weights" and not _finite(result, acc):
+    if meets_padding and task == "backward_weights" and not direct.finite(result, acc):
         return direct.backward_weights(g, a, b, acc)
     return result
 
@@ -151,12 +151,6 @@ def _run(name: str, plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, t
     if task == "backward_data":
         return _backward_data(g, a, b, acc, budget, block, rounded)
     return {"forward": _forward, "backward_weights": _backward_weights}[task](g, a, b, acc, budget, block)
-
-
-def _finite(w: np.ndarray, acc: np.dtype) -> bool:
-    """Whether every value of ``w`` is finite (one reduction: a sum that overflows counts as not
-    finite, which only sends the problem to another exact path)."""
-    return math.isfinite(float(np.add.reduce(w, axis=None, dtype=acc)))
 
 
 def _padded(g: ConvGeometry) -> bool:

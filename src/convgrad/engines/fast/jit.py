@@ -44,7 +44,7 @@ from ... import casts, layout
 from ...casts import F16_BITS, narrowed
 from ...dtypes import bfloat16
 from ...problem import ConvGeometry
-from . import blis, geometry, isa, microkernel, pool, tiles, workspace
+from . import blis, direct, geometry, isa, microkernel, pool, tiles, workspace
 from .features import Features
 from .frame import empty_like_data
 from .geometry import padded, phase_taps, spatial, spatial3, tap_weights
@@ -168,11 +168,17 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, ro
     16-bit result where the driver stores each value once, rounded as it stores it: bf16 on the
     dot product (the GEMM's, forward and data gradient), any bf16/f16 data's forward and
     data gradient of several taps (:func:`_rounding`), and a bf16 weights gradient run a few
-    taps at a time (:func:`_tap_slab`)."""
+    taps at a time (:func:`_tap_slab`). Padded problems with a NaN or Inf weight (forward, data
+    gradient), or whose weights gradient is not finite, run :mod:`.direct`'s exact loops (padding
+    is not part of the sums, docs/guarantees.md)."""
     if geometry.pointwise(g):
         return pointwise(g, a, b, task, plan, rounded)
+    padded_ = any(g.pads_begin) or any(g.pads_end)   # padding zeros times NaN/Inf: direct's exact loops
     if task == "backward_weights":
-        return backward_weights(g, a, b, plan, rounded)
+        result = backward_weights(g, a, b, plan, rounded)
+        return direct.backward_weights(g, a, b, F32) if padded_ and not direct.finite(result) else result
+    if padded_ and not direct.finite(b):
+        return (direct.forward if task == "forward" else direct.backward_data)(g, a, b, F32, rounded)
     return (forward if task == "forward" else backward_data)(g, a, b, plan, rounded)
 
 
