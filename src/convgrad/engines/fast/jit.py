@@ -174,12 +174,14 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, ro
     if geometry.pointwise(g):
         return pointwise(g, a, b, task, plan, rounded)
     padded_ = any(g.pads_begin) or any(g.pads_end)   # padding zeros times NaN/Inf: direct's exact loops
-    if task == "backward_weights":
-        result = backward_weights(g, a, b, plan, rounded)
-        return direct.backward_weights(g, a, b, F32) if padded_ and not direct.finite(result) else result
-    if padded_ and not direct.finite(b):
+    if task == "backward_weights":                  # (checks of dy, or of the result then the weights:
+        if padded_ and not direct.finite(b):        # arrays of about a FLOP in 2*IC*taps, not dw's size)
+            return direct.backward_weights(g, a, b, F32)
+        return backward_weights(g, a, b, plan, rounded)
+    result = (forward if task == "forward" else backward_data)(g, a, b, plan, rounded)
+    if padded_ and not direct.finite(result) and not direct.finite(b):
         return (direct.forward if task == "forward" else direct.backward_data)(g, a, b, F32, rounded)
-    return (forward if task == "forward" else backward_data)(g, a, b, plan, rounded)
+    return result
 
 
 def _operand(a: np.ndarray) -> np.ndarray:
