@@ -59,6 +59,14 @@ def _bf16_case(rng, width, rows, vecs, k=11, taps=3):
                 ntaps=taps, k=k)
 
 
+def _block_mask(p: dict, rows: int, lanes: int) -> np.ndarray:
+    """The elements of ``c`` a kernel call's block covers: ``rows`` rows of ``lanes`` from ``coff``."""
+    block = np.zeros(p["c"].shape, bool)
+    for r in range(rows):
+        block[p["coff"] + r * p["ldc"]:][:lanes] = True
+    return block
+
+
 _TINY = 2.0 ** -126   # f32's smallest normal
 
 
@@ -148,10 +156,7 @@ def test_without_accumulate_c_is_written_not_read(width, rows, vecs, native, rng
     call(zeros, *list(p.values())[1:])
     poisoned = np.full_like(p["c"], np.nan)
     call(poisoned, *list(p.values())[1:], 0)
-    block = np.zeros(p["c"].shape, bool)
-    for r in range(rows):
-        at = p["coff"] + r * p["ldc"]
-        block[at:at + vecs * width] = True
+    block = _block_mask(p, rows, vecs * width)
     np.testing.assert_array_equal(poisoned[block], zeros[block])
     assert np.isnan(poisoned[~block]).all()
     assert not np.array_equal(added[block], zeros[block])   # the case's c is not zero: accumulate=1 added it
@@ -172,10 +177,7 @@ def test_rounded_stores_are_the_f32_block_rounded_once(width, rows, vecs, native
     call(sums, *list(p.values())[1:], 0)
     bits = np.full(p["c"].shape, 0xABCD, np.uint16)
     call(bits, *list(p.values())[1:], 1)
-    block = np.zeros(p["c"].shape, bool)
-    for r in range(rows):
-        at = p["coff"] + r * p["ldc"]
-        block[at:at + vecs * width] = True
+    block = _block_mask(p, rows, vecs * width)
     want = casts.from_f32(sums[block], BF16).view(np.uint16)
     nan = np.isnan(sums[block])
     assert nan.any() and np.isnan(bits[block].view(BF16)[nan]).all()

@@ -26,7 +26,7 @@ from convgrad.engines.fast.features import Features
 from convgrad.engines.fast.plan import Plan
 from convgrad.problem import ConvGeometry
 
-from test_kernels import _assembly, _bf16_case, _dot_step, _f32, _special_bits
+from test_kernels import _assembly, _bf16_case, _block_mask, _dot_step, _f32, _special_bits
 
 BF16 = cg.dtypes.DATA_DTYPES["bf16"]
 NATIVE_TILES = isa.tiles_host()
@@ -173,9 +173,7 @@ def test_tiles_flush_denormals_as_the_dot_does(mode, rng):
     poisoned = np.full_like(p["c"], np.nan)
     call(poisoned, *list(p.values())[1:], 0)
     zero = dict(p, c=np.zeros_like(p["c"]))
-    block = np.zeros(p["c"].shape, bool)
-    for r in range(rows):
-        block[p["coff"] + r * p["ldc"]:][:16] = True
+    block = _block_mask(p, rows, 16)
     np.testing.assert_array_equal(poisoned[block], _tile_model(zero, rows, vecs)[block])
     assert np.isnan(poisoned[~block]).all()
 
@@ -192,9 +190,7 @@ def test_tile_rounded_stores(mode, rng):
     call(sums, *list(p.values())[1:], 0)
     bits = np.full(p["c"].shape, 0xABCD, np.uint16)
     call(bits, *list(p.values())[1:], 1)
-    block = np.zeros(p["c"].shape, bool)
-    for r in range(rows):
-        block[p["coff"] + r * p["ldc"]:][:vecs * 16] = True
+    block = _block_mask(p, rows, vecs * 16)
     np.testing.assert_array_equal(bits[block], casts.from_f32(sums[block], BF16).view(np.uint16))
     assert (bits[~block] == 0xABCD).all()
 
