@@ -99,7 +99,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=0.3)
     args = ap.parse_args()
-    if isa.family() != "amx_bf16" or not isa.tiles_host():
+    if isa.family() != "amx_bf16" or not isa.tiles_permitted():
         print(f"family {isa.family()}: no AMX tiles here")
         sys.exit(2)
     for threads in (1, 2):

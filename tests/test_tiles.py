@@ -29,7 +29,7 @@ from convgrad.problem import ConvGeometry
 from test_kernels import _assembly, _bf16_case, _block_mask, _dot_step, _f32, _special_bits
 
 BF16 = cg.dtypes.DATA_DTYPES["bf16"]
-NATIVE_TILES = isa.tiles_host()
+NATIVE_TILES = isa.tiles_permitted()
 #: The AMX tiles where the host has them, and their stand-in everywhere.
 MODES = [pytest.param(microkernel.TILES, id="native", marks=pytest.mark.skipif(not NATIVE_TILES, reason="no AMX")),
          pytest.param(microkernel.TILES_STANDIN, id="standin")]

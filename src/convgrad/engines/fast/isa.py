@@ -32,7 +32,7 @@ from ...environment import env
 from ...errors import ConvgradError
 
 __all__ = ["FAMILIES", "WIDTH", "PAIRS", "host_features", "supported", "family", "set_family", "bf16_host", "bf16_native",
-           "bf16_kernel", "pairs", "tiles_host", "tiles_permitted", "cache_sizes", "ISAError"]
+           "bf16_kernel", "pairs", "tiles_permitted", "cache_sizes", "ISAError"]
 
 #: Families from the most capable down, and the CPU features each needs.
 FAMILIES: dict[str, frozenset[str]] = {
@@ -133,15 +133,10 @@ def bf16_host() -> bool:
     return "avx512bf16" in host_features()
 
 
-def tiles_host() -> bool:
-    """Whether this CPU has AMX's bf16 tiles and the process may use them."""
-    return tiles_permitted()
-
-
 def bf16_native() -> bool:
     """Whether the family's bf16 kernels run the instructions themselves (else their bit-exact
     stand-ins: on CPUs without them, or where :func:`set_family` asked for the stand-ins)."""
-    return (tiles_host() if family() == "amx_bf16" else bf16_host()) and not _standin[0]
+    return (tiles_permitted() if family() == "amx_bf16" else bf16_host()) and not _standin[0]
 
 
 def pairs() -> bool:

@@ -345,7 +345,7 @@ def run(typingctx, width, rows, vecs, native, c, coff, ldc, a, aoff, lda, astep,
         ints = {name: argv[j] for name, j in _INTS}
         dot = bf16 and mode in (DOT, TILES) and isa.bf16_host()
         if on_tiles:
-            tiles.emit(builder, rows_, vecs_, ptrs, ints, c.dtype == types.uint16, mode == TILES and isa.tiles_host(),
+            tiles.emit(builder, rows_, vecs_, ptrs, ints, c.dtype == types.uint16, mode == TILES and isa.tiles_permitted(),
                        dot, _emit, lambda b: _Ops(b, 16, True, False))
         else:
             _emit(builder, rows_, vecs_, width_, ptrs, ints, bf16, dot, rounding=c.dtype == types.uint16)
