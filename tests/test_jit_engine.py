@@ -450,9 +450,11 @@ def test_the_drivers_tables_are_remembered_per_geometry_and_source(monkeypatch) 
             np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("value", [np.nan, np.inf], ids=["nan", "inf"])
-@pytest.mark.parametrize("dtype", [np.float32, cg.dtypes.DATA_DTYPES["bf16"]], ids=["f32", "bf16"])
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task, dtype, value", [
+    pytest.param(task, dtype, value, id=f"{task}-{name}-{vname}",
+                 marks=() if name == "f32" or (task, vname) == ("forward", "nan") else pytest.mark.exhaustive)
+    for task in TASKS for dtype, name in ((np.float32, "f32"), (cg.dtypes.DATA_DTYPES["bf16"], "bf16"))
+    for value, vname in ((np.nan, "nan"), (np.inf, "inf"))])
 def test_nan_and_inf_meet_padding_only_where_the_sums_read_them(task, dtype, value, rng):
     """A padded problem on the jit strategy with a NaN or an Inf in its weights (forward, data
     gradient) or in dy (weights gradient), at a corner where most taps read padding: NaN and Inf

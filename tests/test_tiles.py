@@ -286,8 +286,7 @@ def test_family_needs_the_tile_state(monkeypatch):
 def test_weights_gradient_by_taps_on_tiles(rounded, amx_family, rng):
     """A bf16 weights gradient of stride 1 (dilated, padded unevenly) on the family's default
     plan, one deep GEMM per tap: the reference engine's sums (a rounded result: their bf16
-    rounding), within 2x the inputs and output of extra memory; an Inf in x falls back to the
-    other plan and gives NaN exactly where the reference does."""
+    rounding), within 2x the inputs and output of extra memory and its workspace bound."""
     import tracemalloc
     from convgrad import casts
     g = ConvGeometry(2, 1, 96, 96, (6, 7), (4, 5), (3, 2), (1, 1), (2, 3), (1, 0), (1, 2))
@@ -305,6 +304,15 @@ def test_weights_gradient_by_taps_on_tiles(rounded, amx_family, rng):
     assert peak <= min(2 * (x.nbytes + dy.nbytes + got.nbytes), jit.workspace_bytes(f, plan)), peak
     if rounded:
         np.testing.assert_array_equal(got.view(np.uint16), casts.from_f32(np.ascontiguousarray(f32), BF16).view(np.uint16))
+
+
+@pytest.mark.exhaustive
+def test_weights_gradient_by_taps_falls_back_on_inf(amx_family, rng):
+    """An Inf in x (which the per-tap GEMMs would multiply by the junk positions' zeros) runs the
+    row split: Inf and NaN exactly where the reference engine has them."""
+    g = ConvGeometry(2, 1, 96, 96, (6, 7), (4, 5), (3, 2), (1, 1), (2, 3), (1, 0), (1, 2))
+    x, dy = (rng.uniform(-1, 1, s).astype(BF16) for s in (g.x_shape, g.y_shape))
+    plan = Plan.of("jit", **jit.complete(Features.of(g, "backward_weights", np.dtype(BF16), False), {}))
     x[1, 2, 3, 5] = np.inf
     special = get_engine("reference").backward_weights(g, x.astype(np.float64), dy.astype(np.float64))
     assert np.isinf(special).any() and np.isfinite(special).any()
