@@ -215,10 +215,10 @@ def test_tile_blocks_assembly_for_sapphire_rapids():
 def test_tile_block_choice():
     """Whole tiles of lanes where the channels allow: 48 channels on 16x3, 64 on 32x2, 20 on
     32x2 (two vectors), 3 on one vector."""
-    assert tiles.block_for(48) == (16, 3)
-    assert tiles.block_for(64) == (32, 2)
-    assert tiles.block_for(20) == (32, 2)
-    assert tiles.block_for(3) == (16, 1)
+    assert microkernel.tile_block_for(48) == (16, 3)
+    assert microkernel.tile_block_for(64) == (32, 2)
+    assert microkernel.tile_block_for(20) == (32, 2)
+    assert microkernel.tile_block_for(3) == (16, 1)
 
 
 @pytest.fixture

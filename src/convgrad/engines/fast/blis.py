@@ -68,9 +68,9 @@ def register_block(n: int, width: int, m: int, itemsize: int, k: int = 0) -> tup
     (:func:`.microkernel.block_for`, loads weighed by ``TUNING.gemm_loads_weight``), a block whose
     columns leave the result padded (copied out afterwards) weighed by ``TUNING.gemm_result_copy``
     over the reduction's depth ``k`` (if given): a short reduction's copy is a large share. bf16
-    pairs on AMX tiles: :func:`.tiles.block_for`."""
+    pairs on AMX tiles: :func:`.microkernel.tile_block_for`."""
     if itemsize == 2 and isa.bf16_kernel() >= microkernel.TILES_STANDIN:
-        return tiles.block_for(n, m)
+        return microkernel.tile_block_for(n, m)
     block = TUNING.gemm_blocks.get((width, itemsize))
     if block is not None and n >= block[1] * width:
         return block

@@ -110,7 +110,7 @@ def complete(f: Features, params: dict) -> dict:
                 "backward_weights": (g.icg, positions)}[f.task]
         rows, vecs = blis.register_block(channels, _width(), m, 4 // _depth(f.data_dtype), k)
     elif on_tiles(f):
-        rows, vecs = tiles.block_for(channels)
+        rows, vecs = microkernel.tile_block_for(channels)
     else:
         weights = f.task == "backward_weights"       # rows over input channels: weighed as our GEMM's
         rows, vecs = microkernel.block_for(channels, _width(), g.icg if weights else None, _computed(g, f.task),

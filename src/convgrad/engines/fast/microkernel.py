@@ -59,7 +59,7 @@ from ... import casts
 from . import isa, tiles
 from .tuning import TUNING
 
-__all__ = ["BLOCKS", "WIDTHS", "block_for", "idle", "run", "kernel_call", "cached_njit", "parallel_items",
+__all__ = ["BLOCKS", "WIDTHS", "block_for", "tile_block_for", "idle", "run", "kernel_call", "cached_njit", "parallel_items",
            "kernel_ir", "fma_peak",
            "register_peak", "SOURCE_DIGEST", "prefetch", "transpose32", "transpose_tile"]
 
@@ -100,6 +100,22 @@ def block_for(channels: int, width: int, rows: int | None = None,
         return round(time, 2), -r * v
 
     return min((b for b in BLOCKS[width] if b[1] <= vectors and (b[1] > 1 or vectors == 1)), key=cost)
+
+
+def tile_block_for(channels: int, rows: int | None = None) -> tuple[int, int]:
+    """The AMX tile block (:data:`.tiles.TILE_BLOCKS`) for ``channels`` output channels (and
+    ``rows`` rows, if given): :func:`block_for`'s rule counted in tiles, the fewest products per
+    one kept (:func:`idle`) x (1 + ``TUNING.tile_loads_weight`` x operand tiles per tile product),
+    then the most accumulators."""
+    vectors = -(-channels // 16)
+
+    def cost(block: tuple[int, int]) -> tuple[float, int]:
+        r, v = block
+        strips = r // tiles.ROWS
+        return round(idle(block, channels, 16, rows) * (1 + TUNING.tile_loads_weight * (strips + v) / (strips * v)),
+                     2), -r * v
+
+    return min((b for b in tiles.TILE_BLOCKS if b[1] <= vectors or b == (16, 1)), key=cost)
 
 
 def idle(block: tuple[int, int], channels: int, width: int, rows: int | None = None) -> float:
@@ -172,16 +188,14 @@ class _Ops:
         even = self._daz(b.shl(value, self._bits(16, True)))
         return self.splat(odd, self.acc), self.splat(even, self.acc)
 
-    def step(self, acc: ir.Value, a, b, even_first: bool = False) -> ir.Value:
-        """``acc`` plus the product(s) of one reduction step (the stand-in: the odd pair's product
-        first, as ``VDPBF16PS``; ``even_first``: the even one first, as ``TDPBF16PS``)."""
+    def step(self, acc: ir.Value, a, b) -> ir.Value:
+        """``acc`` plus the product(s) of one reduction step."""
         if not self.bf16:
             return self.builder.call(self.fma, [a, b, acc])
         if self.native:
             return self.builder.call(self.dot, [acc, a, b])
-        order = (1, 0) if even_first else (0, 1)
-        for j in order:
-            acc = self._flushed_fma(a[j], b[j], acc)
+        for x, y in zip(a, b):                                      # odd pair first (SDM order)
+            acc = self._flushed_fma(x, y, acc)
         return acc
 
     def _flushed_fma(self, x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:

@@ -32,9 +32,7 @@ from __future__ import annotations
 from llvmlite import ir
 from numba.core import cgutils
 
-from .tuning import TUNING
-
-__all__ = ["TILE_BLOCKS", "ROWS", "PAIRS", "block_for", "emit"]
+__all__ = ["TILE_BLOCKS", "ROWS", "PAIRS", "emit"]
 
 #: Tile blocks (rows R, vectors V): R/16 * V accumulators + R/16 + V operand tiles <= 8.
 TILE_BLOCKS: tuple[tuple[int, int], ...] = ((32, 2), (16, 3), (16, 2), (16, 1))
@@ -42,22 +40,6 @@ ROWS = 16    #: rows of a tile
 PAIRS = 16   #: bf16 pairs along K in a tile row (64 bytes)
 #: Rows of the vector kernel's blocks for ``V`` vectors (R*V + V + 1 <= 31 zmm registers).
 _VECTOR_ROWS = {1: 16, 2: 14, 3: 8}
-
-
-def block_for(channels: int, rows: int | None = None) -> tuple[int, int]:
-    """The tile block for ``channels`` output channels (and ``rows`` rows, if given): the fewest
-    products per one kept (idle lanes and rows) x (1 + weight x operand tiles per product), then
-    the most accumulators (:func:`.microkernel.block_for`'s rule, counted in tiles; the weight:
-    ``TUNING.tile_loads_weight``)."""
-    vectors = -(-channels // 16)
-
-    def cost(block: tuple[int, int]) -> tuple[float, int]:
-        r, v = block
-        idle = -(-vectors // v) * v / vectors * ((-(-rows // r) * r / rows) if rows else 1.0)
-        tiles = r // ROWS
-        return round(idle * (1 + TUNING.tile_loads_weight * (tiles + v) / (tiles * v)), 2), -r * v
-
-    return min((b for b in TILE_BLOCKS if b[1] <= vectors or b == (16, 1)), key=cost)
 
 
 class _Tiles:

@@ -95,7 +95,7 @@ class Tuning:
     #: 14x2 (0.57 loads per FMA) computing no padding columns ran 1.5 % slower than 6x4 (0.42)
     #: computing 3.6 % more; 8 on a Zen 3's (AVX2): 4x3 (0.58) over 6x2 (0.67) from 256 channels.
     block_loads_weight: dict[int, float] = field(default_factory=lambda: {8: 1.0, 16: 0.39})
-    #: ... and for AMX tile blocks (:func:`.tiles.block_for`), per operand tile loaded per tile
+    #: ... and for AMX tile blocks (:func:`.microkernel.tile_block_for`), per operand tile loaded per tile
     #: product: not fitted yet (a Sapphire Rapids' probe, docs/engine-measurements.md "AMX tiles,
     #: measured", ranked 32x2 (one load a product) first at 256 pairs a call, 836 GFLOP/s on a
     #: core, against 317-427 for the 16-row blocks); 0.25 keeps whole tiles of lanes first.
