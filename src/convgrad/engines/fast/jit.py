@@ -1033,7 +1033,7 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan 
     slab of dw rounded to bf16 once its sums are done (:func:`_tap_slab`)."""
     plan = _plan(g, "backward_weights", plan)
     if plan.param("split") == "taps":
-        if _finite_bits(x):
+        if direct.finite(x):
             return _weights_by_taps(g, x, dy, rounded)
         plan = type(plan).of("jit", **dict(plan.params, split="rows"))   # Inf/NaN in x would meet junk zeros
     taps = math.prod(g.kernel)
@@ -1045,13 +1045,6 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan 
         with workspace.part():   # each slab's pair copies back in the cache for the next
             casts.copy_into(dw[t0:t0 + slab], _weight_sums(g, x, dy, plan, t0, min(taps, t0 + slab)))
     return dw.reshape(g.w_shape)
-
-
-def _finite_bits(x: np.ndarray) -> bool:
-    """Whether 16-bit float ``x`` holds no Inf or NaN (no value with every exponent bit set)."""
-    bits = x.view(np.uint16)
-    mask = 0x7F80 if x.dtype == bfloat16 else 0x7C00
-    return not ((bits & mask) == mask).any()
 
 
 def _weights_by_taps(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, rounded: bool) -> np.ndarray:
