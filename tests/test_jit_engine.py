@@ -352,11 +352,14 @@ def test_bf16_weights_gradient_in_tap_slabs_is_rounded_once(standin, rng):
     (3, 5, 17, (2, 1), 16, slice(None)),           # groups, an odd reduction (bf16 pairs padded)
     (2, 33, 20, (1, 3), 32, slice(8, 31)),         # a window of the columns
 ])
-def test_packed_weights_against_their_definition(groups, icg, ocg, kernel, vw, columns, depth, transpose, rng):
-    """``jit._packed_weights`` (the parallel packing kernel) holds, for every group, block, tap,
-    reduction row r and lane c, the weight it names: ``w[t, r, column]`` (forward) or
-    ``w[t, column, r]`` (transposed) of the block's column, zero past the channels, bf16 pairs
-    interleaved per lane (depth 2); the f32 path also equals NumPy's strided assignment."""
+@pytest.mark.parametrize("memory", ["C", "OIX", "flipped"])
+def test_packed_weights_against_their_definition(groups, icg, ocg, kernel, vw, columns, depth, transpose, memory, rng):
+    """``jit._packed_weights`` (the parallel packing kernels: rows of lanes, or tiles transposed)
+    holds, for every group, block, tap, reduction row r and lane c, the weight it names:
+    ``w[t, r, column]`` (forward) or ``w[t, column, r]`` (transposed) of the block's column, zero
+    past the channels, bf16 pairs interleaved per lane (depth 2), from weights C-contiguous, a
+    view of OIX memory or one of negative strides; the f32 path also equals NumPy's strided
+    assignment."""
     from convgrad.engines.fast import jit
     from convgrad.problem import ConvGeometry
 
@@ -364,6 +367,10 @@ def test_packed_weights_against_their_definition(groups, icg, ocg, kernel, vw, c
                      (1,) * len(kernel), (1,) * len(kernel), (0,) * len(kernel), (0,) * len(kernel))
     dtype = cg.dtypes.bfloat16 if depth == 2 else np.float32
     w = rng.standard_normal(g.w_shape).astype(dtype)
+    if memory == "OIX":                                  # (*K, I, O) viewed from (O, I, *K) memory
+        w = np.ascontiguousarray(np.moveaxis(w, (-1, -2), (0, 1))).transpose(*range(2, w.ndim), 1, 0)
+    elif memory == "flipped":                            # every axis read backwards
+        w = np.ascontiguousarray(w[(slice(None, None, -1),) * w.ndim])[(slice(None, None, -1),) * w.ndim]
     got = jit._packed_weights(g, w, vw, transpose, depth, columns)
     bits = (w.view(np.uint16) if depth == 2 else w).reshape(-1, icg, groups, ocg)  # (T, ICg, G, OCg)
     cols = np.arange(icg if transpose else ocg)[columns]
@@ -420,6 +427,27 @@ def test_transpose32_tiles(width, dtype, rng):
     else:
         pairs = block.reshape(width, width, 2)                 # (row i, unit j, half)
         want[1:1 + width, 2:2 + 2 * width] = pairs.transpose(1, 0, 2).reshape(width, 2 * width)
+    np.testing.assert_array_equal(dst, want)
+
+
+@pytest.mark.parametrize("width", microkernel.WIDTHS)
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16])
+def test_copy32_units(width, dtype, rng):
+    """``microkernel.copy32`` (through ``copy_units``): ``width`` 32-bit units from any element
+    offset to any other (uint16: a unit is a pair; a negative offset from a view's start),
+    nothing else written."""
+    import numba
+
+    @numba.njit
+    def run(src, soff, dst, doff):  # pragma: no cover - compiled
+        microkernel.copy_units(width, src, soff, dst, doff)
+
+    per = 2 if dtype == np.uint16 else 1
+    src = rng.integers(0, 60000, 4 * width * per).astype(dtype)
+    dst = np.full(3 * width * per, 7, dtype)
+    want = dst.copy()
+    want[3 * per:(3 + width) * per] = src[5 * per:(5 + width) * per]
+    run(src[2 * width * per:], 5 * per - 2 * width * per, dst, 3 * per)
     np.testing.assert_array_equal(dst, want)
 
 

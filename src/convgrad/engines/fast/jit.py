@@ -554,7 +554,10 @@ def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, de
     shape = (g.groups, blocks, t, rpad // depth, vw, depth)
     if taps.dtype == (np.uint16 if depth == 2 else F32):   # every value written once, in parallel
         out = workspace.empty(math.prod(shape), taps.dtype).reshape(shape)
-        _pack(math.prod(out.shape[:3]), taps, out, _width())
+        if abs(taps.strides[3]) <= abs(taps.strides[2]):      # lanes closer than rows: rows read in turn
+            _pack_rows(g.groups * t * -(-rpad // _PACK_ROWS), taps, out, out.reshape(-1), _width())
+        else:
+            _pack(math.prod(out.shape[:3]), taps, out, _width())
         return out
     out = workspace.zeros(math.prod(shape), np.uint16 if depth == 2 else F32).reshape(shape)   # aligned: vector loads
     for block in range(blocks):        # written in place (converted as assigned): no second copy
@@ -567,52 +570,78 @@ def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, de
 def _pack_item(item, taps, out, width):  # pragma: no cover - compiled
     """out[g, b, t, r // D, c, r % D] = taps[g, t, r, b*VW + c] (zero past taps' reduction and
     width) for out (G, blocks, T, R/D, VW, D) and item (g, b, t) (:data:`_pack` runs the items in
-    parallel); taps of any strides read along whichever of r and c is contiguous. A transposed
-    view (contiguous along r: the data gradient's weights) is transposed in ``width`` x ``width`` tiles of 32-bit units in
-    registers (:func:`.microkernel.transpose32`; bf16: a unit is a pair along r), the edges one
-    value at a time (a scalar transpose took 2 ms of a 3.6 ms data gradient at mb 1)."""
+    parallel), for taps whose rows lie closer than their lanes (:func:`_pack_rows_item` takes the
+    others). A transposed view contiguous along r (the data gradient's weights) is transposed in
+    ``width`` x ``width`` tiles of 32-bit units in registers (:func:`.microkernel.transpose32`;
+    bf16: a unit is a pair along r), the edges (and other strides) one value at a time (a scalar
+    transpose took 2 ms of a 3.6 ms data gradient at mb 1)."""
     g_, t_, red, width_ = taps.shape
     blocks, vw, depth = out.shape[1], out.shape[4], out.shape[5]
     rpad = out.shape[3] * depth
     item_t, item_o = taps.itemsize, out.itemsize
     sr, sc = taps.strides[2] // item_t, taps.strides[3] // item_t
-    along_r = taps.strides[2] < taps.strides[3]
     span = width * depth                             # reduction values per tile
     t = item % t_
     b = item // t_ % blocks
     g = item // (t_ * blocks)
     o = out[g, b, t]
     lanes = min(vw, width_ - b * vw)
-    if along_r:
-        base = (g * taps.strides[0] + t * taps.strides[1]) // item_t + b * vw * sc
-        obase = (g * out.strides[0] + b * out.strides[1] + t * out.strides[2]) // item_o
-        od = out.strides[3] // item_o
-        whole = lanes - lanes % width if sr == 1 else 0
-        for r0 in range(0, rpad, span):
-            first = 0
-            if r0 + span <= red:
-                for c0 in range(0, whole, width):
-                    microkernel.transpose_tile(width, taps, base + r0 + c0 * sc, sc, out,
-                                               obase + (r0 // depth) * od + c0 * depth, od)
-                first = whole
-            for r in range(r0, min(r0 + span, rpad)):
-                dst = o[r // depth, :, r % depth]
-                for c in range(first, vw):
-                    dst[c] = taps[g, t, r, b * vw + c] if r < red and c < lanes else 0
-    else:
-        for r in range(rpad):
+    base = (g * taps.strides[0] + t * taps.strides[1]) // item_t + b * vw * sc
+    obase = (g * out.strides[0] + b * out.strides[1] + t * out.strides[2]) // item_o
+    od = out.strides[3] // item_o
+    whole = lanes - lanes % width if sr == 1 and sc > 0 else 0
+    for r0 in range(0, rpad, span):
+        first = 0
+        if r0 + span <= red:
+            for c0 in range(0, whole, width):
+                microkernel.transpose_tile(width, taps, base + r0 + c0 * sc, sc, out,
+                                           obase + (r0 // depth) * od + c0 * depth, od)
+            first = whole
+        for r in range(r0, min(r0 + span, rpad)):
             dst = o[r // depth, :, r % depth]
-            if r < red:
-                src = taps[g, t, r, b * vw:b * vw + lanes]
-                for c in range(lanes):
-                    dst[c] = src[c]
-                for c in range(lanes, vw):
-                    dst[c] = 0
-            else:
-                dst[:] = 0
+            for c in range(first, vw):
+                dst[c] = taps[g, t, r, b * vw + c] if r < red and c < lanes else 0
 
 
 _pack = microkernel.parallel_items(_pack_item)
+
+#: Reduction rows per item of :func:`_pack_rows_item`.
+_PACK_ROWS = 64
+
+
+def _pack_rows_item(item, taps, out, flat, width):  # pragma: no cover - compiled
+    """:func:`_pack_item`'s ``out`` (``flat``: the same, 1-D) from taps whose lanes lie closer
+    than their rows (the forward's XIO weights): item (g, t, chunk of :data:`_PACK_ROWS` rows)
+    reads each row once, in order, into every block, ``width`` lanes a vector where they are
+    adjacent (items of one block and tap, reading a row's 64 bytes 2 KB apart, took 7-13 ms for
+    3x3 x 512 x 512 channels on a Zen 3, a copy 1.4; scalar copies twice this)."""
+    g_, t_, red, width_ = taps.shape
+    blocks, vw, depth = out.shape[1], out.shape[4], out.shape[5]
+    rpad = out.shape[3] * depth
+    item_t, item_o = taps.itemsize, out.itemsize
+    s0, s1, s2, s3 = (taps.strides[0] // item_t, taps.strides[1] // item_t, taps.strides[2] // item_t,
+                      taps.strides[3] // item_t)
+    chunks = -(-rpad // _PACK_ROWS)
+    ch = item % chunks
+    t = item // chunks % t_
+    g = item // (chunks * t_)
+    per_block, od = out.strides[1] // item_o, out.strides[3] // item_o
+    first_row = (g * out.strides[0] + t * out.strides[2]) // item_o
+    for r in range(ch * _PACK_ROWS, min(rpad, (ch + 1) * _PACK_ROWS)):
+        at = first_row + (r // depth) * od + r % depth
+        for b in range(blocks):
+            o = at + b * per_block
+            lanes = min(vw, width_ - b * vw) if r < red else 0
+            whole = lanes - lanes % width if depth == 1 and s3 == 1 else 0
+            for c0 in range(0, whole, width):
+                microkernel.copy_units(width, taps, g * s0 + t * s1 + r * s2 + b * vw + c0, flat, o + c0)
+            for c in range(whole, lanes):
+                flat[o + c * depth] = taps[g, t, r, b * vw + c]
+            for c in range(lanes, vw):
+                flat[o + c * depth] = 0
+
+
+_pack_rows = microkernel.parallel_items(_pack_rows_item)
 
 
 def _strides(shape: tuple[int, ...]) -> np.ndarray:

@@ -401,15 +401,12 @@ def transpose32(typingctx, width, src, soff, sld, dst, doff, dld):
         w = _constant(argv[0], "width")
         if w not in WIDTHS:
             raise errors.NumbaValueError(f"microkernel.transpose32: width {w}, expected one of {WIDTHS}")
-        i32, i64, i8p = ir.IntType(32), ir.IntType(64), ir.IntType(8).as_pointer()
+        i32, i64 = ir.IntType(32), ir.IntType(64)
         vec = ir.VectorType(i32, w)
 
         def address(array_type, array, offset, stride, row):
-            data = cgutils.create_struct_proxy(array_type)(context, builder, value=array).data
-            item = context.get_abi_sizeof(context.get_data_type(array_type.dtype))
-            at = builder.add(offset, builder.mul(stride, ir.Constant(i64, row)))
-            byte = builder.gep(builder.bitcast(data, i8p), [builder.mul(at, ir.Constant(i64, item))])
-            return builder.bitcast(byte, vec.as_pointer())
+            return _address(context, builder, array_type, array,
+                            builder.add(offset, builder.mul(stride, ir.Constant(i64, row))), vec)
 
         rows = [builder.load(address(signature.args[1], argv[1], argv[2], argv[3], i), align=1) for i in range(w)]
         b = w // 2
@@ -428,6 +425,46 @@ def transpose32(typingctx, width, src, soff, sld, dst, doff, dld):
         return context.get_dummy_value()
 
     return types.void(types.int64, src, types.int64, types.int64, dst, types.int64, types.int64), codegen
+
+
+@intrinsic
+def copy32(typingctx, width, src, soff, dst, doff):
+    """``width`` (a constant: 8 or 16) 32-bit units from element ``soff`` of ``src`` to element
+    ``doff`` of ``dst`` (each array's own elements, of either sign, from its first element's
+    address: any strides): one vector load and store (a copy loop of a count known only at run
+    time, and arrays that may overlap, stays scalar)."""
+    if not (isinstance(src, types.Array) and isinstance(dst, types.Array)):
+        raise errors.TypingError("microkernel.copy32: src and dst must be arrays")
+
+    def codegen(context, builder, signature, argv):
+        w = _constant(argv[0], "width")
+        if w not in WIDTHS:
+            raise errors.NumbaValueError(f"microkernel.copy32: width {w}, expected one of {WIDTHS}")
+        vec = ir.VectorType(ir.IntType(32), w)
+        value = builder.load(_address(context, builder, signature.args[1], argv[1], argv[2], vec), align=1)
+        builder.store(value, _address(context, builder, signature.args[3], argv[3], argv[4], vec), align=1)
+        return context.get_dummy_value()
+
+    return types.void(types.int64, src, types.int64, dst, types.int64), codegen
+
+
+def _address(context, builder: ir.IRBuilder, array_type, array: ir.Value, offset: ir.Value,
+             vec: ir.VectorType) -> ir.Value:
+    """A ``vec`` pointer to element ``offset`` of ``array`` (counted in its own elements)."""
+    data = cgutils.create_struct_proxy(array_type)(context, builder, value=array).data
+    item = context.get_abi_sizeof(context.get_data_type(array_type.dtype))
+    byte = builder.gep(builder.bitcast(data, ir.IntType(8).as_pointer()),
+                       [builder.mul(offset, ir.Constant(ir.IntType(64), item))])
+    return builder.bitcast(byte, vec.as_pointer())
+
+
+@numba.njit(inline="always")
+def copy_units(width, src, soff, dst, doff):  # pragma: no cover - compiled
+    """:func:`copy32` for a ``width`` (8 or 16) known only when the caller runs."""
+    if width == 16:
+        copy32(16, src, soff, dst, doff)
+    else:
+        copy32(8, src, soff, dst, doff)
 
 
 @numba.njit(inline="always")
