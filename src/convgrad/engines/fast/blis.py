@@ -351,44 +351,33 @@ def _round_into(out, tiles, row0, col0, rows, cols):  # pragma: no cover - compi
             o[j] = casts.bf16_bits(b[j])
 
 
-#: (rows of K, nr-panels) per item of :func:`_pack`: a block's rows read once, its panels
-#: written in runs (all panels per row read B once but wrote a line to each panel in turn:
-#: 0.8-1.5x this; whole panels per item read a column strip of B, 2x slower past the TLB's reach).
-PACK_BLOCK = (64, 8)
-
-
 @microkernel.cached_njit(parallel=True)
 def _pack(src, ld, step, k, n, depth, out):  # pragma: no cover - compiled
     """``out[p, i, l*depth + j] = B[i*depth + j, p*nr + l]`` (zero past K and N), B's value
-    (kk, col) at ``src[kk*ld + col*step]``; ``out`` is (panels, K/depth, nr*depth), in items of
-    :data:`PACK_BLOCK`. Rows of adjacent f32 values are copied as slices (one value at a time, a
-    deep GEMM's B of 50176 x 64 took 6 ms to pack, half the GEMM; as slices 0.9; by
-    :func:`.microkernel.copy32`'s vectors 1.1-1.9x slower than slices)."""
-    panels, kd, lanes = out.shape
-    nr = lanes // depth
-    rows_per, panels_per = PACK_BLOCK
-    panel_blocks = -(-panels // panels_per)
-    for item in numba.prange(-(-kd // rows_per) * panel_blocks):   # a thread's items: whole rows of B
-        i0, p0 = item // panel_blocks * rows_per, item % panel_blocks * panels_per
-        for i in range(i0, min(kd, i0 + rows_per)):
-            for p in range(p0, min(panels, p0 + panels_per)):
-                cols = min(nr, n - p * nr)
-                o = out[p, i]
-                if depth == 1 and step == 1:
-                    row = src[i * ld + p * nr:i * ld + p * nr + cols] if i < k else src[:0]
-                    for l in range(row.shape[0]):
-                        o[l] = row[l]
-                    for l in range(row.shape[0], nr):
-                        o[l] = 0
-                    continue
-                for j in range(depth):
-                    kk = i * depth + j
-                    valid = cols if kk < k else 0
-                    base = kk * ld + p * nr * step
-                    for l in range(valid):
-                        o[l * depth + j] = src[base + l * step]
-                    for l in range(valid, nr):
-                        o[l * depth + j] = 0
+    (kk, col) at ``src[kk*ld + col*step]``; ``out`` is (panels, K/depth, nr*depth). Rows of
+    adjacent f32 values are copied as slices (one value at a time, a deep GEMM's B of 50176 x 64
+    took 6 ms to pack, half the GEMM; as slices 0.9)."""
+    panels, kd, width = out.shape
+    nr = width // depth
+    for i in numba.prange(kd):
+        for p in range(panels):
+            cols = min(nr, n - p * nr)
+            o = out[p, i]
+            if depth == 1 and step == 1:
+                row = src[i * ld + p * nr:i * ld + p * nr + cols] if i < k else src[:0]
+                for l in range(row.shape[0]):
+                    o[l] = row[l]
+                for l in range(row.shape[0], nr):
+                    o[l] = 0
+                continue
+            for j in range(depth):
+                kk = i * depth + j
+                valid = cols if kk < k else 0
+                base = kk * ld + p * nr * step
+                for l in range(valid):
+                    o[l * depth + j] = src[base + l * step]
+                for l in range(valid, nr):
+                    o[l * depth + j] = 0
 
 
 @microkernel.cached_njit(parallel=True)
