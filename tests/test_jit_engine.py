@@ -451,6 +451,24 @@ def test_copy32_units(width, dtype, rng):
     np.testing.assert_array_equal(dst, want)
 
 
+@pytest.mark.parametrize("width", microkernel.WIDTHS)
+def test_pairs32_interleaves_two_rows(width, rng):
+    """``microkernel.pairs32`` (through ``pair_units``): value i of the first row, then of the
+    second, as pair i from any element offsets, nothing else written."""
+    import numba
+
+    @numba.njit
+    def run(src, first, second, dst, doff):  # pragma: no cover - compiled
+        microkernel.pair_units(width, src, first, second, dst, doff)
+
+    src = rng.integers(0, 65536, 4 * width).astype(np.uint16)
+    dst = np.full(3 * width + 4, 7, np.uint16)
+    want = dst.copy()
+    want[3:3 + 2 * width:2], want[4:4 + 2 * width:2] = src[5:5 + width], src[2 * width + 1:3 * width + 1]
+    run(src, 5, 2 * width + 1, dst, 3)
+    np.testing.assert_array_equal(dst, want)
+
+
 def test_the_drivers_tables_are_remembered_per_geometry_and_source(monkeypatch) -> None:
     """The stride phases' and taps' tables are remembered per geometry and padded source (a small
     call's Python): a repeated strided data gradient and forward take the memo's tables, equal

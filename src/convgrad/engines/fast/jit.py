@@ -613,8 +613,9 @@ def _pack_rows_item(item, taps, out, flat, width):  # pragma: no cover - compile
     """:func:`_pack_item`'s ``out`` (``flat``: the same, 1-D) from taps whose lanes lie closer
     than their rows (the forward's XIO weights): item (g, t, chunk of :data:`_PACK_ROWS` rows)
     reads each row once, in order, into every block, ``width`` lanes a vector where they are
-    adjacent (items of one block and tap, reading a row's 64 bytes 2 KB apart, took 7-13 ms for
-    3x3 x 512 x 512 channels on a Zen 3, a copy 1.4; scalar copies twice this)."""
+    adjacent (:func:`.microkernel.copy32`; bf16 row pairs :func:`.microkernel.pairs32`). Items of
+    one block and tap, reading a row's 64 bytes 2 KB apart, took 7-16 ms for 3x3 x 512 x 512
+    f32 channels on a Zen 3 (past the TLB's reach), this 3-9, a copy 1.4."""
     g_, t_, red, width_ = taps.shape
     blocks, vw, depth = out.shape[1], out.shape[4], out.shape[5]
     rpad = out.shape[3] * depth
@@ -629,13 +630,20 @@ def _pack_rows_item(item, taps, out, flat, width):  # pragma: no cover - compile
     first_row = (g * out.strides[0] + t * out.strides[2]) // item_o
     for r in range(ch * _PACK_ROWS, min(rpad, (ch + 1) * _PACK_ROWS)):
         at = first_row + (r // depth) * od + r % depth
+        pair = depth == 2 and r - r % 2 + 2 <= red                 # bf16: both rows of r's pair hold data
         for b in range(blocks):
             o = at + b * per_block
-            lanes = min(vw, width_ - b * vw) if r < red else 0
-            whole = lanes - lanes % width if depth == 1 and s3 == 1 else 0
-            for c0 in range(0, whole, width):
-                microkernel.copy_units(width, taps, g * s0 + t * s1 + r * s2 + b * vw + c0, flat, o + c0)
-            for c in range(whole, lanes):
+            cols = min(vw, width_ - b * vw)
+            if s3 == 1 and cols == vw and (depth == 1 and r < red or pair):      # a whole block: vectors
+                at_c = g * s0 + t * s1 + r * s2 + b * vw
+                for c0 in range(0, vw if depth == 1 or r % 2 == 0 else 0, width):   # a pair at its first row
+                    if depth == 1:
+                        microkernel.copy_units(width, taps, at_c + c0, flat, o + c0)
+                    else:
+                        microkernel.pair_units(width, taps, at_c + c0, at_c + s2 + c0, flat, o + 2 * c0)
+                continue
+            lanes = cols if r < red else 0
+            for c in range(lanes):
                 flat[o + c * depth] = taps[g, t, r, b * vw + c]
             for c in range(lanes, vw):
                 flat[o + c * depth] = 0

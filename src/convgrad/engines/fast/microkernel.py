@@ -448,6 +448,39 @@ def copy32(typingctx, width, src, soff, dst, doff):
     return types.void(types.int64, src, types.int64, dst, types.int64), codegen
 
 
+@intrinsic
+def pairs32(typingctx, width, src, first, second, dst, doff):
+    """``width`` (a constant: 8 or 16) 16-bit values from element ``first`` of ``src`` and as
+    many from element ``second``, stored interleaved as ``width`` pairs (value i of the first,
+    then of the second) from element ``doff`` of ``dst`` (arrays of 16-bit values, any strides,
+    offsets in their elements): the bf16 dot instruction's pairs, one vector load of each row,
+    one store."""
+    if not (isinstance(src, types.Array) and isinstance(dst, types.Array)):
+        raise errors.TypingError("microkernel.pairs32: src and dst must be arrays")
+
+    def codegen(context, builder, signature, argv):
+        w = _constant(argv[0], "width")
+        if w not in WIDTHS:
+            raise errors.NumbaValueError(f"microkernel.pairs32: width {w}, expected one of {WIDTHS}")
+        half, unit = ir.VectorType(ir.IntType(16), w), ir.VectorType(ir.IntType(32), w)
+        lo, hi = (builder.zext(builder.load(_address(context, builder, signature.args[1], argv[1], argv[j], half),
+                                            align=1), unit) for j in (2, 3))
+        value = builder.or_(lo, builder.shl(hi, ir.Constant(unit, [16] * w)))
+        builder.store(value, _address(context, builder, signature.args[4], argv[4], argv[5], unit), align=1)
+        return context.get_dummy_value()
+
+    return types.void(types.int64, src, types.int64, types.int64, dst, types.int64), codegen
+
+
+@numba.njit(inline="always")
+def pair_units(width, src, first, second, dst, doff):  # pragma: no cover - compiled
+    """:func:`pairs32` for a ``width`` (8 or 16) known only when the caller runs."""
+    if width == 16:
+        pairs32(16, src, first, second, dst, doff)
+    else:
+        pairs32(8, src, first, second, dst, doff)
+
+
 def _address(context, builder: ir.IRBuilder, array_type, array: ir.Value, offset: ir.Value,
              vec: ir.VectorType) -> ir.Value:
     """A ``vec`` pointer to element ``offset`` of ``array`` (counted in its own elements)."""
