@@ -107,6 +107,65 @@ def test_vmap_over_a_batch_of_calls() -> None:
         assert_close(g, e)
 
 
+_SMALL = [  # (kind, size, kernel, attributes): the engine runs each on its serial flat loops
+    ("Convolution", (7, 6), (3, 3), dict(pads_begin=[1, 0], pads_end=[2, 1])),
+    ("Convolution", (9,), (3,), dict(dilations=[2], pads_begin=[2], pads_end=[1])),
+    ("Convolution", (4, 5, 3), (2, 2, 1), dict(pads_begin=[1, 0, 0], pads_end=[0, 1, 0])),
+    ("ConvTranspose", (5, 4), (3, 2), dict(pads_begin=[1, 0], pads_end=[0, 1])),
+]
+
+
+@pytest.mark.parametrize("kind, size, kernel, attrs", _SMALL, ids=[f"{k}-{len(s)}d" for k, s, _, _ in _SMALL])
+def test_small_f32_calls_run_compiled_under_jit(kind, size, kernel, attrs) -> None:
+    """Under jax.jit, a small f32 call of channels-last data and X-first weights without bias
+    runs the engine's serial loops from the compiled XLA target (no Python at run time): value
+    and both gradients (value_and_grad, and each element of a vmap) equal the functional API's
+    bit for bit; the lowered computation calls the compiled target for the value and both
+    gradients, the host target for a call with bias or NCX data."""
+    from convgrad import xla_ffi
+
+    rng = np.random.default_rng()
+    cin, cout = 3, 2
+    x = rng.standard_normal((2, *size, cin)).astype(np.float32)
+    wshape = (*kernel, cin, cout) if kind == "Convolution" else (*kernel, cout, cin)
+    w = rng.standard_normal(wshape).astype(np.float32)
+    function = cj.convolution if kind == "Convolution" else cj.conv_transpose
+    forward = convgrad.convolution if kind == "Convolution" else convgrad.conv_transpose
+    want = forward(x, w, **attrs)
+    dy = 2 * want                                        # the gradient of sum(y ** 2)
+    if kind == "Convolution":
+        want_dx = convgrad.convolution_backward_data(dy, w, list(x.shape), **attrs)
+        want_dw = convgrad.convolution_backward_weights(x, dy, list(w.shape), **attrs)
+    else:
+        want_dx = convgrad.conv_transpose_backward_data(dy, w, **attrs)
+        want_dw = convgrad.conv_transpose_backward_weights(x, dy, list(w.shape), **attrs)
+
+    loss = jax.jit(jax.value_and_grad(lambda x, w: jnp.sum(function(x, w, **attrs) ** 2), argnums=(0, 1)))
+    value = jax.jit(lambda x, w: function(x, w, **attrs))
+    np.testing.assert_array_equal(np.asarray(value(x, w)), want)
+    _, (dx, dw) = loss(x, w)
+    np.testing.assert_array_equal(np.asarray(dx), want_dx)
+    np.testing.assert_array_equal(np.asarray(dw), want_dw)
+    each = jax.jit(jax.vmap(lambda x, w: function(x, w, **attrs), in_axes=(0, None)))(jnp.stack([x, -x]), w)
+    np.testing.assert_array_equal(np.asarray(each[1]), forward(-x, w, **attrs))
+    target = xla_ffi.kernel_target()
+    assert loss.lower(x, w).as_text().count(f"custom_call @{target}(") == 3
+    assert f"@{target}(" not in jax.jit(lambda x, w: function(x, w, np.ones(cout, np.float32), **attrs)
+                                        ).lower(x, w).as_text()              # a bias: the host target
+
+
+def test_compiled_calls_check_memory_when_traced() -> None:
+    """A compiled small call runs the memory guard when it is traced: a budget too small is
+    convgrad's ResourceError there, naming the tensor."""
+    x, w = np.ones((1, 5, 5, 2), np.float32), np.ones((3, 3, 2, 2), np.float32)
+    convgrad.set_memory_budget(16)
+    try:
+        with pytest.raises(convgrad.ResourceError, match="Convolution: the result 'dst'"):
+            jax.jit(lambda x, w: cj.convolution(x, w, pads_begin=[1, 1], pads_end=[1, 1]))(x, w)
+    finally:
+        convgrad.set_memory_budget(None)
+
+
 @pytest.mark.parametrize("dtype,mantissa", [(jnp.bfloat16, 7), (jnp.float16, 10)])
 def test_low_precision_against_f64(dtype, mantissa) -> None:
     """bf16/f16 values and gradients (under jit) against lax in float64 on the same rounded inputs:

@@ -18,12 +18,12 @@ from .memo import Memo
 from .problem import ConvGeometry, Problem
 from .tensor_ops import TensorProblem, run_tensor_problem
 
-__all__ = ["Warm", "execute", "execute_canonical", "round_result", "finish"]
+__all__ = ["TASK_INPUTS", "Warm", "execute", "execute_canonical", "round_result", "finish"]
 
 #: Entries of each of a :class:`Warm`'s memos (engines and engine states).
 WARM_ENTRIES = 64
 #: The engine's two inputs of each task, by role.
-_INPUTS = {"forward": ("x", "w"), "backward_data": ("y", "w"), "backward_weights": ("x", "y")}
+TASK_INPUTS = {"forward": ("x", "w"), "backward_data": ("y", "w"), "backward_weights": ("x", "y")}
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def _bind(problem: Problem, arrays: dict[str, np.ndarray], engine: Any, warm: Wa
     else): the memory guard reduced to the budget's test (the estimate is the signature's), the
     canonical views, the bound call, bias and rounding, the user's layout. Kept in ``warm.runs``
     under ``key`` (the engine and its state now)."""
-    first, second = _INPUTS[problem.task]
+    first, second = TASK_INPUTS[problem.task]
     fmt, wfmt = problem.data_format, problem.weights_format
     views = fmt != "NXC" or wfmt[0] != "X"  # else the inputs are canonical as given
 

@@ -13,6 +13,7 @@ enabled; attributes are static (Python values), not traced.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,10 +29,13 @@ except ModuleNotFoundError as exc:
 
 from . import adjoints, interop
 from .engines import get_engine
+from .engines.fast import direct_flat
 from .errors import InputTypeError
-from .execution import execute
+from .execution import TASK_INPUTS, execute
+from .limits import check_memory
 from .opdefs import OPS
-from .xla_ffi import host_target
+from .problem import Problem
+from .xla_ffi import host_target, kernel_params, kernel_target
 
 __all__ = ["convolution", "conv_transpose"]
 
@@ -52,6 +56,7 @@ def _differentiable(kind: str, key: tuple[tuple[str, Any], ...], present: tuple[
     """The custom_vjp function of the present data inputs, for one op and its attributes."""
     attrs = {k: list(v) if isinstance(v, tuple) else v for k, v in key}
     names = interop.data_input_names(OPS[kind])
+    roles = [s.role for s, p in zip((s for s in OPS[kind].inputs if s.role != "shape"), present) if p]
 
     def full(arrays: Sequence[Any]) -> list[Any]:
         it = iter(arrays)
@@ -74,6 +79,10 @@ def _differentiable(kind: str, key: tuple[tuple[str, Any], ...], present: tuple[
     def primal(*arrays: Any) -> jax.Array:
         p = problem(arrays)
         out = jax.ShapeDtypeStruct(p.output_shape, p.dtype)
+        compiled = _compiled(p, arrays, roles)
+        if compiled is not None:
+            params, order = compiled
+            return jax.ffi.ffi_call(kernel_target(), out, vmap_method="sequential")(*(arrays[i] for i in order), params)
         return jax.ffi.ffi_call(target, out, vmap_method="sequential")(*arrays)
 
     def forward(*arrays: Any) -> tuple[jax.Array, tuple[Any, ...]]:
@@ -88,6 +97,26 @@ def _differentiable(kind: str, key: tuple[tuple[str, Any], ...], present: tuple[
     primal.defvjp(forward, backward)
     primal.__name__ = f"{OPS[kind].function}_{'_'.join(names)}"
     return primal
+
+
+def _compiled(p: Problem, arrays: Sequence[Any], roles: Sequence[str]) -> tuple[jax.Array, tuple[int, int]] | None:
+    """(the parameters of the engine's compiled run of ``p``, a constant of the trace; the indices
+    of ``arrays`` in the order of its inputs' roles) where the engine has one
+    (:meth:`FastEngine.at_params`: a small f32 problem on serial loops) and its inputs and result
+    are canonical as given (channels-last data, X-first weights, no bias, no shape input); else
+    None. The plan and the memory guard are the trace's: a ResourceError is raised now."""
+    if p.data_format != "NXC" or p.weights_format[0] != "X" or p.has_bias or len(arrays) != 2:
+        return None
+    engine = get_engine(None)
+    at_params = getattr(engine, "at_params", None)
+    params = at_params(p.geometry, p.task, p.dtype) if at_params is not None else None
+    if params is None:
+        return None
+    order = tuple(roles.index(role) for role in TASK_INPUTS[p.task])
+    if [math.prod(arrays[i].shape) for i in order] != [math.prod(params[1 + 6 * j:7 + 6 * j]) for j in range(2)]:
+        return None          # the loops' views must cover the buffers exactly (never read past one)
+    check_memory(p, engine)
+    return jnp.asarray(kernel_params(direct_flat.run_at, params)), order
 
 
 def _call(kind: str, arrays: tuple[Any, ...], attrs: dict[str, Any]) -> jax.Array:

@@ -13,6 +13,7 @@ function (Zen 4), where ``jax.pure_callback`` cost 190 (benchmarks/OVERHEAD.md).
 from __future__ import annotations
 
 import ctypes as C
+import functools
 import itertools
 import math
 import struct
@@ -21,12 +22,15 @@ from typing import Any
 
 import jax
 import numpy as np
+from numba import types
 
+from . import addresses
 from .dtypes import bfloat16
+from .engines.fast import microkernel
 from .errors import ResourceError
 from .memo import Memo
 
-__all__ = ["host_target"]
+__all__ = ["host_target", "kernel_target", "kernel_params"]
 
 
 class _Extension(C.Structure):
@@ -129,6 +133,57 @@ def _handler(host: Callable[..., np.ndarray]) -> Callable[[int], int | None]:
             args = _ErrorArgs(C.sizeof(_ErrorArgs), None, message, code)
             return C.cast(frame, C.POINTER(_CallFrame)).contents.api.contents.error_create(C.byref(args))
     return handle
+
+
+_EXT_TYPE, _META = _Extension.type.offset, _MetadataExtension.metadata.offset
+_MAJOR = _Metadata.api_version.offset + _Version.major.offset
+_MINOR = _Metadata.api_version.offset + _Version.minor.offset
+_VERSION, _VERSION_SIZE, _TRAITS = _Metadata.api_version.offset, C.sizeof(_Version), _Metadata.traits.offset
+_DATA = _Buffer.data.offset
+
+
+def _kernel_handler(frame):  # pragma: no cover - compiled (kernel_target)
+    """XLA_FFI_Error* handler(XLA_FFI_CallFrame* frame) of :func:`kernel_target` (a pointer is
+    an int64): the version where XLA asks for it, else the kernel named by the parameters' first
+    two int32 values called on the addresses of the call's buffers."""
+    ext = addresses.load64(frame + _EXTENSION)
+    if ext != 0 and addresses.load32(ext + _EXT_TYPE) == _METADATA:
+        meta = addresses.load64(ext + _META)
+        addresses.store64(meta + _VERSION, _VERSION_SIZE)
+        addresses.store64(meta + _VERSION + 8, 0)
+        addresses.store32(meta + _MAJOR, 0)
+        addresses.store32(meta + _MINOR, 1)
+        addresses.store32(meta + _TRAITS, 0)
+        return addresses.null()
+    args, rets = addresses.load64(frame + _ARGS), addresses.load64(frame + _RETS)
+    params = addresses.load64(addresses.load64(args + 16) + _DATA)
+    kernel = (addresses.load32(params) & 0xFFFFFFFF) | (addresses.load32(params + 4) << 32)
+    microkernel.call_at(kernel, addresses.load64(addresses.load64(args) + _DATA),
+                        addresses.load64(addresses.load64(args + 8) + _DATA),
+                        addresses.load64(addresses.load64(rets) + _DATA), params + 8)
+    return addresses.null()
+
+
+@functools.cache
+def kernel_target() -> str:
+    """The name of the XLA CPU target whose handler is compiled code (a numba ``cfunc``, cached
+    on disk: no Python at run time). Called as ``jax.ffi.ffi_call(name, result,
+    vmap_method="sequential")(a, b, kernel_params(kernel, params))``, it runs the numba function
+    ``kernel(a, b, out, params)`` on the addresses of the two inputs' data, the result's and
+    ``params``' (int32). Nothing is checked at run time: whatever could fail is checked when the
+    call is traced."""
+    handler = microkernel.cached_cfunc(types.voidptr(types.int64))(_kernel_handler)
+    _handlers.append(handler)
+    jax.ffi.register_ffi_target("convgrad_kernel", jax.ffi.pycapsule(handler.address), platform="cpu")
+    return "convgrad_kernel"
+
+
+def kernel_params(kernel: Any, params: np.ndarray) -> np.ndarray:
+    """The parameter operand of :func:`kernel_target` for numba function ``kernel`` (compiled for
+    four int64 addresses) and its int32 ``params``: the kernel's address as two int32 values,
+    then ``params``."""
+    address = microkernel.address_of(kernel, (types.int64,) * 4)
+    return np.concatenate([np.array([address], np.int64).view(np.int32), params.astype(np.int32)])
 
 
 def host_target(host: Callable[..., np.ndarray], label: str = "host") -> str:

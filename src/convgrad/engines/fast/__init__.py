@@ -28,7 +28,7 @@ from ... import layout
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
 from .. import register
-from . import direct, pool, tune, workspace
+from . import direct, direct_flat, pool, tune, workspace
 from .features import Features
 from .frame import Frame, empty_like_data
 from .plan import (STRATEGIES, Plan, candidates, default_plan, forced_plan, forced_strategy, gemm_variant, jit_selected,
@@ -79,6 +79,19 @@ class FastEngine:
         loop; else None. What a repeated small call keeps (:func:`convgrad.execution.execute`)."""
         hit = warm(g, task, dtype, channels_first) if g.n else None
         return FastEngine._serial(hit, g, task, dtype, out_dtype) if hit is not None and direct.serial(hit[1]) else None
+
+    @staticmethod
+    def at_params(g: ConvGeometry, task: str, dtype: np.dtype) -> np.ndarray | None:
+        """:func:`.direct_flat.run_at`'s parameters where ``task`` on ``g`` (f32, one group,
+        canonical inputs of channels-last data) runs, by the plan now, on the serial ``flat``
+        loops: the call as a compiled function of the inputs' and result's addresses (an XLA
+        custom call without Python, :mod:`convgrad.jax`); else None."""
+        if dtype != np.float32 or g.groups != 1 or not g.n:
+            return None
+        plan = planned(g, task, np.dtype(np.float32), False)[1]
+        if not direct.serial(plan) or plan.param("loops") != "flat":
+            return None
+        return direct_flat.at_params(g, task, direct.loop_shapes(g)[:3])
 
     @staticmethod
     def _serial(hit: tuple[Features, Plan, int], g: ConvGeometry, task: str, dtype: np.dtype,

@@ -43,7 +43,7 @@ from .tuning import TUNING
 if TYPE_CHECKING:
     from .plan import Plan
 
-__all__ = ["applies", "bind", "complete", "options", "run", "serial", "workspace_bytes", "forward", "backward_data",
+__all__ = ["applies", "bind", "loop_shapes", "complete", "options", "run", "serial", "workspace_bytes", "forward", "backward_data",
            "backward_weights"]
 
 LOOPS = ("general", "flat", "depthwise")
@@ -200,7 +200,7 @@ def _loops(src, grid, other, out, rounded, stride, dilation, pad, problem, kind)
 
 
 @functools.lru_cache(maxsize=256)
-def _shapes(g: ConvGeometry) -> tuple[tuple[int, ...], ...]:
+def loop_shapes(g: ConvGeometry) -> tuple[tuple[int, ...], ...]:
     """The loops' views: x and y as (N, X0, X1, X2, G, C/G), weights as (K0, K1, K2, G, ICg,
     OCg) and, transposed, (..., G, OCg, ICg) (remembered per geometry)."""
     def grouped(shape: tuple[int, ...], channels: int) -> tuple[int, ...]:
@@ -247,7 +247,7 @@ def finite(values: np.ndarray, acc: np.dtype = np.dtype(np.float32)) -> bool:
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, dtype: np.dtype, rounded: bool = False) -> np.ndarray:
     """y = conv(x, w) in ``dtype`` (or, ``rounded``, in x's 16-bit dtype: :func:`_outputs`),
     canonical (N, *O, OC)."""
-    xs, ys, ws, _ = _shapes(g)
+    xs, ys, ws, _ = loop_shapes(g)
     taps = np.ascontiguousarray(tap_weights(g, w), dtype).reshape(ws)
     (src,), kind = _data((x,), dtype)
     sums, bits, y = _outputs(g.y_shape, ys, dtype, kind, rounded, x.dtype)
@@ -257,7 +257,7 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, dtype: np.dtype, roun
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dtype: np.dtype, rounded: bool = False) -> np.ndarray:
     """dx in ``dtype`` (or, ``rounded``, in dy's 16-bit dtype: :func:`_outputs`), canonical (N, *I, IC)."""
-    xs, ys, _, wt = _shapes(g)
+    xs, ys, _, wt = loop_shapes(g)
     taps = np.ascontiguousarray(tap_weights(g, w, True), dtype).reshape(wt)
     (src,), kind = _data((dy,), dtype)
     sums, bits, dx = _outputs(g.x_shape, xs, dtype, kind, rounded, dy.dtype)
@@ -269,7 +269,7 @@ def _flat(g: ConvGeometry, task: str, dtype: np.dtype, rounded: bool) -> Callabl
     """``task`` on the :mod:`.direct_flat` loops as a function of the two canonical inputs, result
     in ``dtype`` (canonical), or with ``rounded`` a data result of 16-bit data in the data's dtype,
     each value rounded as stored."""
-    xs, ys, ws, _ = _shapes(g)
+    xs, ys, ws, _ = loop_shapes(g)
     loops = direct_flat.bind(g, task)
     if task == "backward_weights":
         def weights(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -296,7 +296,7 @@ def _flat(g: ConvGeometry, task: str, dtype: np.dtype, rounded: bool) -> Callabl
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """dw in ``dtype``, canonical (*K, ICg, OC)."""
-    xs, ys, ws, _ = _shapes(g)
+    xs, ys, ws, _ = loop_shapes(g)
     dw = np.empty((*ws[:3], g.groups, g.icg, g.ocg), dtype)
     (src, dys), kind = _data((x, dy), dtype)
     _loops(src.reshape(xs), ys, dys.reshape(ys), dw, _UNROUNDED, *params(g), BACKWARD_WEIGHTS, kind)

@@ -23,15 +23,17 @@ import functools
 import math
 from collections.abc import Callable
 
+import numba
 import numpy as np
 
+from ... import addresses
 from ...casts import narrowed, widened
 from ...problem import ConvGeometry
 from . import microkernel
 from .depthwise import FASTMATH
 from .geometry import spatial
 
-__all__ = ["applies", "waste", "bind", "workspace_items"]
+__all__ = ["applies", "waste", "bind", "workspace_items", "at_params", "run_at"]
 
 
 def applies(g: ConvGeometry) -> bool:
@@ -213,3 +215,40 @@ def _adjoint(g: ConvGeometry) -> ConvGeometry:
                         begin, end)
 
 
+
+
+#: Tasks of :func:`run_at`'s parameters.
+_TASKS = {"forward": 0, "backward_data": 1, "backward_weights": 2}
+
+
+def at_params(g: ConvGeometry, task: str, shapes: tuple[tuple[int, ...], ...]) -> np.ndarray | None:
+    """:func:`run_at`'s parameters (int32: JAX's default integers) for ``task`` on ``g`` (one
+    group, f32): the task, the 6-D shapes of its two inputs and result (``shapes``: the loops'
+    views of x, y and w), the frames' sizes and the tables (:func:`bind`'s); None where a value
+    needs more than 31 bits."""
+    xs, ys, ws = shapes
+    inputs = {"forward": (xs, ws, ys), "backward_data": (ys, ws, xs), "backward_weights": (xs, ys, ws)}[task]
+    loops = _adjoint(g) if task == "backward_data" else g
+    tables = _tables(loops)
+    frame = (loops.groups, loops.icg, int(tables[0]))
+    other = (loops.groups, loops.ocg, int(tables[1])) if task == "backward_weights" else (int(tables[1]), 1, 1)
+    values = [_TASKS[task], *(v for shape in inputs for v in shape), *frame, *other, *(int(t) for t in tables)]
+    return np.array(values, np.int32) if max(values) < 2 ** 31 else None
+
+
+@microkernel.cached_njit(fastmath=FASTMATH)
+def run_at(a, b, out, params):  # pragma: no cover - compiled
+    """:func:`bind`'s loops on f32 memory at addresses (``a``, ``b``: the task's inputs, ``out``
+    its result, canonical, one group) with :func:`at_params`' parameters at ``params``: what a
+    compiled caller runs without Python (an XLA custom call: :mod:`convgrad.xla_ffi`)."""
+    p = numba.carray(addresses.i32_at(params), 36).astype(np.int64)
+    src = numba.carray(addresses.f32_at(a), (p[1], p[2], p[3], p[4], p[5], p[6]))
+    other = numba.carray(addresses.f32_at(b), (p[7], p[8], p[9], p[10], p[11], p[12]))
+    result = numba.carray(addresses.f32_at(out), (p[13], p[14], p[15], p[16], p[17], p[18]))
+    frame = np.zeros((p[19], p[20], p[21]), np.float32)
+    tables = p[25:36]
+    if p[0] == 2:
+        _backward_weights(src, 0, other, result, frame, np.zeros((p[22], p[23], p[24]), np.float32), tables)
+    else:
+        _forward(src, 0, other, p[0] == 1, result, np.empty((0, 0, 0, 0, 0, 0), np.uint16), frame,
+                 np.empty(p[22], np.float32), tables)

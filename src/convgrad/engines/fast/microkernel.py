@@ -46,7 +46,7 @@ import functools
 import hashlib
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numba
 import numpy as np
@@ -55,7 +55,7 @@ from numba import types
 from numba.core import cgutils, errors
 from numba.extending import intrinsic
 
-from ... import casts
+from ... import addresses, casts
 from . import isa, tiles
 from .tuning import TUNING
 
@@ -69,10 +69,10 @@ BLOCKS: dict[int, tuple[tuple[int, int], ...]] = {8: ((8, 1), (6, 2), (4, 3)),
 WIDTHS = tuple(BLOCKS)
 #: Independent FMA chains of :func:`register_peak` (enough to cover the FMA latency on two pipes).
 _CHAINS = {8: 12, 16: 24}
-#: sha256 of this module's source and of :mod:`convgrad.casts` (whose rounding callers inline as
-#: they store): part of the disk-cache key of :func:`cached_njit` callers.
+#: sha256 of this module's source, of :mod:`convgrad.casts` (whose rounding callers inline as
+#: they store) and of :mod:`convgrad.addresses`: part of the disk-cache key of :func:`cached_njit` callers.
 SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes() + (Path(__file__).parent / "tiles.py").read_bytes()
-                               + Path(casts.__file__).read_bytes()).hexdigest()
+                               + Path(casts.__file__).read_bytes() + Path(addresses.__file__).read_bytes()).hexdigest()
 
 
 def block_for(channels: int, width: int, rows: int | None = None,
@@ -524,8 +524,33 @@ def cached_njit(**options) -> Callable:
     return wrap
 
 
+def cached_cfunc(signature: types.Type) -> Callable:
+    """``numba.cfunc(signature, cache=True)``, its disk cache also keyed on :data:`SOURCE_DIGEST`
+    (as :func:`cached_njit`); compiled without a disk cache should numba's internals change."""
+    def wrap(fn: Callable) -> Any:
+        try:
+            from numba.core.ccallback import CFunc
+            compiled = CFunc(fn, signature, {}, {})
+            compiled.enable_caching()
+            cache_file = compiled._cache._cache_file
+            cache_file._source_stamp = (cache_file._source_stamp, SOURCE_DIGEST)
+        except (AttributeError, ImportError, TypeError):
+            return numba.cfunc(signature)(fn)
+        compiled.compile()
+        return compiled
+    return wrap
+
+
+def address_of(function: Any, signature: tuple) -> int:
+    """The address of numba function ``function`` compiled for ``signature`` (numba's calling
+    convention: :func:`call_at` calls it)."""
+    function.compile(signature)
+    compiled = function.overloads[signature]
+    return compiled.library.get_pointer_to_function(compiled.fndesc.mangled_name)
+
+
 @intrinsic
-def _call_at(typingctx, address, *args):
+def call_at(typingctx, address, *args):
     """``f(*args)`` of the numba-compiled function ``f`` at ``address`` (numba's calling
     convention, no result): 1 where ``f`` raised an exception, else 0."""
     argtypes = tuple(args)
@@ -545,7 +570,7 @@ def _each(address, items, *args):  # pragma: no cover - compiled
     function at ``address``: the number of items whose call raised."""
     failed = 0
     for item in numba.prange(items):
-        failed += _call_at(address, np.int64(item), *args)
+        failed += call_at(address, np.int64(item), *args)
     return failed
 
 
@@ -584,9 +609,7 @@ class parallel_items:  # noqa: N801 - used as a function: ``drive = parallel_ite
             signature = (types.int64, *(types.Array(numba.from_dtype(a.dtype), a.ndim, "C" if a.flags.c_contiguous
                                                     else "A") if a.__class__ is _NDARRAY else numba.typeof(a)
                                         for a in args))
-            self.body.compile(signature)
-            compiled = self.body.overloads[signature]
-            address = self.addresses[key] = compiled.library.get_pointer_to_function(compiled.fndesc.mangled_name)
+            address = self.addresses[key] = address_of(self.body, signature)
         failed = _EACH(address, items, *args)
         if failed:
             raise RuntimeError(f"{self.function.__qualname__}: {failed} of {items} items raised an exception in "
