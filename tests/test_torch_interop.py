@@ -316,6 +316,46 @@ def test_a_warm_call_goes_from_its_signature_to_the_engine(monkeypatch) -> None:
         assert str(info.value) == message
 
 
+def test_a_warm_small_call_runs_from_the_tensors_memory(monkeypatch) -> None:
+    """A repeated small f32 call of channels-last data and X-first weights without bias runs
+    the engine's compiled loops on the tensors' memory (``FastEngine.bind_at``), with the cold
+    call's bits, for Convolution and ConvTranspose (whose inputs' roles are y and w); not where
+    autograd records the call, a tensor is a negative view, a strategy is forced since (the
+    engine's state) or the memory budget is too small since (convgrad's error)."""
+    from convgrad.engines.fast import direct_flat
+
+    calls = []
+    run_at = direct_flat.run_at
+    monkeypatch.setattr(direct_flat, "run_at", lambda *args: calls.append(1) or run_at(*args))
+    rng = np.random.default_rng()
+    x = torch.from_numpy(rng.standard_normal((2, 6, 5, 3)).astype(np.float32))
+    for function, w in ((ct.convolution, torch.from_numpy(rng.standard_normal((3, 3, 3, 4)).astype(np.float32))),
+                        (ct.conv_transpose, torch.from_numpy(rng.standard_normal((3, 2, 4, 3)).astype(np.float32)))):
+        attrs = dict(pads_begin=[1, 0], pads_end=[0, 1])
+        ct._resolved.clear()
+        cold = function(x, w, **attrs)
+        numpy = (convgrad.convolution if function is ct.convolution else convgrad.conv_transpose)(x.numpy(), w.numpy(),
+                                                                                                  **attrs)
+        calls.clear()
+        torch.testing.assert_close(function(x, w, **attrs), cold, rtol=0, atol=0)
+        assert calls == [1]
+        np.testing.assert_array_equal(cold.numpy(), numpy)
+        calls.clear()
+        torch.testing.assert_close(function(torch._neg_view(x), w, **attrs), -cold, rtol=0, atol=0)
+        leaf = x.clone().requires_grad_()
+        torch.testing.assert_close(function(leaf, w, **attrs), cold, rtol=0, atol=0)
+        with convgrad.engines.fast.forced_strategy("gemm"):
+            forced = function(x, w, **attrs)
+        torch.testing.assert_close(forced, cold, rtol=1e-5, atol=1e-5)
+        assert calls == []
+        convgrad.set_memory_budget(16)
+        try:
+            with pytest.raises(convgrad.ResourceError):
+                function(x, w, **attrs)
+        finally:
+            convgrad.set_memory_budget(None)
+
+
 @pytest.mark.parametrize("warm_first", [False, True], ids=["cold", "after-a-plain-call"])
 def test_negative_views_are_read_as_their_values(warm_first: bool) -> None:
     """A tensor with PyTorch's negative bit (``torch._neg_view``: same memory, values negated)

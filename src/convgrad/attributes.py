@@ -186,16 +186,28 @@ def _scalar_key(value: Any) -> Any:
 
 
 _PLAIN = frozenset({int, str, type(None)})
+_PLAIN_OR_LIST = _PLAIN | {list}
 
 
 def attributes_key(attrs: Mapping[str, Any]) -> tuple[Any, ...] | None:
     """The (name, :func:`value_key`) pairs of ``attrs`` in the order given; ``None`` where a value
-    has no key. (Attributes all ints, strings or None, the common case: their names, types and
-    values as three tuples, without a pair per attribute.)"""
+    has no key. (Attributes all ints, strings, None or short lists of ints, the common case:
+    their names, types and values, lists as tuples, as three tuples, without a pair per
+    attribute; a list's type stays in the types, so [1, 2] and (1, 2) still differ.)"""
     values = tuple(attrs.values())
     types = tuple(map(type, values))
     if _PLAIN.issuperset(types):
         return tuple(attrs), types, values
+    if _PLAIN_OR_LIST.issuperset(types):             # and lists of ints (pads, strides): as tuples
+        plain = []
+        for value in values:
+            if type(value) is list:
+                if len(value) > MAX_NDIMS or not _INT.issuperset(map(type, value)):
+                    break
+                value = tuple(value)
+            plain.append(value)
+        else:
+            return tuple(attrs), types, tuple(plain)
     key = []
     for name, value in attrs.items():
         t = type(value)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,8 @@ from .attributes import attributes_key
 from .dtypes import DATA_DTYPES, as_array, bfloat16
 from .engines import get_engine
 from .errors import AttributeValueError, DTypeError, InputError, InputTypeError
-from .execution import Warm, execute
+from .execution import TASK_INPUTS, Warm, execute
+from .limits import check_memory, memory_budget
 from .memo import Memo
 from .op import Op
 from .opdefs import OPS, AttrSpec, OpDef
@@ -256,18 +257,56 @@ def _run(kind: str, tensors: Sequence[torch.Tensor | None], attrs: Mapping[str, 
         return _REGISTERED[kind](*tensors, **attrs)
     problem, arrays, warm = (op or interop.op_for(kind, attrs)).resolve(*_arrays(kind, tensors))
     if signature is not None and warm is not None:
-        _resolved.put(signature, (problem, tuple(zip([i for i, t in enumerate(tensors) if t is not None], arrays)),
-                                  warm))
+        roles = tuple(zip([i for i, t in enumerate(tensors) if t is not None], arrays))
+        _resolved.put(signature, (problem, roles, warm, _direct(problem, roles, tensors, warm)))
     return _eagerly(problem, arrays, warm, tensors)
+
+
+def _direct(problem: Problem, roles: tuple[tuple[int, str], ...], tensors: Sequence[torch.Tensor | None],
+            warm: Warm) -> Callable[[Sequence[torch.Tensor]], torch.Tensor | None] | None:
+    """A repeated call's run straight from the tensors' memory, where the engine binds one
+    (:meth:`FastEngine.bind_at`: a small f32 problem on serial loops) and the inputs and result
+    are canonical as given (C-contiguous channels-last data and X-first weights, no bias):
+    ``run(tensors)``, None where the engine's state or the memory budget changed since, or a
+    tensor is a negative view (the caller then takes the general path); else None."""
+    if problem.data_format != "NXC" or problem.weights_format[0] != "X" or problem.has_bias or len(roles) != 2 \
+            or any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in tensors):
+        return None
+    engine = get_engine(None)
+    bind_at = getattr(engine, "bind_at", None)
+    run = bind_at(problem.geometry, problem.task, problem.dtype) if bind_at is not None else None
+    if run is None:
+        return None
+    state = engine.state()
+    check_memory(problem, engine, warm.estimates)
+    needed = sum(warm.estimates.get((engine, state)) or (0,))
+    first, second = (dict((role, i) for i, role in roles)[role] for role in TASK_INPUTS[problem.task])
+    shape = problem.output_shape
+
+    def direct(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+        a, b = tensors[first], tensors[second]
+        if engine.state() != state or needed > memory_budget() or a.is_neg() or b.is_neg():
+            return None                                  # (a negative view's memory is not its values)
+        out = torch.empty(shape)
+        run(a.data_ptr(), b.data_ptr(), out.data_ptr())
+        return out
+    return direct
+
+
+def _wants_gradient(tensors: Sequence[torch.Tensor | None]) -> bool:
+    """Whether autograd records a call on ``tensors``."""
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                return True
+    return False
 
 
 def _eagerly(problem: Problem, arrays: dict[str, np.ndarray], warm: Warm | None,
              tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
     """A resolved problem on the tensors' views: through :class:`_Eager` where a gradient is wanted."""
-    if torch.is_grad_enabled():
-        for t in tensors:
-            if t is not None and t.requires_grad:
-                return _eager_apply(problem, arrays, warm, *tensors)
+    if _wants_gradient(tensors):
+        return _eager_apply(problem, arrays, warm, *tensors)
     return _compute(problem, arrays, warm)
 
 
@@ -301,8 +340,10 @@ def _view(tensor: torch.Tensor) -> np.ndarray:
 
 
 #: Eager calls' resolutions by :func:`_signature`: (problem, (tensor index, role) of each input,
-#: what its repeated calls keep). A warm call goes from its signature to the engine's bound run.
-_resolved: Memo[tuple[Any, ...], tuple[Problem, tuple[tuple[int, str], ...], Warm]] = Memo(512)
+#: what its repeated calls keep, the run from the tensors' memory where there is one:
+#: :func:`_direct`). A warm call goes from its signature to the engine's bound run.
+_resolved: Memo[tuple[Any, ...], tuple[Problem, tuple[tuple[int, str], ...], Warm,
+                                       Callable[[Sequence[torch.Tensor]], torch.Tensor | None] | None]] = Memo(512)
 
 
 def _compute(problem: Problem, arrays: dict[str, np.ndarray], warm: Warm | None = None,
@@ -334,7 +375,11 @@ def _call(kind: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> torch.T
     signature = None if compiling else _signature(kind, tensors, attrs)
     hit = _resolved.get(signature) if signature is not None else None
     if hit is not None and forward_ad._current_level < 0 and _eager(tensors, False):  # a call resolved before
-        problem, roles, warm = hit
+        problem, roles, warm, direct = hit
+        if direct is not None and not _wants_gradient(tensors):
+            result = direct(tensors)
+            if result is not None:
+                return result
         return _eagerly(problem, {role: _view(tensors[i]) for i, role in roles}, warm, tensors)
     plain, op = interop.attributes_and_op(kind, attrs, getattr(tensors[0], "ndim", 2) - 2,  # ConvgradError if bad
                                           remember=not compiling)

@@ -81,17 +81,40 @@ class FastEngine:
         return FastEngine._serial(hit, g, task, dtype, out_dtype) if hit is not None and direct.serial(hit[1]) else None
 
     @staticmethod
-    def at_params(g: ConvGeometry, task: str, dtype: np.dtype) -> np.ndarray | None:
-        """:func:`.direct_flat.run_at`'s parameters where ``task`` on ``g`` (f32, one group,
-        canonical inputs of channels-last data) runs, by the plan now, on the serial ``flat``
-        loops: the call as a compiled function of the inputs' and result's addresses (an XLA
-        custom call without Python, :mod:`convgrad.jax`); else None."""
+    def _at(g: ConvGeometry, task: str, dtype: np.dtype) -> tuple[Features, np.ndarray] | None:
         if dtype != np.float32 or g.groups != 1 or not g.n:
             return None
-        plan = planned(g, task, np.dtype(np.float32), False)[1]
+        f, plan, _ = planned(g, task, np.dtype(np.float32), False)
         if not direct.serial(plan) or plan.param("loops") != "flat":
             return None
-        return direct_flat.at_params(g, task, direct.loop_shapes(g)[:3])
+        params = direct_flat.at_params(g, task, direct.loop_shapes(g)[:3])
+        return (f, params) if params is not None else None
+
+    @staticmethod
+    def at_params(g: ConvGeometry, task: str, dtype: np.dtype) -> np.ndarray | None:
+        """:func:`.direct_flat.run_at`'s parameters where ``task`` on ``g`` (f32, one group,
+        canonical C-contiguous inputs of channels-last data) runs, by the plan now, on the serial
+        ``flat`` loops: the call as a compiled function of the inputs' and result's addresses (an
+        XLA custom call without Python, :mod:`convgrad.jax`); else None."""
+        at = FastEngine._at(g, task, dtype)
+        return at[1] if at is not None else None
+
+    @staticmethod
+    def bind_at(g: ConvGeometry, task: str, dtype: np.dtype) -> Callable[[int, int, int], None] | None:
+        """:meth:`at_params`' run as ``run(a, b, out)`` on the addresses of the two canonical
+        inputs and the result (f32, C-contiguous; :mod:`convgrad.torch`'s repeated small calls);
+        the caller keys it by :func:`.plan.context`."""
+        at = FastEngine._at(g, task, dtype)
+        if at is None:
+            return None
+        f, params = at
+        address = params.ctypes.data
+
+        def run(a: int, b: int, out: int) -> None:
+            direct_flat.run_at(a, b, out, address)
+            tune.ran(f)
+        run.params = params  # type: ignore[attr-defined]  # the memory at ``address``, alive as long as ``run``
+        return run
 
     @staticmethod
     def _serial(hit: tuple[Features, Plan, int], g: ConvGeometry, task: str, dtype: np.dtype,
