@@ -7,7 +7,10 @@ array. Each is a ``jax.custom_vjp`` whose primal runs convgrad on the host as an
 ``jax.jit`` and ``jax.grad``; the VJP (:mod:`convgrad.adjoints`) is made of the same
 differentiable ops, so gradients of gradients work too. ``jax.vmap`` runs the custom call once per
 batch element (``vmap_method="sequential"``). Data: f32, bf16, f16, and f64 where JAX has x64
-enabled; attributes are static (Python values), not traced.
+enabled; attributes are static (Python values), not traced. A small f32 call whose inputs and
+result are canonical as given runs the engine's compiled loops from a compiled custom call
+(:func:`convgrad.xla_ffi.kernel_target`: no Python at run time), its plan and memory guard
+those of the trace.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""A host function as an XLA custom call of the typed FFI, for :mod:`convgrad.jax` under ``jax.jit``.
+"""Host functions and compiled kernels as XLA custom calls of the typed FFI, for :mod:`convgrad.jax`.
+
+``kernel_target()`` is one target whose handler is compiled (a numba ``cfunc``): it calls the
+numba function whose address leads its int32 parameter operand on the addresses of the call's
+buffers (:func:`kernel_params`), no Python at run time.
 
 ``host_target(host)`` registers a handler (a ctypes callback; XLA's C structs from
 ``xla/ffi/api/c_api.h``, FFI API 0.1) that views the call's buffers as NumPy arrays, runs
