@@ -18,7 +18,7 @@ from .memo import Memo
 from .problem import ConvGeometry, Problem
 from .tensor_ops import TensorProblem, run_tensor_problem
 
-__all__ = ["TASK_INPUTS", "Warm", "execute", "execute_canonical", "round_result", "finish"]
+__all__ = ["TASK_INPUTS", "Warm", "canonical_as_given", "execute", "execute_canonical", "round_result", "finish"]
 
 #: Entries of each of a :class:`Warm`'s memos (engines and engine states).
 WARM_ENTRIES = 64
@@ -35,6 +35,12 @@ class Warm:
     estimates: Memo[tuple[Any, ...], tuple[int, int]] = field(default_factory=lambda: Memo(WARM_ENTRIES))
     runs: Memo[tuple[Any, ...], Callable[[dict[str, np.ndarray]], np.ndarray]] = \
         field(default_factory=lambda: Memo(WARM_ENTRIES))
+
+
+def canonical_as_given(problem: Problem) -> bool:
+    """Whether ``problem``'s inputs and result are the engine's canonical arrays as given:
+    channels-last data, X-first weights, no bias (what the engines' compiled entries take)."""
+    return problem.data_format == "NXC" and problem.weights_format[0] == "X" and not problem.has_bias
 
 
 def execute(problem: Problem | TensorProblem, arrays: dict[str, np.ndarray], engine: Engine,

@@ -34,7 +34,7 @@ from . import adjoints, interop
 from .engines import get_engine
 from .engines.fast import direct_flat
 from .errors import InputTypeError
-from .execution import TASK_INPUTS, execute
+from .execution import TASK_INPUTS, canonical_as_given, execute
 from .limits import check_memory
 from .opdefs import OPS
 from .problem import Problem
@@ -108,7 +108,7 @@ def _compiled(p: Problem, arrays: Sequence[Any], roles: Sequence[str]) -> tuple[
     (:meth:`FastEngine.at_params`: a small f32 problem on serial loops) and its inputs and result
     are canonical as given (channels-last data, X-first weights, no bias, no shape input); else
     None. The plan and the memory guard are the trace's: a ResourceError is raised now."""
-    if p.data_format != "NXC" or p.weights_format[0] != "X" or p.has_bias or len(arrays) != 2:
+    if not canonical_as_given(p) or len(arrays) != 2:
         return None
     engine = get_engine(None)
     at_params = getattr(engine, "at_params", None)

@@ -37,7 +37,7 @@ from .attributes import attributes_key
 from .dtypes import DATA_DTYPES, as_array, bfloat16
 from .engines import get_engine
 from .errors import AttributeValueError, DTypeError, InputError, InputTypeError
-from .execution import TASK_INPUTS, Warm, execute
+from .execution import TASK_INPUTS, Warm, canonical_as_given, execute
 from .limits import check_memory, memory_budget
 from .memo import Memo
 from .op import Op
@@ -269,7 +269,7 @@ def _direct(problem: Problem, roles: tuple[tuple[int, str], ...], tensors: Seque
     are canonical as given (C-contiguous channels-last data and X-first weights, no bias):
     ``run(tensors)``, None where the engine's state or the memory budget changed since, or a
     tensor is a negative view (the caller then takes the general path); else None."""
-    if problem.data_format != "NXC" or problem.weights_format[0] != "X" or problem.has_bias or len(roles) != 2 \
+    if not canonical_as_given(problem) or len(roles) != 2 \
             or any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in tensors):
         return None
     engine = get_engine(None)

@@ -387,6 +387,14 @@ def prefetch(typingctx, arr, index):
     return types.void(arr, types.int64), codegen
 
 
+def _width(value: ir.Value, intrinsic_name: str) -> int:
+    """The vector width an intrinsic was given (a constant: one of :data:`WIDTHS`)."""
+    w = _constant(value, "width")
+    if w not in WIDTHS:
+        raise errors.NumbaValueError(f"microkernel.{intrinsic_name}: width {w}, expected one of {WIDTHS}")
+    return w
+
+
 @intrinsic
 def transpose32(typingctx, width, src, soff, sld, dst, doff, dld):
     """A ``width`` x ``width`` transpose of 32-bit units (``width`` a constant: 8 or 16): unit
@@ -398,9 +406,7 @@ def transpose32(typingctx, width, src, soff, sld, dst, doff, dld):
         raise errors.TypingError("microkernel.transpose32: src and dst must be arrays")
 
     def codegen(context, builder, signature, argv):
-        w = _constant(argv[0], "width")
-        if w not in WIDTHS:
-            raise errors.NumbaValueError(f"microkernel.transpose32: width {w}, expected one of {WIDTHS}")
+        w = _width(argv[0], "transpose32")
         i32, i64 = ir.IntType(32), ir.IntType(64)
         vec = ir.VectorType(i32, w)
 
@@ -437,9 +443,7 @@ def copy32(typingctx, width, src, soff, dst, doff):
         raise errors.TypingError("microkernel.copy32: src and dst must be arrays")
 
     def codegen(context, builder, signature, argv):
-        w = _constant(argv[0], "width")
-        if w not in WIDTHS:
-            raise errors.NumbaValueError(f"microkernel.copy32: width {w}, expected one of {WIDTHS}")
+        w = _width(argv[0], "copy32")
         vec = ir.VectorType(ir.IntType(32), w)
         value = builder.load(_address(context, builder, signature.args[1], argv[1], argv[2], vec), align=1)
         builder.store(value, _address(context, builder, signature.args[3], argv[3], argv[4], vec), align=1)
@@ -459,9 +463,7 @@ def pairs32(typingctx, width, src, first, second, dst, doff):
         raise errors.TypingError("microkernel.pairs32: src and dst must be arrays")
 
     def codegen(context, builder, signature, argv):
-        w = _constant(argv[0], "width")
-        if w not in WIDTHS:
-            raise errors.NumbaValueError(f"microkernel.pairs32: width {w}, expected one of {WIDTHS}")
+        w = _width(argv[0], "pairs32")
         half, unit = ir.VectorType(ir.IntType(16), w), ir.VectorType(ir.IntType(32), w)
         lo, hi = (builder.zext(builder.load(_address(context, builder, signature.args[1], argv[1], argv[j], half),
                                             align=1), unit) for j in (2, 3))
