@@ -155,6 +155,34 @@ def test_small_f32_calls_run_compiled_under_jit(kind, size, kernel, attrs) -> No
                                         ).lower(x, w).as_text()              # a bias: the host target
 
 
+def test_a_compiled_kernel_that_raises_is_the_calls_error() -> None:
+    """The compiled target's kernel reports an exception (an allocation that failed) as the
+    call's RESOURCE_EXHAUSTED error; the next call of a kernel that does not raise runs."""
+    import numba
+
+    from convgrad import xla_ffi
+
+    @numba.njit
+    def raising(a, b, out, params):  # pragma: no cover - compiled
+        raise MemoryError("no frames")
+
+    @numba.njit
+    def copying(a, b, out, params):  # pragma: no cover - compiled
+        src = numba.carray(convgrad.addresses.f32_at(a), 4)
+        dst = numba.carray(convgrad.addresses.f32_at(out), 4)
+        dst[:] = src[::-1]
+
+    def call(kernel):
+        params = jnp.asarray(xla_ffi.kernel_params(kernel, np.zeros(1, np.int32)))
+        out = jax.ShapeDtypeStruct((4,), jnp.float32)
+        return jax.jit(lambda a: jax.ffi.ffi_call(xla_ffi.kernel_target(), out)(a, a, params))
+
+    a = jnp.arange(4, dtype=jnp.float32)
+    with pytest.raises((ValueError, RuntimeError), match="RESOURCE_EXHAUSTED: ResourceError: convgrad's compiled"):
+        call(raising)(a).block_until_ready()
+    np.testing.assert_array_equal(np.asarray(call(copying)(a)), [3, 2, 1, 0])
+
+
 def test_compiled_calls_check_memory_when_traced() -> None:
     """A compiled small call runs the memory guard when it is traced: a budget too small is
     convgrad's ResourceError there, naming the tensor."""

@@ -2,7 +2,8 @@
 
 ``load64(address)`` / ``load32(address)`` read an int64 / int32 at a byte address,
 ``store64`` / ``store32`` write one, ``f32_at(address)`` / ``i32_at(address)`` are float32 /
-int32 pointers for ``numba.carray``, ``null()`` a NULL ``void*``. Addresses are int64; nothing checks them (the
+int32 pointers for ``numba.carray``, ``void_at(address)`` a ``void*``, ``call_c(f, a)`` calls
+the C function ``void* f(void*)`` at address ``f``. Addresses are int64; nothing checks them (the
 caller's structures say where things are).
 """
 
@@ -12,7 +13,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["load64", "load32", "store64", "store32", "f32_at", "i32_at", "null"]
+__all__ = ["load64", "load32", "store64", "store32", "f32_at", "i32_at", "void_at", "call_c"]
 
 _I64, _I32 = ir.IntType(64), ir.IntType(32)
 
@@ -52,8 +53,19 @@ f32_at, i32_at = _pointer(ir.FloatType(), types.float32), _pointer(_I32, types.i
 
 
 @intrinsic
-def null(typingctx):
-    """A NULL ``void*`` (a C function's "no error")."""
+def void_at(typingctx, address):
+    """``address`` as a ``void*`` (0: NULL, a C function's "no error")."""
     def codegen(context, builder, signature, argv):
-        return ir.Constant(ir.IntType(8).as_pointer(), None)
-    return types.voidptr(), codegen
+        return builder.inttoptr(argv[0], ir.IntType(8).as_pointer())
+    return types.voidptr(types.int64), codegen
+
+
+@intrinsic
+def call_c(typingctx, function, argument):
+    """The C function ``void* f(void*)`` at address ``function`` called on address
+    ``argument``: its result as an address."""
+    def codegen(context, builder, signature, argv):
+        pointer = ir.IntType(8).as_pointer()
+        called = builder.inttoptr(argv[0], ir.FunctionType(pointer, [pointer]).as_pointer())
+        return builder.ptrtoint(builder.call(called, [builder.inttoptr(argv[1], pointer)]), _I64)
+    return types.int64(types.int64, types.int64), codegen

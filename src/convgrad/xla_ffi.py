@@ -144,12 +144,18 @@ _MAJOR = _Metadata.api_version.offset + _Version.major.offset
 _MINOR = _Metadata.api_version.offset + _Version.minor.offset
 _VERSION, _VERSION_SIZE, _TRAITS = _Metadata.api_version.offset, C.sizeof(_Version), _Metadata.traits.offset
 _DATA = _Buffer.data.offset
+_API, _ERROR_CREATE = _CallFrame.api.offset, _Api.error_create.offset
+#: The error of a :func:`kernel_target` call whose kernel raised (numba raises only MemoryError
+#: there: the loops' frames), made once; its address travels in the parameters.
+_FAILED = _ErrorArgs(C.sizeof(_ErrorArgs), None, b"ResourceError: convgrad's compiled loops could not allocate "
+                     b"their frames (out of memory)", _RESOURCE_EXHAUSTED)
 
 
 def _kernel_handler(frame):  # pragma: no cover - compiled (kernel_target)
     """XLA_FFI_Error* handler(XLA_FFI_CallFrame* frame) of :func:`kernel_target` (a pointer is
     an int64): the version where XLA asks for it, else the kernel named by the parameters' first
-    two int32 values called on the addresses of the call's buffers."""
+    two int32 values called on the addresses of the call's buffers; where it raised, the error
+    whose arguments the next two name."""
     ext = addresses.load64(frame + _EXTENSION)
     if ext != 0 and addresses.load32(ext + _EXT_TYPE) == _METADATA:
         meta = addresses.load64(ext + _META)
@@ -158,14 +164,18 @@ def _kernel_handler(frame):  # pragma: no cover - compiled (kernel_target)
         addresses.store32(meta + _MAJOR, 0)
         addresses.store32(meta + _MINOR, 1)
         addresses.store32(meta + _TRAITS, 0)
-        return addresses.null()
+        return addresses.void_at(0)
     args, rets = addresses.load64(frame + _ARGS), addresses.load64(frame + _RETS)
     params = addresses.load64(addresses.load64(args + 16) + _DATA)
     kernel = (addresses.load32(params) & 0xFFFFFFFF) | (addresses.load32(params + 4) << 32)
-    microkernel.call_at(kernel, addresses.load64(addresses.load64(args) + _DATA),
-                        addresses.load64(addresses.load64(args + 8) + _DATA),
-                        addresses.load64(addresses.load64(rets) + _DATA), params + 8)
-    return addresses.null()
+    failed = microkernel.call_at(kernel, addresses.load64(addresses.load64(args) + _DATA),
+                                 addresses.load64(addresses.load64(args + 8) + _DATA),
+                                 addresses.load64(addresses.load64(rets) + _DATA), params + 16)
+    if failed:
+        error = (addresses.load32(params + 8) & 0xFFFFFFFF) | (addresses.load32(params + 12) << 32)
+        return addresses.void_at(addresses.call_c(addresses.load64(addresses.load64(frame + _API) + _ERROR_CREATE),
+                                                  error))
+    return addresses.void_at(0)
 
 
 @functools.cache
@@ -184,10 +194,10 @@ def kernel_target() -> str:
 
 def kernel_params(kernel: Any, params: np.ndarray) -> np.ndarray:
     """The parameter operand of :func:`kernel_target` for numba function ``kernel`` (compiled for
-    four int64 addresses) and its int32 ``params``: the kernel's address as two int32 values,
-    then ``params``."""
-    address = microkernel.address_of(kernel, (types.int64,) * 4)
-    return np.concatenate([np.array([address], np.int64).view(np.int32), params.astype(np.int32)])
+    four int64 addresses) and its int32 ``params``: the kernel's address and its error's
+    (:data:`_FAILED`) as two int32 values each, then ``params``."""
+    pointers = [microkernel.address_of(kernel, (types.int64,) * 4), C.addressof(_FAILED)]
+    return np.concatenate([np.array(pointers, np.int64).view(np.int32), params.astype(np.int32)])
 
 
 def host_target(host: Callable[..., np.ndarray], label: str = "host") -> str:
