@@ -214,6 +214,11 @@ def test_backward_computes_only_the_gradients_asked_for(transposed: bool, monkey
         run = _bind(g, task, *args)
         return None if run is None else lambda a, b: tasks.append(task) or run(a, b)
     monkeypatch.setattr(engine, "bind", bind)
+
+    def bind_at(g, task, *args, _bind_at=engine.bind_at):  # a repeated small call's run from memory
+        run = _bind_at(g, task, *args)
+        return None if run is None else lambda a, b, out: tasks.append(task) or run(a, b, out)
+    monkeypatch.setattr(engine, "bind_at", bind_at)
     interop._cached_op.cache_clear()  # fresh ops: no run bound before (by earlier tests) goes uncounted
     interop._plain.clear()
     ct._plans.clear()
@@ -348,6 +353,23 @@ def test_a_warm_small_call_runs_from_the_tensors_memory(monkeypatch) -> None:
             forced = function(x, w, **attrs)
         torch.testing.assert_close(forced, cold, rtol=1e-5, atol=1e-5)
         assert calls == []
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        grads = []
+        for _ in range(2):                                # the second backward's gradients from memory
+            xg.grad = wg.grad = None
+            calls.clear()
+            (function(xg, wg, **attrs) * cold).sum().backward()   # dy = cold: contiguous
+            grads.append((xg.grad, wg.grad))
+        assert calls == [1, 1]
+        backward = (convgrad.convolution_backward_data, convgrad.convolution_backward_weights) \
+            if function is ct.convolution else (convgrad.conv_transpose_backward_data, convgrad.conv_transpose_backward_weights)
+        want_dx = backward[0](cold.numpy(), w.numpy(), **({"dst_shape": list(x.shape)} if function is ct.convolution else {}),
+                              **attrs)
+        want_dw = backward[1](x.numpy(), cold.numpy(), list(w.shape), **attrs)
+        for dx, dw in grads:
+            np.testing.assert_array_equal(dx.numpy(), want_dx)
+            np.testing.assert_array_equal(dw.numpy(), want_dw)
+        calls.clear()
         convgrad.set_memory_budget(16)
         try:
             with pytest.raises(convgrad.ResourceError):

@@ -167,13 +167,22 @@ def _gradients(problem: Problem, saved: Sequence[torch.Tensor | None], grad: tor
     if hit is None or hit[0] is not problem:
         plan = adjoints.steps(problem, [None if v is None else v.shape for v in views])
         ops = {s.kind: interop.op_for(s.kind, s.attrs) for s in plan if isinstance(s, adjoints.Step)}
-        hit = _plans.put(id(problem), (problem, plan, ops))
-    _, plan, ops = hit
+        hit = _plans.put(id(problem), (problem, plan, ops, {}))
+    _, plan, ops, runs = hit
 
     engine = get_engine(None)
 
     def direct(step: adjoints.Step, *arrays: np.ndarray) -> torch.Tensor:
-        return _compute(*ops[step.kind].resolve(*arrays), engine)
+        run = runs.get(step.kind)
+        if run is not None:                          # from memory (a broadcast gradient made contiguous)
+            a, b = np.ascontiguousarray(arrays[run[0]]), np.ascontiguousarray(arrays[run[1]])
+            result = run[2](a.ctypes.data, b.ctypes.data) if a.dtype == b.dtype == np.float32 else None
+            if result is not None:
+                return result
+        resolved = ops[step.kind].resolve(*arrays)
+        if step.kind not in runs and resolved[2] is not None:
+            runs[step.kind] = _direct(resolved[0], list(resolved[1]), resolved[2])
+        return _compute(*resolved, engine)
 
     with getattr(engine, "scope", contextlib.nullcontext)():
         return tuple(adjoints.vjp(problem, views, to_numpy(grad), needs, direct,
@@ -182,8 +191,9 @@ def _gradients(problem: Problem, saved: Sequence[torch.Tensor | None], grad: tor
 
 #: Per problem of an eager forward (by identity: the warm path gives one problem object per
 #: signature, and an entry holds its problem, so the id is not reused meanwhile): its gradients'
-#: steps and their ops (:func:`_gradients`).
-_plans: Memo[int, tuple[Problem, list[adjoints.Step | str | None], dict[str, Op]]] = Memo(512)
+#: steps, their ops and their runs from memory (:func:`_gradients`, :func:`_direct`).
+_plans: Memo[int, tuple[Problem, list[adjoints.Step | str | None], dict[str, Op], dict[str, "_Direct | None"]]] = \
+    Memo(512)
 
 
 def _sum(grad: torch.Tensor, axes: tuple[int, ...]) -> torch.Tensor:
@@ -258,19 +268,20 @@ def _run(kind: str, tensors: Sequence[torch.Tensor | None], attrs: Mapping[str, 
     problem, arrays, warm = (op or interop.op_for(kind, attrs)).resolve(*_arrays(kind, tensors))
     if signature is not None and warm is not None:
         roles = tuple(zip([i for i, t in enumerate(tensors) if t is not None], arrays))
-        _resolved.put(signature, (problem, roles, warm, _direct(problem, roles, tensors, warm)))
+        plain = all(t is None or t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
+        _resolved.put(signature, (problem, roles, warm, _direct(problem, [r for _, r in roles], warm) if plain else None))
     return _eagerly(problem, arrays, warm, tensors)
 
 
-def _direct(problem: Problem, roles: tuple[tuple[int, str], ...], tensors: Sequence[torch.Tensor | None],
-            warm: Warm) -> Callable[[Sequence[torch.Tensor]], torch.Tensor | None] | None:
-    """A repeated call's run straight from the tensors' memory, where the engine binds one
+def _direct(problem: Problem, roles: Sequence[str], warm: Warm) -> _Direct | None:
+    """A repeated call's run from its inputs' memory, where the engine binds one
     (:meth:`FastEngine.bind_at`: a small f32 problem on serial loops) and the inputs and result
-    are canonical as given (C-contiguous channels-last data and X-first weights, no bias):
-    ``run(tensors)``, None where the engine's state or the memory budget changed since, or a
-    tensor is a negative view (the caller then takes the general path); else None."""
-    if not canonical_as_given(problem) or len(roles) != 2 \
-            or any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in tensors):
+    are canonical as given (channels-last data, X-first weights, no bias; ``roles``: the call's
+    data inputs' roles, in order): (the positions of the engine's two inputs among them,
+    ``run(a, b)`` on their addresses (C-contiguous f32) giving the result, or None where the
+    engine's state or the memory budget changed since: the caller then takes the general path);
+    else None."""
+    if not canonical_as_given(problem) or len(roles) != 2:
         return None
     engine = get_engine(None)
     bind_at = getattr(engine, "bind_at", None)
@@ -280,17 +291,29 @@ def _direct(problem: Problem, roles: tuple[tuple[int, str], ...], tensors: Seque
     state = engine.state()
     check_memory(problem, engine, warm.estimates)
     needed = sum(warm.estimates.get((engine, state)) or (0,))
-    first, second = (dict((role, i) for i, role in roles)[role] for role in TASK_INPUTS[problem.task])
     shape = problem.output_shape
 
-    def direct(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
-        a, b = tensors[first], tensors[second]
-        if engine.state() != state or needed > memory_budget() or a.is_neg() or b.is_neg():
-            return None                                  # (a negative view's memory is not its values)
+    def direct(a: int, b: int) -> torch.Tensor | None:
+        if engine.state() != state or needed > memory_budget():
+            return None
         out = torch.empty(shape)
-        run(a.data_ptr(), b.data_ptr(), out.data_ptr())
+        run(a, b, out.data_ptr())
         return out
-    return direct
+    first, second = (list(roles).index(role) for role in TASK_INPUTS[problem.task])
+    return first, second, direct
+
+
+#: :func:`_direct`'s result: the engine's two inputs' positions and the run on their addresses.
+_Direct = tuple[int, int, Callable[[int, int], "torch.Tensor | None"]]
+
+
+def _from_memory(direct: _Direct, tensors: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    """:func:`_direct`'s run on the present tensors (the signature made them C-contiguous f32
+    when it was made), None where it declines or a tensor is a negative view (its memory is not
+    its values)."""
+    present = [t for t in tensors if t is not None]
+    a, b = present[direct[0]], present[direct[1]]
+    return None if a.is_neg() or b.is_neg() else direct[2](a.data_ptr(), b.data_ptr())
 
 
 def _wants_gradient(tensors: Sequence[torch.Tensor | None]) -> bool:
@@ -342,8 +365,7 @@ def _view(tensor: torch.Tensor) -> np.ndarray:
 #: Eager calls' resolutions by :func:`_signature`: (problem, (tensor index, role) of each input,
 #: what its repeated calls keep, the run from the tensors' memory where there is one:
 #: :func:`_direct`). A warm call goes from its signature to the engine's bound run.
-_resolved: Memo[tuple[Any, ...], tuple[Problem, tuple[tuple[int, str], ...], Warm,
-                                       Callable[[Sequence[torch.Tensor]], torch.Tensor | None] | None]] = Memo(512)
+_resolved: Memo[tuple[Any, ...], tuple[Problem, tuple[tuple[int, str], ...], Warm, "_Direct | None"]] = Memo(512)
 
 
 def _compute(problem: Problem, arrays: dict[str, np.ndarray], warm: Warm | None = None,
@@ -377,7 +399,7 @@ def _call(kind: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> torch.T
     if hit is not None and forward_ad._current_level < 0 and _eager(tensors, False):  # a call resolved before
         problem, roles, warm, direct = hit
         if direct is not None and not _wants_gradient(tensors):
-            result = direct(tensors)
+            result = _from_memory(direct, tensors)
             if result is not None:
                 return result
         return _eagerly(problem, {role: _view(tensors[i]) for i, role in roles}, warm, tensors)
