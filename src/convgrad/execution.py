@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 
 from .dtypes import round_to
-from .engines import Engine
+from .engines import Engine, get_engine
 from .layout import channels_first, data_from_canonical, data_to_canonical, weights_in_format, weights_to_canonical
 from .limits import check_memory, memory_budget
 from .memo import Memo
 from .problem import ConvGeometry, Problem
 from .tensor_ops import TensorProblem, run_tensor_problem
 
-__all__ = ["TASK_INPUTS", "Warm", "canonical_as_given", "execute", "execute_canonical", "round_result", "finish"]
+__all__ = ["TASK_INPUTS", "Warm", "compiled_entry", "execute", "execute_canonical", "round_result", "finish"]
 
 #: Entries of each of a :class:`Warm`'s memos (engines and engine states).
 WARM_ENTRIES = 64
@@ -37,10 +37,17 @@ class Warm:
         field(default_factory=lambda: Memo(WARM_ENTRIES))
 
 
-def canonical_as_given(problem: Problem) -> bool:
-    """Whether ``problem``'s inputs and result are the engine's canonical arrays as given:
-    channels-last data, X-first weights, no bias (what the engines' compiled entries take)."""
-    return problem.data_format == "NXC" and problem.weights_format[0] == "X" and not problem.has_bias
+def compiled_entry(problem: Problem, name: str) -> tuple[Engine, Any] | None:
+    """(the default engine, its compiled entry ``name`` for ``problem``: ``at_params``, the
+    parameters of a run on addresses; ``bind_at``, that run) where the problem's inputs and
+    result are the engine's canonical arrays as given (channels-last data, X-first weights, no
+    bias; two inputs) and the engine has such an entry for it; else None."""
+    if problem.data_format != "NXC" or problem.weights_format[0] != "X" or problem.has_bias:
+        return None
+    engine = get_engine(None)
+    entry = getattr(engine, name, None)
+    value = entry(problem.geometry, problem.task, problem.dtype) if entry is not None else None
+    return None if value is None else (engine, value)
 
 
 def execute(problem: Problem | TensorProblem, arrays: dict[str, np.ndarray], engine: Engine,

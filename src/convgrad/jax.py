@@ -34,7 +34,7 @@ from . import adjoints, interop
 from .engines import get_engine
 from .engines.fast import direct_flat
 from .errors import InputTypeError
-from .execution import TASK_INPUTS, canonical_as_given, execute
+from .execution import TASK_INPUTS, compiled_entry, execute
 from .limits import check_memory
 from .opdefs import OPS
 from .problem import Problem
@@ -108,13 +108,10 @@ def _compiled(p: Problem, arrays: Sequence[Any], roles: Sequence[str]) -> tuple[
     (:meth:`FastEngine.at_params`: a small f32 problem on serial loops) and its inputs and result
     are canonical as given (channels-last data, X-first weights, no bias, no shape input); else
     None. The plan and the memory guard are the trace's: a ResourceError is raised now."""
-    if not canonical_as_given(p) or len(arrays) != 2:
+    entry = compiled_entry(p, "at_params") if len(arrays) == 2 else None
+    if entry is None:
         return None
-    engine = get_engine(None)
-    at_params = getattr(engine, "at_params", None)
-    params = at_params(p.geometry, p.task, p.dtype) if at_params is not None else None
-    if params is None:
-        return None
+    engine, params = entry
     order = tuple(roles.index(role) for role in TASK_INPUTS[p.task])
     if [math.prod(arrays[i].shape) for i in order] != [math.prod(params[1 + 6 * j:7 + 6 * j]) for j in range(2)]:
         return None          # the loops' views must cover the buffers exactly (never read past one)

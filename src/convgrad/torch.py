@@ -37,7 +37,7 @@ from .attributes import attributes_key
 from .dtypes import DATA_DTYPES, as_array, bfloat16
 from .engines import get_engine
 from .errors import AttributeValueError, DTypeError, InputError, InputTypeError
-from .execution import TASK_INPUTS, Warm, canonical_as_given, execute
+from .execution import TASK_INPUTS, Warm, compiled_entry, execute
 from .limits import check_memory, memory_budget
 from .memo import Memo
 from .op import Op
@@ -281,13 +281,10 @@ def _direct(problem: Problem, roles: Sequence[str], warm: Warm) -> _Direct | Non
     ``run(a, b)`` on their addresses (C-contiguous f32) giving the result, or None where the
     engine's state or the memory budget changed since: the caller then takes the general path);
     else None."""
-    if not canonical_as_given(problem) or len(roles) != 2:
+    entry = compiled_entry(problem, "bind_at") if len(roles) == 2 else None
+    if entry is None:
         return None
-    engine = get_engine(None)
-    bind_at = getattr(engine, "bind_at", None)
-    run = bind_at(problem.geometry, problem.task, problem.dtype) if bind_at is not None else None
-    if run is None:
-        return None
+    engine, run = entry
     state = engine.state()
     check_memory(problem, engine, warm.estimates)
     needed = sum(warm.estimates.get((engine, state)) or (0,))
