@@ -14,8 +14,8 @@ Pairs (convgrad | PyTorch):
 - ``convgrad.jax.convolution`` under ``jax.jit`` (forward, and value-and-grad) | ``F.conv2d``
   forward, forward + backward; and the same beside JAX's own ``jax.lax.conv_general_dilated``
   under ``jax.jit`` (XLA's CPU convolution);
-- the floor of any host function under ``jax.jit``: an XLA FFI call (:mod:`convgrad.xla_ffi`)
-  whose host function returns a ready array | ``F.conv2d``.
+- the floors under ``jax.jit``: an XLA FFI call (:mod:`convgrad.xla_ffi`) whose host function
+  returns a ready array, and one of the compiled target whose kernel does nothing | ``F.conv2d``.
 
 Each pair runs in one process, each call in its own block after a warm-up, blocks alternating;
 the median over ``--repeats`` blocks of ``--calls`` calls is printed.
@@ -112,7 +112,9 @@ def main() -> None:
         fwd = jax.jit(lambda a, b: cj.convolution(a, b, pads_begin=p, pads_end=p))
         grad = jax.jit(jax.value_and_grad(lambda a, b: cj.convolution(a, b, pads_begin=p, pads_end=p).sum(),
                                           argnums=(0, 1)))
-        from convgrad.xla_ffi import host_target
+        import numba
+
+        from convgrad.xla_ffi import host_target, kernel_params, kernel_target
 
         def lax_conv(a: jax.Array, b: jax.Array) -> jax.Array:
             return jax.lax.conv_general_dilated(a, b, (1, 1), [(p, p), (p, p)],
@@ -122,6 +124,13 @@ def main() -> None:
         empty = host_target(lambda a, b: out, "empty")
         floor = jax.jit(lambda a, b: jax.ffi.ffi_call(empty, jax.ShapeDtypeStruct(x.shape, np.float32),
                                                       vmap_method="sequential")(a, b))
+        @numba.njit
+        def nothing(a: int, b: int, out: int, params: int) -> None:  # pragma: no cover - compiled
+            pass
+
+        nothing_params = jax.numpy.asarray(kernel_params(nothing, np.zeros(1, np.int32)))
+        compiled_floor = jax.jit(lambda a, b: jax.ffi.ffi_call(kernel_target(), jax.ShapeDtypeStruct(x.shape, np.float32),
+                                                               vmap_method="sequential")(a, b, nothing_params))
         lax_fwd = jax.jit(lax_conv)
         lax_grad = jax.jit(jax.value_and_grad(lambda a, b: lax_conv(a, b).sum(), argnums=(0, 1)))
         pairs += [("convgrad.jax under jax.jit", lambda: fwd(xj, wj).block_until_ready(),
@@ -129,6 +138,8 @@ def main() -> None:
                   ("convgrad.jax value_and_grad, jit",
                    lambda: jax.block_until_ready(grad(xj, wj)), "F.conv2d forward + backward", torch_autograd),
                   ("(floor) an empty host call under jax.jit", lambda: floor(xj, wj).block_until_ready(),
+                   "F.conv2d", lambda: F.conv2d(xt, wt, padding=p)),
+                  ("(floor) an empty compiled call, jax.jit", lambda: compiled_floor(xj, wj).block_until_ready(),
                    "F.conv2d", lambda: F.conv2d(xt, wt, padding=p)),
                   ("convgrad.jax under jax.jit", lambda: fwd(xj, wj).block_until_ready(),
                    "jax.lax.conv under jax.jit", lambda: lax_fwd(xj, wj).block_until_ready()),
