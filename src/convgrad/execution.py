@@ -37,12 +37,18 @@ class Warm:
         field(default_factory=lambda: Memo(WARM_ENTRIES))
 
 
+def _canonical_inputs(problem: Problem) -> bool:
+    """Whether ``problem``'s inputs (and result) are the engine's canonical arrays as given:
+    channels-last data, X-first weights."""
+    return problem.data_format == "NXC" and problem.weights_format[0] == "X"
+
+
 def compiled_entry(problem: Problem, name: str) -> tuple[Engine, Any] | None:
     """(the default engine, its compiled entry ``name`` for ``problem``: ``at_params``, the
     parameters of a run on addresses; ``bind_at``, that run) where the problem's inputs and
     result are the engine's canonical arrays as given (channels-last data, X-first weights, no
     bias; two inputs) and the engine has such an entry for it; else None."""
-    if problem.data_format != "NXC" or problem.weights_format[0] != "X" or problem.has_bias:
+    if not _canonical_inputs(problem) or problem.has_bias:
         return None
     engine = get_engine(None)
     entry = getattr(engine, name, None)
@@ -85,7 +91,7 @@ def _bind(problem: Problem, arrays: dict[str, np.ndarray], engine: Any, warm: Wa
     under ``key`` (the engine and its state now)."""
     first, second = TASK_INPUTS[problem.task]
     fmt, wfmt = problem.data_format, problem.weights_format
-    views = fmt != "NXC" or wfmt[0] != "X"  # else the inputs are canonical as given
+    views = not _canonical_inputs(problem)
 
     def canonical(role: str, array: np.ndarray) -> np.ndarray:
         return weights_to_canonical(array, wfmt) if role == "w" else data_to_canonical(array, fmt)

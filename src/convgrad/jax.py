@@ -113,7 +113,7 @@ def _compiled(p: Problem, arrays: Sequence[Any], roles: Sequence[str]) -> tuple[
         return None
     engine, params = entry
     order = tuple(roles.index(role) for role in TASK_INPUTS[p.task])
-    if [math.prod(arrays[i].shape) for i in order] != [math.prod(params[1 + 6 * j:7 + 6 * j]) for j in range(2)]:
+    if tuple(math.prod(arrays[i].shape) for i in order) != direct_flat.input_sizes(params):
         return None          # the loops' views must cover the buffers exactly (never read past one)
     check_memory(p, engine)
     return jnp.asarray(kernel_params(direct_flat.run_at, params)), order

@@ -184,8 +184,9 @@ def kernel_target() -> str:
     on disk: no Python at run time). Called as ``jax.ffi.ffi_call(name, result,
     vmap_method="sequential")(a, b, kernel_params(kernel, params))``, it runs the numba function
     ``kernel(a, b, out, params)`` on the addresses of the two inputs' data, the result's and
-    ``params``' (int32). Nothing is checked at run time: whatever could fail is checked when the
-    call is traced."""
+    ``params``' (int32). Nothing is checked at run time (whatever could fail is checked when the
+    call is traced) but the kernel's status: an exception in it (an allocation) is the call's
+    ``RESOURCE_EXHAUSTED`` error."""
     handler = microkernel.cached_cfunc(types.voidptr(types.int64))(_kernel_handler)
     _handlers.append(handler)
     jax.ffi.register_ffi_target("convgrad_kernel", jax.ffi.pycapsule(handler.address), platform="cpu")

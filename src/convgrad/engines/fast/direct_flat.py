@@ -33,7 +33,7 @@ from . import microkernel
 from .depthwise import FASTMATH
 from .geometry import spatial
 
-__all__ = ["applies", "waste", "bind", "workspace_items", "at_params", "run_at"]
+__all__ = ["applies", "waste", "bind", "workspace_items", "at_params", "input_sizes", "run_at"]
 
 
 def applies(g: ConvGeometry) -> bool:
@@ -215,8 +215,6 @@ def _adjoint(g: ConvGeometry) -> ConvGeometry:
                         begin, end)
 
 
-
-
 #: Tasks of :func:`run_at`'s parameters.
 _TASKS = {"forward": 0, "backward_data": 1, "backward_weights": 2}
 
@@ -234,6 +232,11 @@ def at_params(g: ConvGeometry, task: str, shapes: tuple[tuple[int, ...], ...]) -
     other = (loops.groups, loops.ocg, int(tables[1])) if task == "backward_weights" else (int(tables[1]), 1, 1)
     values = [_TASKS[task], *(v for shape in inputs for v in shape), *frame, *other, *(int(t) for t in tables)]
     return np.array(values, np.int32) if max(values) < 2 ** 31 else None
+
+
+def input_sizes(params: np.ndarray) -> tuple[int, int]:
+    """The values :func:`run_at` reads from each input under :func:`at_params`' ``params``."""
+    return math.prod(params[1:7].tolist()), math.prod(params[7:13].tolist())
 
 
 @microkernel.cached_njit(fastmath=FASTMATH)

@@ -48,7 +48,7 @@ import numpy as np
 from ... import casts, layout
 from ...dtypes import bfloat16, compute_dtype
 from ...problem import ConvGeometry
-from . import blas, direct, kernels, output_rows, pointwise, workspace
+from . import blas, direct, geometry, kernels, output_rows, pointwise, workspace
 from .features import Features
 from .frame import Frame, empty_like_data
 from .geometry import tap_weights
@@ -124,7 +124,7 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, ro
     # goes to a path that skips it: checked on the weights before (one reduction over w), on the
     # weights gradient after (over dw, not dy: a non-finite dy makes every dw it pairs with
     # non-finite, padding included, so a finite dw means no padding met one).
-    meets_padding = name in ("frame", "output_rows") and _padded(g)
+    meets_padding = name in ("frame", "output_rows") and geometry.has_padding(g)
     if name == "frame" and task == "backward_data" and not direct.finite(b, acc):
         name = "output_rows"  # the frame would multiply a NaN/Inf weight by its junk rows' zeros
     if meets_padding and task == "forward" and not direct.finite(b, acc):
@@ -151,10 +151,6 @@ def _run(name: str, plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, t
     if task == "backward_data":
         return _backward_data(g, a, b, acc, budget, block, rounded)
     return {"forward": _forward, "backward_weights": _backward_weights}[task](g, a, b, acc, budget, block)
-
-
-def _padded(g: ConvGeometry) -> bool:
-    return any(g.pads_begin) or any(g.pads_end)
 
 
 def _pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, acc: np.dtype, block: int,

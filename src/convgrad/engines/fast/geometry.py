@@ -27,9 +27,14 @@ def spatial(values: tuple[int, ...], fill: int) -> tuple[int, ...]:
     return (fill,) * (3 - len(values)) + tuple(values)
 
 
+def has_padding(g: ConvGeometry) -> bool:
+    """Whether any axis is padded (zeros that a NaN or Inf must not meet: docs/guarantees.md)."""
+    return any(g.pads_begin) or any(g.pads_end)
+
+
 def pointwise(g: ConvGeometry) -> bool:
     """A 1x1 kernel without padding and with one group (any stride): one GEMM."""
-    return math.prod(g.kernel) == 1 and g.groups == 1 and not any(g.pads_begin) and not any(g.pads_end)
+    return math.prod(g.kernel) == 1 and g.groups == 1 and not has_padding(g)
 
 
 def spatial3(a: np.ndarray) -> np.ndarray:

@@ -175,7 +175,7 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, ro
     ResNet-50's largest weights, 30 % of an mb-1 call)."""
     if geometry.pointwise(g):
         return pointwise(g, a, b, task, plan, rounded)
-    padded_ = any(g.pads_begin) or any(g.pads_end)   # padding zeros times NaN/Inf: direct's exact loops
+    padded_ = geometry.has_padding(g)              # padding zeros times NaN/Inf: direct's exact loops
     if task == "backward_weights":
         if padded_ and not direct.finite(b):
             return direct.backward_weights(g, a, b, F32)
