@@ -124,6 +124,18 @@ def test_gemm_blocks_weigh_loads_as_measured_for_the_gemm(n, m, block):
     assert microkernel.block_for(n, 8) == (4, 3)
 
 
+@pytest.mark.parametrize("halved, block", [(True, (14, 2)), (False, (6, 4))])
+def test_gemm_blocks_of_16_lanes_follow_the_vector_datapath(monkeypatch, halved, block):
+    """16 lanes, f32: 14x2 where 512-bit operations run as two halves (Zen 4, as measured there),
+    else the fewest idle lanes and loads (6x4: 0.42 loads per FMA against 14x2's 0.57; a Zen 5
+    ran the 1x1 layers' GEMMs up to 1.4x faster on it); bf16 pairs take the table on neither."""
+    monkeypatch.setattr(blis.isa, "halved_vectors", lambda: halved)
+    assert blis.register_block(256, 16, 50176, 4) == block
+    assert blis.register_block(64, 16, 64, 4) == block
+    assert blis.register_block(16, 16, 64, 4) == (16, 1)              # one vector of output: no 14x2
+    assert blis.register_block(256, 16, 50176, 2) == microkernel.block_for(256, 16, 50176, loads_weight=TUNING.gemm_loads_weight)
+
+
 def test_a_short_reduction_prefers_a_block_that_leaves_the_result_unpadded():
     """A block whose vectors do not divide N leaves the result padded, copied out afterwards:
     weighed by ``TUNING.gemm_result_copy`` FMAs per value against the depth ``k``, so a short

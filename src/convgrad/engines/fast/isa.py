@@ -32,7 +32,7 @@ from ...environment import env
 from ...errors import ConvgradError
 
 __all__ = ["FAMILIES", "WIDTH", "PAIRS", "host_features", "supported", "family", "set_family", "bf16_host", "bf16_native",
-           "bf16_kernel", "pairs", "tiles_permitted", "cache_sizes", "ISAError"]
+           "bf16_kernel", "pairs", "tiles_permitted", "cache_sizes", "halved_vectors", "ISAError"]
 
 #: Families from the most capable down, and the CPU features each needs.
 FAMILIES: dict[str, frozenset[str]] = {
@@ -81,6 +81,17 @@ def cache_sizes() -> tuple[int, int, int]:
         if kind in ("Data", "Unified") and size.rstrip("KM").isdigit():
             found[level] = int(size.rstrip("KM")) * scale
     return tuple(found.get(level, _CACHE_DEFAULTS[level - 1]) for level in (1, 2, 3))  # type: ignore[return-value]
+
+
+#: LLVM's names of CPUs that run each 512-bit operation as two 256-bit halves (AMD Zen 4).
+_HALVED = frozenset({"znver4"})
+
+
+@functools.cache
+def halved_vectors() -> bool:
+    """Whether the host runs 512-bit vector operations as two 256-bit halves (LLVM's CPU name in
+    :data:`_HALVED`): register blocks measured best there differ from full-width cores'."""
+    return _cpu_name() in _HALVED
 
 
 def supported() -> list[str]:

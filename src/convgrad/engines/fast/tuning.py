@@ -155,9 +155,13 @@ class Tuning:
     workspace_cache_bytes: int = 256 << 20
 
     # -- our GEMM (``blis``) ----------------------------------------------------------------------
-    #: Register block (rows, vectors) of our GEMM per (vector width, operand bytes), where the
-    #: output has that many vectors; elsewhere the fewest idle lanes (``microkernel.block_for``).
-    gemm_blocks: dict[tuple[int, int], tuple[int, int]] = field(default_factory=lambda: {(16, 4): (14, 2)})
+    #: Register block (rows, vectors) of our GEMM per (vector width, operand bytes, 512-bit
+    #: operations halved: :func:`.isa.halved_vectors`), where the output has that many vectors;
+    #: elsewhere the fewest idle lanes and loads (``microkernel.block_for``). A Zen 4 (halved) ran
+    #: f32 on 14x2 up to 1.4x faster than 6x4; a Zen 5 (full width, 2026-11-28) 6x4 as fast or
+    #: faster: x^T @ dy 64 x 50176 x 64 344 against 298 GFLOP/s, 50176 x 256 x 64 497 / 354.
+    gemm_blocks: dict[tuple[int, int, bool], tuple[int, int]] = field(default_factory=lambda: {
+        (16, 4, True): (14, 2)})
     #: L1 caches' worth of bytes of one B micro-panel (kc x nr), per vector width: sets kc. A Zen 3
     #: (AVX2, 2026-11-27, our GEMM forced): ResNet-50's 1x1 weights gradients (K = positions) of
     #: stages 2-4 at 0.5 / 1 / 2: 147 / 171 / 218 ms in all, their forward and data gradients the
@@ -166,8 +170,9 @@ class Tuning:
     #: ``gemm_panel_l1`` of a deep reduction (:func:`.blis.deep`: the weights gradients), whose A
     #: (x^T or dy^T) is packed per K step with one cache line of a block's rows per step: kc
     #: such lines and the B micro-panel share the L1 (docs/engine-measurements.md, "Zen 3,
-    #: 2026-11-27, sixth session").
-    gemm_deep_panel_l1: dict[int, float] = field(default_factory=lambda: {8: 0.25, 16: 2.0})
+    #: 2026-11-27, sixth session"; 16 lanes: a Zen 5's 48 KiB L1, 2026-11-28, f32 x^T @ dy of
+    #: 256 x 50176 x 64 at 1 / 2 L1s: 405 / 276 GFLOP/s, bf16 the same or better at 1).
+    gemm_deep_panel_l1: dict[int, float] = field(default_factory=lambda: {8: 0.25, 16: 1.0})
     #: A GEMM reducing over K > this times (M + N) (a weights gradient) splits K among the threads.
     gemm_deep: float = 4.0
     #: A B stored along K (a data gradient's transposed weights) with at least this many times
