@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -552,3 +553,43 @@ def test_result_dtype_and_the_empty_batch_workspace(dtype, acc):
     assert FAST.result_dtype(DATA_DTYPES[dtype]) == np.dtype(np.float64 if acc == 8 else np.float32)
     g = ConvGeometry(0, 1, 3, 5, (4, 4), (2, 2), (3, 3), (1, 1), (1, 1), (0, 0), (0, 0))
     assert FAST.workspace_bytes(g, "backward_weights", DATA_DTYPES[dtype]) == 5 * 3 * 3 * 3 * acc + 4096
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)])
+def test_finite_reads_every_value_whatever_the_alignment(dtype):
+    """``direct.finite`` of f32/bf16/f16 reads exponent bits 64 at a time: a NaN or +-Inf at any
+    position (first and last words, values before the first aligned word, the tail) is seen, in
+    C- and F-ordered arrays; the largest finite values are finite (a sum of them overflows)."""
+    from convgrad.engines.fast import direct
+    rng = np.random.default_rng()
+    base = rng.standard_normal(40).astype(dtype)
+    for start in range(4):
+        for n in (0, 1, 3, 4, 5, 9, 17, 33):
+            view = base[start:start + n]
+            assert direct.finite(view)
+            for pos in range(n):
+                for bad in (np.nan, np.inf, -np.inf):
+                    spoiled = base.copy()
+                    spoiled[start + pos] = bad
+                    assert not direct.finite(spoiled[start:start + n]), (start, n, pos, bad)
+    top = np.full((3, 5, 7), ml_dtypes.finfo(dtype).max, dtype)
+    assert direct.finite(top) and direct.finite(np.asfortranarray(top))
+    m = np.asfortranarray(rng.standard_normal((6, 7)).astype(dtype))
+    m[4, 2] = np.nan
+    assert not direct.finite(m) and not direct.finite(m[:, ::2]) and direct.finite(m[:, 3:])
+
+
+def test_nonfinite_padding_check_reads_the_smaller_array_first(monkeypatch):
+    """``jit._nonfinite``: both arrays must hold a NaN/Inf for padding to matter; the smaller one
+    is read first and, finite, settles it (the result of a large layer is never read)."""
+    from convgrad.engines.fast import direct, jit
+    read = []
+    real = direct.finite
+    monkeypatch.setattr(direct, "finite", lambda a: read.append(a.size) or real(a))
+    big, small = np.ones(1000, np.float32), np.ones(10, np.float32)
+    assert not jit._nonfinite(big, small) and read == [10]
+    read.clear()
+    small[3] = np.inf
+    assert not jit._nonfinite(big, small) and read == [10, 1000]
+    big[999] = np.nan
+    assert jit._nonfinite(small, big)

@@ -169,21 +169,25 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, ro
     dot product (the GEMM's, forward and data gradient), any bf16/f16 data's forward and
     data gradient of several taps (:func:`_rounding`), and a bf16 weights gradient run a few
     taps at a time (:func:`_tap_slab`). Padded problems with a NaN or Inf weight (forward, data
-    gradient: looked for only where the result is not finite) or in dy (weights gradient) run
-    :mod:`.direct`'s exact loops: padding is not part of the sums (docs/guarantees.md). The
-    arrays checked hold about one value per 2*IC*taps FLOPs (never a dw-sized one: 0.74 ms for
-    ResNet-50's largest weights, 30 % of an mb-1 call)."""
+    gradient) or in dy (weights gradient), where the result is not finite either (the smaller of
+    the two looked at first: 0.74 ms for ResNet-50's largest weights was 30 % of an mb-1 call),
+    run again on :mod:`.direct`'s exact loops: padding is not part of the sums
+    (docs/guarantees.md)."""
     if geometry.pointwise(g):
         return pointwise(g, a, b, task, plan, rounded)
-    padded_ = geometry.has_padding(g)              # padding zeros times NaN/Inf: direct's exact loops
-    if task == "backward_weights":
-        if padded_ and not direct.finite(b):
-            return direct.backward_weights(g, a, b, F32)
-        return backward_weights(g, a, b, plan, rounded)
-    result = (forward if task == "forward" else backward_data)(g, a, b, plan, rounded)
-    if padded_ and not direct.finite(result) and not direct.finite(b):
-        return (direct.forward if task == "forward" else direct.backward_data)(g, a, b, F32, rounded)
+    run_ = {"forward": forward, "backward_data": backward_data, "backward_weights": backward_weights}[task]
+    result = run_(g, a, b, plan, rounded)
+    if geometry.has_padding(g) and _nonfinite(result, b):    # padding zeros times NaN/Inf: the exact loops
+        exact = {"forward": direct.forward, "backward_data": direct.backward_data}.get(task)
+        return exact(g, a, b, F32, rounded) if exact else direct.backward_weights(g, a, b, F32)
     return result
+
+
+def _nonfinite(*arrays: np.ndarray) -> bool:
+    """Whether every one of ``arrays`` holds a NaN or Inf, the smallest looked at first (one
+    finite array settles it). A NaN/Inf weight (dy, for the weights gradient) that meets
+    padding makes the result non-finite, so both must be for the padding to matter."""
+    return all(not direct.finite(a) for a in sorted(arrays, key=lambda a: a.size))
 
 
 def _operand(a: np.ndarray) -> np.ndarray:
