@@ -148,8 +148,9 @@ def test_the_tuning_tables_rule(case, task, dtype, channels_first, want, avx2):
     ((16, 1, 3, 64, (230, 230), (7, 7), (2, 2)), "backward_weights", np.float32, "jit"),   # 3x4, no idle row
     ((16, 1, 3, 48, (230, 230), (5, 5), (2, 2)), "backward_weights", np.float32, "gemm"),  # 7x3: 4 rows idle
     ((16, 1, 2, 64, (28, 28), (3, 3)), "backward_weights", np.float32, "gemm"),             # below 3 channels
-    ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_data", np.float32, "gemm"),
-    ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_weights", np.float32, "gemm"),
+    ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_data", np.float32, "jit"),
+    ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_weights", np.float32,
+     "jit"),                                                   # junk-heavy f32 beside PyTorch: one pool
     ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_data", cg.dtypes.bfloat16,
      {"avx512": "gemm", "avx512_bf16": "jit"}),                             # junk-heavy: jit on the dot product
     ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_weights", cg.dtypes.bfloat16,
@@ -161,11 +162,15 @@ def test_one_pool_rule_on_avx512(case, task, dtype, want, family):
     whatever its taps and channels, but for narrow inputs of a gradient (a weights gradient of 3
     to 7 where its block leaves no rows idle), junk-heavy frames (but a data gradient of bf16 on
     the dot instruction, whose drivers skip rows of padding), a multi-tap 16-bit weights
-    gradient (but bf16 pairs on the dot instruction) and f64."""
+    gradient (but bf16 pairs on the dot instruction) and f64. Beside PyTorch (``shared``), as
+    here; a junk-heavy f32 gradient without it stays on the output-row GEMMs."""
     before = isa.set_family(family, allow_emulated=True)
     try:
         f = Features.of(_geometry(*case), task, dtype, False, shared=True)
         assert default_plan(f).strategy == (want[family] if isinstance(want, dict) else want)
+        if dtype == np.float32 and f.junk_heavy():
+            alone = Features.of(_geometry(*case), task, dtype, False, shared=False)
+            assert str(default_plan(alone)).startswith("gemm") and "variant=output_rows" in str(default_plan(alone))
     finally:
         isa.set_family(before)
 
