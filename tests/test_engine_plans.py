@@ -151,6 +151,9 @@ def test_the_tuning_tables_rule(case, task, dtype, channels_first, want, avx2):
     ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_data", np.float32, "jit"),
     ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_weights", np.float32,
      "jit"),                                                   # junk-heavy f32 beside PyTorch: one pool
+    ((16, 2, 96, 64, (11, 11), (3, 3), (1, 1), (4, 4), (1, 1), (3, 3)), "backward_weights", np.float32,
+     "gemm"),                                 # ... but not past 2x the inputs + output (dilated_conv:24)
+    ((16, 2, 96, 64, (11, 11), (3, 3), (1, 1), (4, 4), (1, 1), (3, 3)), "backward_data", np.float32, "jit"),
     ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_data", cg.dtypes.bfloat16,
      {"avx512": "gemm", "avx512_bf16": "jit"}),                             # junk-heavy: jit on the dot product
     ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_weights", cg.dtypes.bfloat16,
@@ -169,6 +172,9 @@ def test_one_pool_rule_on_avx512(case, task, dtype, want, family):
         f = Features.of(_geometry(*case), task, dtype, False, shared=True)
         assert default_plan(f).strategy == (want[family] if isinstance(want, dict) else want)
         if dtype == np.float32 and f.junk_heavy():
+            on_jit = Plan.of("jit", **strategy_module("jit").complete(f, {}))
+            fits = strategy_module("jit").workspace_bytes(f, on_jit) <= TUNING.junk_memory * f.io_bytes
+            assert default_plan(f).strategy == ("jit" if fits else "gemm")
             alone = Features.of(_geometry(*case), task, dtype, False, shared=False)
             assert str(default_plan(alone)).startswith("gemm") and "variant=output_rows" in str(default_plan(alone))
     finally:

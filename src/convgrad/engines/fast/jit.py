@@ -322,7 +322,8 @@ def _block(plan: Plan) -> tuple[int, int, int]:
 def workspace_bytes(f: Features, plan: Plan) -> int:
     """Upper estimate of the extra bytes ``task`` allocates (f32 values; for bf16/f16 ``dtype``
     the f32 result the API rounds included): the padded copy of x (forward, weights gradient)
-    or dy (data) with its slack, the packed weights (forward, data), or for the weights gradient the packed dy,
+    or dy (data) with its slack (f32 and bf16 pairs: at most the inputs + output or one image,
+    :func:`_chunks`), the packed weights (forward, data), or for the weights gradient the packed dy,
     the partial sums of every share (at most the threads) and their total; plus 64 KiB of tables and
     per-thread accumulator blocks."""
     g, task = f.geometry, f.task
@@ -353,13 +354,16 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
             source = g.n * math.prod(g.padded_size) * g.ic + rows
             block = g.groups * taps * -(-g.icg // rows) * rows * -(-g.ocg // vw) * vw
             shares = 1 if plan.param("split") == "blocks" else pool.threads()
-            other = g.n * math.prod(o) * g.groups * -(-g.ocg // vw) * vw + (shares + 1) * block
+            other = g.n * math.prod(o) * g.groups * -(-g.ocg // vw) * vw + (shares + 1) * block \
+                + (math.prod(g.w_shape) if g.groups > 1 else 0)     # groups: dw copied out of the sums
             if weights_in_pairs(f):  # bf16 pairs of a few images, or the f32 copies where not exact (_pairs_exact)
                 phases, q = _pair_phases(g)
                 pairs = _pair_images(g, rows, -(-g.ocg // vw) * vw)[0] * (
                     len(phases) * math.prod(spatial(g.padded_size, 1)[:2]) * q * g.groups * -(-g.icg // rows) * rows
                     + o[0] * o[1] * -(-o[2] // 2) * g.groups * -(-g.ocg // vw) * vw)
                 source = max(source, pairs + (shares + 1) * block - other)   # 2 bf16 = one f32 slot
+    if task != "backward_weights" and (f.data_dtype == F32 or on_dot_product(f)):   # images in chunks (_chunks)
+        source = min(source, max(-(-f.io_bytes // 4), source // g.n))
     result = 0 if f.data_dtype == F32 else math.prod({"forward": g.y_shape, "backward_data": g.x_shape,
                                                       "backward_weights": g.w_shape}[task])
     return 4 * (source + other + result) + (64 << 10)

@@ -14,7 +14,8 @@ applies), else :func:`default_plan`, the tuning table's rule:
    most ``TUNING.jit_narrow_idle``), a junk-heavy gradient (``Features.junk_heavy``) only for the
    unit-stride data gradient of bf16 on the dot instruction (the drivers skip the taps that read
    rows of padding) and for f32 data where PyTorch's threads share the cores (one pool: the
-   output-row GEMMs' BLAS threads fought them), and a multi-tap weights gradient only
+   output-row GEMMs' BLAS threads fought them) within ``TUNING.junk_memory`` times the inputs
+   and output in temporaries, and a multi-tap weights gradient only
    of f32 data or of bf16 pairs on the dot instruction (:func:`.jit.weights_in_pairs`) and
    not of output rows of at most ``TUNING.jit_weights_short_rows[family]`` positions: every
    such problem of bf16 data, of NXC data, or of any data where PyTorch's threads share the
@@ -119,7 +120,8 @@ def jit_selected(f: Features) -> bool:
     if not jit.applies(f) or f.family not in TUNING.jit_families:
         return False
     if f.junk_heavy() and not (jit.on_dot_product(f) and f.task == "backward_data" and all(s == 1 for s in f.strides)) \
-            and not (f.shared and f.data_dtype == f.acc == np.float32):
+            and not (f.shared and f.data_dtype == f.acc == np.float32 and jit.workspace_bytes(
+                f, Plan.of("jit", **jit.complete(f, {}))) <= TUNING.junk_memory * f.io_bytes):
         return False
     if f.task == "backward_weights" and f.data_dtype != f.acc and not f.pointwise and not TUNING.jit_weights_16_bit \
             and not jit.weights_in_pairs(f):

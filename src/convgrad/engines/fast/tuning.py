@@ -71,6 +71,11 @@ class Tuning:
     #: small output) runs as GEMMs over the output rows (``gemm`` variant ``output_rows``), not
     #: on ``jit`` nor the frame.
     junk_ratio: dict[str, float] = field(default_factory=lambda: {"backward_data": 1.9, "backward_weights": 1.66})
+    #: ... but a junk-heavy f32 gradient beside PyTorch runs on ``jit`` (one pool) where its
+    #: temporaries (``jit.workspace_bytes``) are at most this many times the inputs and output:
+    #: Zen 5, 2026-11-28, the dilated suite's layers 21-25 10-143 GFLOP/s on the output-row GEMMs
+    #: beside PyTorch, 133-332 on jit; dilated_conv:24's weights gradient took 2.18x there.
+    junk_memory: float = 2.0
     #: (ICg, OCg) from which a gradient with several taps runs as GEMMs over the output rows
     #: whatever the junk (one wide, or tall, GEMM per chunk instead of one per tap); backward data
     #: also from that ICg where the frame would sum narrow results at their shifts.
