@@ -8,10 +8,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 MODULE = textwrap.dedent('''
+    from convgrad import kernel_cache
     from convgrad.engines.fast import microkernel
 
-    @microkernel.cached_njit()
+    @DECORATOR
     def twice(x):
         return x * 2 + 1
 ''')
@@ -42,13 +45,14 @@ def _python(code: str, where: Path) -> str:
     return done.stdout.strip()
 
 
-def test_an_index_entry_naming_another_variants_code_is_compiled_again(tmp_path):
+@pytest.mark.parametrize("decorator", ["microkernel.cached_njit()", "kernel_cache.njit()"])
+def test_an_index_entry_naming_another_variants_code_is_compiled_again(tmp_path, decorator):
     """numba numbers a new entry's data file from an index read without a lock: two processes
     compiling variants of one function can leave the index mapping one variant's key to the
     other's machine code. Our cached kernels store each entry's key with its data and take such
     an entry as a miss: after the index is made to swap two variants' files, a new process
     computes both correctly (it ran the float variant's code on the integers before)."""
-    (tmp_path / "cachedmod.py").write_text(MODULE)
+    (tmp_path / "cachedmod.py").write_text(MODULE.replace("DECORATOR", decorator))
     _python(SWAP, tmp_path)
     assert _python(RUN, tmp_path) == "[1, 3, 5] [1.0, 3.0, 5.0]"
     assert _python(RUN, tmp_path) == "[1, 3, 5] [1.0, 3.0, 5.0]"      # and saved correct entries again

@@ -31,6 +31,8 @@ import functools
 import ml_dtypes
 import numba
 import numpy as np
+
+from . import kernel_cache
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
@@ -107,13 +109,13 @@ def _single_to_half(typingctx, value):  # pragma: no cover - compiled
     return types.uint16(types.float32), codegen
 
 
-@numba.njit(cache=True)
+@kernel_cache.njit()
 def _widen_hw(h, out):  # pragma: no cover - compiled
     for i in range(h.size):
         out[i] = _half_to_single(h[i])
 
 
-@numba.njit(cache=True)
+@kernel_cache.njit()
 def _narrow_hw(f, out):  # pragma: no cover - compiled
     for i in range(f.size):
         out[i] = _single_to_half(f[i])
@@ -125,13 +127,13 @@ def _table() -> np.ndarray:
     return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
-@numba.njit(cache=True)
+@kernel_cache.njit()
 def _widen(h, table, out):  # pragma: no cover - compiled
     for i in range(h.size):
         out[i] = table[h[i]]
 
 
-@numba.njit(cache=True)
+@kernel_cache.njit()
 def _narrow(f, bits, out):  # pragma: no cover - compiled
     for i in range(f.size):
         u = bits[i]
@@ -175,7 +177,7 @@ def _narrowed(value, kind):  # pragma: no cover - compiled
     return impl
 
 
-@numba.njit(cache=True)
+@kernel_cache.njit()
 def _narrow_bf16(bits, out):  # pragma: no cover - compiled
     nan = False
     for i in range(bits.size):

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
+
+from . import kernel_cache
 
 __all__ = ["data_to_canonical", "data_from_canonical", "channels_first", "weights_to_canonical",
            "weights_from_canonical", "weights_in_format"]
@@ -53,7 +54,7 @@ def weights_from_canonical(array: np.ndarray, weights_format: str) -> np.ndarray
     return np.transpose(array, (rank + 1, rank, *range(rank)))
 
 
-@numba.njit(cache=True)
+@kernel_cache.njit()
 def _reverse(src, out):  # pragma: no cover - compiled
     """``out[o, i, k] = src[k, i, o]`` in _TILE x _TILE tiles of (i, o)."""
     k_, i_, o_ = src.shape

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
+from ... import kernel_cache
 from ...problem import ConvGeometry
 from .geometry import params, spatial, spatial3, tap
 
@@ -44,7 +45,7 @@ def _position(r, out):  # pragma: no cover - compiled
     return image, o0, o1, o2
 
 
-@numba.njit(cache=True)
+@kernel_cache.njit()
 def _columns(data, z, first, lo, out, kernel, dilations, strides, pads, scatter):  # pragma: no cover - compiled
     """``scatter``: data[tap] += z[g, r, k - lo] for taps lo <= k < hi; else z[r, g, k] = data[tap],
     0 in the padding."""
@@ -100,7 +101,7 @@ def gather(x: np.ndarray, z: np.ndarray, g: ConvGeometry, first: int, taps_inner
     _run(x, z, g, first, 0, taps_inner, scatter=False)
 
 
-@numba.njit(cache=True)
+@kernel_cache.njit()
 def _phase_columns(phases, block, first, out, strides, image, phase_of, shift_of, scatter):  # pragma: no cover - compiled
     """block[g, t*C + c, r - first] = phases[phase_of[t], g*C + c, row(r) + shift_of[t]], or
     with ``scatter`` phases[...] += block[...], for the output rows r = first, first + 1, ...

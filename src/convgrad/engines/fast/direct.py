@@ -28,10 +28,9 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import numba
 import numpy as np
 
-from ... import casts
+from ... import casts, kernel_cache
 from ...casts import narrowed, widened
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
@@ -247,7 +246,7 @@ _EXPONENT_WORDS: dict[np.dtype, tuple[np.uint64, np.uint64, np.uint64]] = {
         (np.dtype(np.float16), 0x7C00, 0x0400, 0x8000, 0x0001000100010001))}
 
 
-@numba.njit(cache=True)
+@kernel_cache.njit()
 def _exponents_full(words, field, carry):  # pragma: no cover - compiled
     """The OR over 64-bit ``words`` of ``(word & field) + carry``: a value's sign bit is set in it
     where some value's exponent field is all ones (Inf or NaN); lanes never carry into each other."""

@@ -15,6 +15,7 @@ import math
 import numba
 import numpy as np
 
+from ... import kernel_cache
 from ...problem import ConvGeometry
 from . import microkernel, workspace
 
@@ -140,7 +141,7 @@ def sampled(a: np.ndarray, strides: tuple[int, ...], out_size: tuple[int, ...]) 
     return out.reshape(a.shape[0], *out_size, a.shape[-1])
 
 
-@numba.njit(parallel=True, cache=True)
+@kernel_cache.njit(parallel=True)
 def _sample(a3, s0, s1, s2, out):  # pragma: no cover - compiled
     """``out[n, i0, i1, i2] = a3[n, i0*S0, i1*S1, i2*S2]``, rows (n, i0) in parallel."""
     n_, o0_, o1_, o2_ = out.shape[:4]
@@ -159,7 +160,7 @@ def spread(rows: np.ndarray, strides: tuple[int, ...], out: np.ndarray) -> np.nd
     return out
 
 
-@numba.njit(parallel=True, cache=True)
+@kernel_cache.njit(parallel=True)
 def _spread(r3, s0, s1, s2, out):  # pragma: no cover - compiled
     """``out[n, p0, p1, p2] = r3[n, p0/S0, p1/S1, p2/S2]`` where every ``p`` is a multiple of its
     stride within ``r3``, else 0; rows (n, p0) in parallel."""

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import numba
 import numpy as np
 
-from ... import casts, layout
+from ... import casts, kernel_cache, layout
 from ...casts import F16_BITS, narrowed
 from ...dtypes import bfloat16
 from ...problem import ConvGeometry
@@ -412,7 +412,7 @@ def _source(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], slack: in
     return out.reshape(*shape[:4], groups * cpad)
 
 
-@numba.njit(inline="always", cache=True)
+@kernel_cache.njit(inline="always")
 def _reads_data(tap_rows, rows_in, t, q0, q1):  # pragma: no cover - compiled
     """Whether tap ``t`` reads a row of data (not of padding) at outer positions (q0, q1)
     (:func:`_outputs`' ``tap_rows`` and ``rows_in``)."""
@@ -961,7 +961,7 @@ def _dy_pairs(g: ConvGeometry, dy: np.ndarray, lanes: int, out: np.ndarray | Non
     return out
 
 
-@numba.njit(parallel=True, cache=True)
+@kernel_cache.njit(parallel=True)
 def _fill_dy_pairs(d3, out, groups, ocg):  # pragma: no cover - compiled
     """``out[n, o0, o1, i, g, l]`` = ``d3[n, o0, o1, 2i, g*OCg + l]`` | ``d3[.., 2i + 1, ..] << 16``
     (the high half zero past O2) for l < OCg, zero for the lanes past OCg, of the first N images:
@@ -1004,7 +1004,7 @@ def _lanes(dy: np.ndarray, groups: int, ocg: int, lanes: int) -> np.ndarray:
     return out
 
 
-@numba.njit(parallel=True, cache=True)
+@kernel_cache.njit(parallel=True)
 def _fill_lanes(d3, out, ocg):  # pragma: no cover - compiled
     """``out[n, o0, o1, o2, g, l] = d3[n, o0, o1, o2, g*OCg + l]`` for l < OCg, else 0; rows
     (n, o0) in parallel."""

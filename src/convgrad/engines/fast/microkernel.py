@@ -42,7 +42,6 @@ disk cache is keyed on this module's source too (numba checks only the caller's 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import time
@@ -56,7 +55,7 @@ from numba import types
 from numba.core import cgutils, errors
 from numba.extending import intrinsic
 
-from ... import addresses, casts
+from ... import addresses, casts, kernel_cache
 from . import isa, tiles
 from .tuning import TUNING
 
@@ -513,66 +512,19 @@ def transpose_tile(width, src, soff, sld, dst, doff, dld):  # pragma: no cover -
 
 
 def cached_njit(**options) -> Callable:
-    """``numba.njit(cache=True, **options)`` whose disk cache is also keyed on this module's
-    and :mod:`convgrad.casts`' source (:data:`SOURCE_DIGEST`): an edited kernel invalidates the callers' cached code, which
-    numba alone would not notice (it checks only the caller's own source file); safe for
-    processes compiling at once (:func:`_keyed`). Should numba's cache internals change, the
-    callers compile without a disk cache (never a stale kernel)."""
+    """:func:`convgrad.kernel_cache.njit` (``numba.njit(cache=True, **options)``, safe for
+    processes compiling at once) whose disk cache is also keyed on this module's and
+    :mod:`convgrad.casts`' source (:data:`SOURCE_DIGEST`): an edited kernel invalidates the
+    callers' cached code, which numba alone would not notice (it checks only the caller's own
+    source file). Should numba's cache internals change, the callers compile without a disk
+    cache (never a stale kernel)."""
     def wrap(fn: Callable) -> Callable:
-        dispatcher = numba.njit(cache=True, **options)(fn)
-        cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)  # an IndexDataCacheFile
-        if not all(hasattr(cache_file, name) for name in ("_source_stamp", "_index_path", "save", "load")):
-            return numba.njit(cache=False, **options)(fn)
-        cache_file._source_stamp = (cache_file._source_stamp, SOURCE_DIGEST)
-        _keyed(cache_file)
+        dispatcher = kernel_cache.njit(**options)(fn)
+        cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+        if cache_file is not None:
+            cache_file._source_stamp = (cache_file._source_stamp, SOURCE_DIGEST)
         return dispatcher
     return wrap
-
-
-#: The mark of a cache entry's data stored with its key (:func:`_keyed`).
-_KEYED = "convgrad-keyed-1"
-
-
-def _keyed(cache_file: Any) -> None:
-    """Make numba's ``IndexDataCacheFile`` safe for processes compiling the same functions at
-    once (``pytest -n``, a pool's workers): numba numbers a new entry's data file from an index
-    it reads without a lock, so two processes can map different keys to one file, and a later
-    process loads one variant's machine code for another (numba issues 4807, 10128; seen here:
-    a bf16 data gradient off by 1e32 after parallel test runs). Its ``save`` and ``load`` run
-    under an exclusive ``flock`` of a file beside the index (no lock where that is unavailable),
-    and each entry's data carries its key: data under another key is a miss (compiled again)."""
-    save, load = cache_file.save, cache_file.load
-    lock_path = cache_file._index_path + ".lock"
-
-    @contextlib.contextmanager
-    def locked() -> Any:
-        try:
-            import fcntl
-            handle = open(lock_path, "a+b")
-        except (ImportError, OSError):
-            handle = None
-        if handle is None:
-            yield
-            return
-        with handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-
-    def save_keyed(key: Any, data: Any) -> None:
-        with locked():
-            save(key, (_KEYED, key, data))
-
-    def load_keyed(key: Any) -> Any:
-        with locked():
-            got = load(key)
-        if isinstance(got, tuple) and len(got) == 3 and got[0] == _KEYED and got[1] == key:
-            return got[2]
-        return None
-
-    cache_file.save, cache_file.load = save_keyed, load_keyed
 
 
 def cached_cfunc(signature: types.Type) -> Callable:
@@ -585,7 +537,7 @@ def cached_cfunc(signature: types.Type) -> Callable:
             compiled.enable_caching()
             cache_file = compiled._cache._cache_file
             cache_file._source_stamp = (cache_file._source_stamp, SOURCE_DIGEST)
-            _keyed(cache_file)
+            kernel_cache.guard(cache_file)
         except (AttributeError, ImportError, TypeError):
             return numba.cfunc(signature)(fn)
         compiled.compile()

@@ -24,8 +24,9 @@ from __future__ import annotations
 import math
 import threading
 
-import numba
 import numpy as np
+
+from ... import kernel_cache
 
 from .tuning import TUNING
 
@@ -40,7 +41,7 @@ _PAGE = 1 << 21              # blocks are whole 2 MiB (huge page) multiples
 ALIGN = 64
 
 
-@numba.njit(cache=True)
+@kernel_cache.njit()
 def _address(a):  # pragma: no cover - compiled
     """Where ``a``'s data starts (0.5 µs; NumPy's ``a.ctypes.data`` 2.8)."""
     return a.ctypes.data
