@@ -107,20 +107,23 @@ def padded(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], dtype: np.
 
 def _fill_row(row, a3, out, lo0, lo1, lo2):  # pragma: no cover - compiled
     """``out[n, p0, p1, p2] = a3[n, p0 - lo0, p1 - lo1, p2 - lo2]`` where that lies in ``a3``,
-    else 0, for row ``row`` = (n, p0): every value written once (:data:`_fill_padded` runs the rows
-    in parallel)."""
+    else 0, for row ``row`` = (n, p0): every value written once, a run of positions along axis 2
+    per slice (one position per slice was a tenth of a bf16 3x3 forward, mb 16; :data:`_fill_padded`
+    runs the rows in parallel)."""
     n_, p0_, p1_, p2_, c_ = out.shape
     i0_, i1_, i2_ = a3.shape[1], a3.shape[2], a3.shape[3]
     n, p0 = row // p0_, row % p0_
     i0 = p0 - lo0
+    first, stop = min(max(lo2, 0), p2_), max(min(lo2 + i2_, p2_), 0)   # the positions of a3 along axis 2
     for p1 in range(p1_):
         i1 = p1 - lo1
-        for p2 in range(p2_):
-            i2 = p2 - lo2
-            if 0 <= i0 < i0_ and 0 <= i1 < i1_ and 0 <= i2 < i2_:
-                out[n, p0, p1, p2, :] = a3[n, i0, i1, i2, :]
-            else:
-                out[n, p0, p1, p2, :] = 0
+        dst = out[n, p0, p1]
+        if 0 <= i0 < i0_ and 0 <= i1 < i1_ and first < stop:
+            dst[:first] = 0
+            dst[first:stop] = a3[n, i0, i1, first - lo2:stop - lo2]     # a run of positions at once
+            dst[stop:] = 0
+        else:
+            dst[:] = 0
 
 
 _fill_padded = microkernel.parallel_items(_fill_row)
