@@ -595,17 +595,18 @@ def test_nonfinite_padding_check_reads_the_smaller_array_first(monkeypatch):
     assert jit._nonfinite(small, big)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.uint16])
+@pytest.mark.parametrize("dtype, channels", [(np.float32, 5), (np.uint16, 5), (np.uint16, 6)])
 @pytest.mark.parametrize("lo, size", [((0, 1, 1), (1, 8, 9)), ((0, 0, 0), (1, 6, 7)), ((0, 2, 3), (1, 7, 8)),
                                       ((0, 0, 0), (1, 4, 5)), ((0, 1, 4), (1, 9, 5)), ((0, 0, 9), (1, 6, 9))])
-def test_padded_copies_runs_of_positions_and_zeroes_the_rest(dtype, lo, size):
+def test_padded_copies_runs_of_positions_and_zeroes_the_rest(dtype, channels, lo, size):
     """``geometry.padded``: ``a`` at offsets ``lo`` in a zeroed array of ``size`` (cropped where
-    it does not fit: a run of positions per row is copied at once), the slack after it zero."""
+    it does not fit: a run of positions per row is copied at once; 16-bit values of an even
+    channel count two at a time), the slack after it zero."""
     from convgrad.engines.fast import geometry
     rng = np.random.default_rng()
-    a = (rng.random((2, 6, 7, 5)) * 1000 + 1).astype(dtype)            # (N, X1, X2, C): 2-D data
+    a = (rng.random((2, 6, 7, channels)) * 1000 + 1).astype(dtype)     # (N, X1, X2, C): 2-D data
     out = geometry.padded(a, lo, size, np.dtype(dtype), 7)
-    want = np.zeros((2, *size, 5), dtype)
+    want = np.zeros((2, *size, channels), dtype)
     s1, s2 = min(6, size[1] - lo[1]), min(7, size[2] - lo[2])
     if s1 > 0 and s2 > 0:
         want[:, 0, lo[1]:lo[1] + s1, lo[2]:lo[2] + s2] = a[:, :s1, :s2]
