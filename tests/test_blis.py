@@ -281,3 +281,17 @@ def test_bf16_deep_reductions_run_transposed_and_agree(m, k, n, rng):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
     rounded = blis.gemm(a.view(np.uint16), b.view(np.uint16), rounded=True)
     np.testing.assert_array_equal(rounded, casts.from_f32(np.ascontiguousarray(got), BF16).view(np.uint16))
+
+
+@pytest.mark.parametrize("m, n", [(1, 1), (3, 17), (16, 16), (17, 33), (100, 7), (196, 1024)])
+@pytest.mark.parametrize("width", [8, 16])
+def test_transposed_results_equal_numpys_transpose(m, n, width):
+    """``blis._transposed``: a padded f32 result's view (rows further apart than its columns)
+    transposed in ``width`` x ``width`` register tiles and one value at a time at the edges."""
+    rng = np.random.default_rng()
+    padded = rng.standard_normal((m + 5, n + 9)).astype(np.float32)
+    view = padded[:m, :n]
+    out = np.empty((n, m), np.float32)
+    blis._transpose_into(view, view.strides[0] // 4, out, width)
+    assert np.array_equal(out, view.T)
+    assert np.array_equal(blis._transposed(view), view.T) and blis._transposed(view).flags.c_contiguous
