@@ -65,10 +65,11 @@ class Blocks:
 def register_block(n: int, width: int, m: int, itemsize: int, k: int = 0) -> tuple[int, int]:
     """The GEMM's register block: ``TUNING.gemm_blocks`` for the family's width, the operand
     size and the host's vector halves where it names one and ``n`` fills its vectors, else the
-    fewest idle lanes and rows (:func:`.microkernel.block_for`, loads weighed by ``TUNING.gemm_loads_weight``), a block whose
-    columns leave the result padded (copied out afterwards) weighed by ``TUNING.gemm_result_copy``
-    over the reduction's depth ``k`` (if given): a short reduction's copy is a large share. bf16
-    pairs on AMX tiles: :func:`.microkernel.tile_block_for`."""
+    fewest idle lanes and rows (:func:`.microkernel.block_for`, loads weighed by
+    ``TUNING.gemm_loads_weight``), a block whose columns leave the result padded (copied out
+    afterwards) weighed by ``TUNING.gemm_result_copy`` over the reduction's depth ``k`` (if
+    given): a short reduction's copy is a large share. bf16 pairs on AMX tiles:
+    :func:`.microkernel.tile_block_for`."""
     if itemsize == 2 and isa.bf16_kernel() >= microkernel.TILES_STANDIN:
         return microkernel.tile_block_for(n, m)
     block = TUNING.gemm_blocks.get((width, itemsize, isa.halved_vectors()))

@@ -529,7 +529,8 @@ def cached_njit(**options) -> Callable:
 
 def cached_cfunc(signature: types.Type) -> Callable:
     """``numba.cfunc(signature, cache=True)``, its disk cache also keyed on :data:`SOURCE_DIGEST`
-    and safe for processes compiling at once (as :func:`cached_njit`); compiled without a disk cache should numba's internals change."""
+    and safe for processes compiling at once (as :func:`cached_njit`); compiled without a disk
+    cache should numba's internals change."""
     def wrap(fn: Callable) -> Any:
         try:
             from numba.core.ccallback import CFunc
