@@ -175,12 +175,13 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, ro
     (docs/guarantees.md)."""
     if geometry.pointwise(g):
         return pointwise(g, a, b, task, plan, rounded)
-    run_ = {"forward": forward, "backward_data": backward_data, "backward_weights": backward_weights}[task]
-    result = run_(g, a, b, plan, rounded)
-    if geometry.has_padding(g) and _nonfinite(result, b):    # padding zeros times NaN/Inf: the exact loops
-        exact = {"forward": direct.forward, "backward_data": direct.backward_data}.get(task)
-        return exact(g, a, b, F32, rounded) if exact else direct.backward_weights(g, a, b, F32)
-    return result
+    result = {"forward": forward, "backward_data": backward_data, "backward_weights": backward_weights}[task](
+        g, a, b, plan, rounded)
+    if not (geometry.has_padding(g) and _nonfinite(result, b)):
+        return result
+    if task == "backward_weights":                  # padding zeros times NaN/Inf: the exact loops
+        return direct.backward_weights(g, a, b, F32)
+    return (direct.forward if task == "forward" else direct.backward_data)(g, a, b, F32, rounded)
 
 
 def _nonfinite(*arrays: np.ndarray) -> bool:

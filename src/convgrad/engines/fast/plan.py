@@ -119,9 +119,7 @@ def jit_selected(f: Features) -> bool:
     """Whether the rule picks the jit strategy for ``f`` (rule 3 of the module docstring)."""
     if not jit.applies(f) or f.family not in TUNING.jit_families:
         return False
-    if f.junk_heavy() and not (jit.on_dot_product(f) and f.task == "backward_data" and all(s == 1 for s in f.strides)) \
-            and not (f.shared and f.data_dtype == f.acc == np.float32 and jit.workspace_bytes(
-                f, Plan.of("jit", **jit.complete(f, {}))) <= TUNING.junk_memory * f.io_bytes):
+    if f.junk_heavy() and not _junk_on_jit(f):
         return False
     if f.task == "backward_weights" and f.data_dtype != f.acc and not f.pointwise and not TUNING.jit_weights_16_bit \
             and not jit.weights_in_pairs(f):
@@ -133,6 +131,17 @@ def jit_selected(f: Features) -> bool:
         return False
     one_pool = f.shared or f.dtype == "bfloat16" or not f.channels_first
     return one_pool or f.taps > 1 and max(f.icg, f.ocg) <= TUNING.jit_channels[f.task]
+
+
+def _junk_on_jit(f: Features) -> bool:
+    """Whether a junk-heavy gradient still runs on ``jit``: the unit-stride bf16 data gradient on
+    the dot instruction (the drivers skip the taps that read rows of padding), and f32 beside
+    PyTorch (one pool) where ``jit``'s temporaries stay within ``TUNING.junk_memory`` times the
+    inputs and output."""
+    if jit.on_dot_product(f) and f.task == "backward_data" and all(s == 1 for s in f.strides):
+        return True
+    return f.shared and f.data_dtype == f.acc == np.float32 and \
+        jit.workspace_bytes(f, Plan.of("jit", **jit.complete(f, {}))) <= TUNING.junk_memory * f.io_bytes
 
 
 def gemm_variant(f: Features) -> str:
