@@ -57,3 +57,24 @@ def test_an_index_entry_naming_another_variants_code_is_compiled_again(tmp_path,
     assert _python(RUN, tmp_path) == "[1, 3, 5] [1.0, 3.0, 5.0]"
     assert _python(RUN, tmp_path) == "[1, 3, 5] [1.0, 3.0, 5.0]"      # and saved correct entries again
     assert any((tmp_path / "cache").rglob("*.nbi.lock"))                 # the lock beside the index
+
+
+STRICT = textwrap.dedent('''
+    import warnings, numpy as np, ml_dtypes, convgrad as cg
+    from convgrad.engines.fast.plan import Plan, forced_plan
+    warnings.simplefilter("error")
+    with np.errstate(all="raise"):
+        for dt in (ml_dtypes.bfloat16, np.float16):
+            x, w = np.ones((2, 3, 5, 4), dt), np.ones((2, 3, 3, 2), dt)
+            with forced_plan(Plan.of("direct", loops="general")):
+                y = cg.convolution(x, w, strides=[2, 1], pads_begin=[1, 2], pads_end=[3, 1], dilations=[1, 2],
+                                   data_format="NCX", weights_format="OIX")
+    print(float(np.asarray(y, np.float32).max()))
+''')
+
+
+def test_a_first_compile_under_warnings_as_errors(tmp_path):
+    """Promise 6 on a cold numba cache: numba's own warnings while it compiles (the 16-bit loads'
+    ``NumbaIRAssumptionWarning``) are not raised into a caller who set warnings to errors
+    (``kernel_cache.quiet``: the first 16-bit call of the direct loops failed before)."""
+    assert _python(STRICT, tmp_path) == "18.0"

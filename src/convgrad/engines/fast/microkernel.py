@@ -541,7 +541,7 @@ def cached_cfunc(signature: types.Type) -> Callable:
             kernel_cache.guard(cache_file)
         except (AttributeError, ImportError, TypeError):
             return numba.cfunc(signature)(fn)
-        compiled.compile()
+        kernel_cache.quiet(compiled.compile)()
         return compiled
     return wrap
 
@@ -655,7 +655,7 @@ def kernel_ir(width: int, rows: int, vecs: int, bf16: bool = False, native: bool
 
 @functools.cache
 def _spin(width: int, rows: int, vecs: int) -> Callable:
-    @numba.njit(parallel=True, cache=True)
+    @kernel_cache.njit(parallel=True)
     def spin(c, a, b, depth, reps, threads):  # pragma: no cover - compiled
         """``reps`` kernel calls per thread on its own packed panels (``depth`` x block, in L1)."""
         vw = vecs * width
@@ -739,7 +739,7 @@ def _chains(typingctx, width, x, reps):
 
 @functools.cache
 def _register_spin(width: int) -> Callable:
-    @numba.njit(parallel=True, cache=True)
+    @kernel_cache.njit(parallel=True)
     def spin(out, reps):  # pragma: no cover - compiled
         for p in numba.prange(out.shape[0]):
             out[p] = _chains(width, np.float32(0.999), reps)
