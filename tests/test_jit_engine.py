@@ -522,3 +522,43 @@ def test_nan_and_inf_meet_padding_only_where_the_sums_read_them(task, dtype, val
     np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
     finite = np.isfinite(want)
     _close(got[finite], want[finite], TOLERANCE["f32" if dtype == np.float32 else "bf16"], task)
+
+
+@pytest.mark.parametrize("groups, icg, rows, kernel, strides, dilations, pads", [
+    (1, 3, 3, (2, 7), (1, 2), (1, 1), (1, 3)),     # conv1-like: one block, every channel a row
+    (2, 3, 4, (3, 3), (1, 1), (2, 2), (1, 2)),     # one block, a row past the channels
+    (1, 1, 6, (1, 3), (2, 3), (1, 1), (0, 1)),     # one block of one channel, stride > kernel
+    (1, 20, 6, (3, 3), (1, 1), (1, 1), (1, 1)),    # several blocks, the last one padded
+    (3, 8, 4, (2, 5), (2, 2), (1, 2), (0, 3)),     # several blocks per group
+])
+def test_pair_blocks_against_their_definition(groups, icg, rows, kernel, strides, dilations, pads, rng):
+    """``jit._pair_blocks`` (bf16 x as pairs of positions for the weights gradient on the dot
+    instruction): ``[ph, g, b, n, p0, p1, q, r, j]`` = padded x at last-axis position
+    ``2*S*q + j*S + ph`` and channel ``g*ICg + b*R + r``, zero past the data and the channels,
+    every value written again into an earlier call's array; tap k's offset reaches phase
+    ``k*D mod 2S`` and pair ``k*D // 2S``. Both fills: one block (each pair stored as joined)
+    and several (joined once, dealt to the blocks)."""
+    g = _geometry(2, groups, icg, 5, (4, 11), kernel, strides, dilations, (1, pads[0]), (0, pads[1]))
+    bits = rng.integers(1, 65535, (g.n, *g.in_size, g.ic)).astype(np.uint16)
+    first, _ = jit._pair_blocks(g, bits.view(DATA_DTYPES["bf16"]), rows)
+    first[...] = 7                                    # stale values: each one must be written again
+    got, taps = jit._pair_blocks(g, bits.view(DATA_DTYPES["bf16"]), rows, first)
+    size, lo = geometry.spatial(g.padded_size, 1), geometry.spatial(g.pads_begin, 0)
+    padded = np.zeros((g.n, *size, groups, -(-icg // rows) * rows), np.uint16)
+    inner = tuple(slice(a, a + n) for a, n in zip(lo, geometry.spatial(g.in_size, 1)))
+    padded[(slice(None), *inner, slice(None), slice(0, icg))] = \
+        bits.reshape(g.n, *geometry.spatial(g.in_size, 1), groups, icg)
+    s, d = geometry.spatial(g.strides, 1), geometry.spatial(g.dilations, 1)
+    phases, q = jit._pair_phases(g)
+    for pi, ph in enumerate(phases):
+        for j in (0, 1):
+            positions = 2 * s[2] * np.arange(q) + j * s[2] + ph
+            inside = positions < size[2]
+            want = np.zeros((g.n, size[0], size[1], q, groups, padded.shape[-1]), np.uint16)
+            want[:, :, :, inside] = padded[:, :, :, positions[inside]]
+            want = want.reshape(*want.shape[:4], groups, -1, rows).transpose(4, 5, 0, 1, 2, 3, 6)
+            np.testing.assert_array_equal(got[pi, ..., j], want, err_msg=f"phase {ph}, half {j}")
+    xs = jit._strides(got.shape[3:])
+    want_taps = [phases.index(k2 * d[2] % (2 * s[2])) * got[0].size + k0 * d[0] * xs[1] + k1 * d[1] * xs[2]
+                 + k2 * d[2] // (2 * s[2]) * xs[3] for k0, k1, k2 in np.ndindex(*geometry.spatial(g.kernel, 1))]
+    np.testing.assert_array_equal(taps, want_taps)
