@@ -313,8 +313,10 @@ def environment(ceiling: float, threads: int, load: tuple[float, float], peaks: 
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else \
         platform.processor()
+    from llvmlite import binding
     return [f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
-            f"- machine: {cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}",
+            f"- machine: {cpu} (LLVM: {binding.get_host_cpu_name()}), {os.cpu_count()} cores, {platform.system()} "
+            f"{platform.machine()}; other CPUs' runs: the RESULTS-*.md files beside this one, each naming its CPU",
             f"- python {platform.python_version()}, numpy {np.__version__}, torch {torch.__version__} "
             f"({torch.get_num_threads()} threads), convgrad {cg.__version__ if hasattr(cg, '__version__') else ''}"
             f" engine '{cg.engines.default_engine_name()}'",
