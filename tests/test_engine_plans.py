@@ -121,9 +121,12 @@ def avx2():
     ((16, 1, 64, 256, (56, 56), (1, 1)), "backward_data", np.float32, "shared", "jit"),   # NCX beside PyTorch
     ((16, 1, 64, 256, (56, 56), (1, 1)), "backward_weights", np.float32, "shared", "jit"),
     ((16, 1, 3, 64, (230, 230), (7, 7), (2, 2)), "backward_weights", np.float32, False,
-     "jit block=4x3"),                                                 # conv1: one row of 4 idle (1.5 FMAs a kept one)
-    ((16, 1, 3, 32, (230, 230), (7, 7), (2, 2)), "backward_weights", np.float32, False,
-     "gemm variant=frame"),                                            # 32 lanes on 4x3: 2.25 FMAs a kept one
+     "jit block=6x2"),                                   # conv1: 7 taps of 21 rows (the last kernel axis folded)
+    ((16, 1, 3, 32, (230, 230), (7, 7), (2, 2)), "backward_weights", np.float32, False, "jit block=6x2"),
+    ((16, 1, 3, 64, (230, 230), (7, 7), (2, 2), (1, 2)), "backward_weights", np.float32, False,
+     "jit block=4x3"),                                   # not folded (dilated): one row of 4 idle (1.5 FMAs a kept one)
+    ((16, 1, 3, 32, (230, 230), (7, 7), (2, 2), (1, 2)), "backward_weights", np.float32, False,
+     "gemm variant=frame"),                              # 32 lanes on 4x3: 2.25 FMAs a kept one
 ])
 def test_the_tuning_tables_rule(case, task, dtype, channels_first, want, avx2):
     """The rule on AVX2 (``channels_first`` "shared": NCX data beside PyTorch's threads)."""
@@ -146,8 +149,11 @@ def test_the_tuning_tables_rule(case, task, dtype, channels_first, want, avx2):
      "gemm"),                                                  # f32 copies that would break the 2x bound
     ((16, 1, 4, 64, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_data", np.float32, "gemm"),
     ((16, 1, 3, 64, (230, 230), (7, 7), (2, 2)), "backward_weights", np.float32, "jit"),   # 3x4, no idle row
-    ((16, 1, 3, 48, (230, 230), (5, 5), (2, 2)), "backward_weights", np.float32, "gemm"),  # 7x3: 4 rows idle
-    ((16, 1, 2, 64, (28, 28), (3, 3)), "backward_weights", np.float32, "gemm"),             # below 3 channels
+    ((16, 1, 3, 48, (230, 230), (5, 5), (2, 2)), "backward_weights", np.float32, "jit"),   # folded: 15 rows
+    ((16, 1, 3, 48, (230, 230), (5, 5), (2, 2), (1, 2)), "backward_weights", np.float32,
+     "gemm"),                                                                     # not folded: 7x3, 4 rows idle
+    ((16, 1, 2, 64, (28, 28), (3, 3)), "backward_weights", np.float32, "jit"),              # folded: 6 rows
+    ((16, 1, 2, 64, (28, 28), (3, 3), (1, 1), (1, 2)), "backward_weights", np.float32, "gemm"),  # below 3 rows
     ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_data", np.float32, "jit"),
     ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_weights", np.float32,
      "jit"),                                                   # junk-heavy f32 beside PyTorch: one pool
@@ -163,7 +169,8 @@ def test_the_tuning_tables_rule(case, task, dtype, channels_first, want, avx2):
 def test_one_pool_rule_on_avx512(case, task, dtype, want, family):
     """On the AVX-512 families every f32-accumulating problem goes to our kernels (one pool),
     whatever its taps and channels, but for narrow inputs of a gradient (a weights gradient of 3
-    to 7 where its block leaves no rows idle), junk-heavy frames (but a data gradient of bf16 on
+    to 7 rows where its block leaves no rows idle: input channels, times the kernel's width where
+    ``jit.folds``), junk-heavy frames (but a data gradient of bf16 on
     the dot instruction, whose drivers skip rows of padding), a multi-tap 16-bit weights
     gradient (but bf16 pairs on the dot instruction) and f64. Beside PyTorch (``shared``), as
     here; a junk-heavy f32 gradient without it stays on the output-row GEMMs."""

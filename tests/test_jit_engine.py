@@ -562,3 +562,29 @@ def test_pair_blocks_against_their_definition(groups, icg, rows, kernel, strides
     want_taps = [phases.index(k2 * d[2] % (2 * s[2])) * got[0].size + k0 * d[0] * xs[1] + k1 * d[1] * xs[2]
                  + k2 * d[2] // (2 * s[2]) * xs[3] for k0, k1, k2 in np.ndindex(*geometry.spatial(g.kernel, 1))]
     np.testing.assert_array_equal(taps, want_taps)
+
+
+@pytest.mark.parametrize("ic, in_size, kernel, strides, dilations, pads", [
+    (3, (15, 16), (7, 7), (2, 2), (1, 1), (3, 2)),         # a first layer: ResNet-50's conv1, small
+    (1, (9, 12), (3, 5), (1, 1), (2, 1), (1, 2)),          # one channel, a dilation on the other axis
+    (7, (6, 14), (3, 3), (1, 3), (1, 1), (1, 0)),          # just under fold_channels, stride 3 along the row
+    (3, (5, 6, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 1, 0)),   # 3-D U-Net's first layer, small
+])
+def test_weights_gradient_reads_the_last_kernel_axis_as_channels(ic, in_size, kernel, strides, dilations, pads, rng):
+    """A weights gradient of one group of few input channels (dilation 1 along the last axis)
+    runs its last kernel axis' taps as K2*ICg rows of one tap's blocks (``jit.folds``): against
+    the reference on every block of the family's width (fewer and more rows than that, a last
+    block past the rows); not folded for bf16 pairs (``depth`` 2), a dilated last axis, groups, or
+    ``fold_channels`` channels."""
+    g = _geometry(2, 1, ic, 20, in_size, kernel, strides, dilations, pads, tuple(reversed(pads)))
+    assert jit.folds(g, 1) == kernel[-1] and jit.folds(g, 2) == 1
+    for other in (dataclasses.replace(g, dilations=(*g.dilations[:-1], 2)), _geometry(2, 2, ic, 4, in_size, kernel),
+                  _geometry(2, 1, jit.TUNING.fold_channels, 4, in_size, kernel)):
+        assert jit.folds(other, 1) == 1
+    x, dy = (rng.uniform(0.5, 1.5, s) * rng.choice([-1, 1], s) for s in (g.x_shape, g.y_shape))
+    x, dy = x.astype(np.float32), dy.astype(np.float32)
+    want = get_engine("reference").backward_weights(g, x, dy)
+    f = Features.of(g, "backward_weights", np.float32, False)
+    for rows, vecs in microkernel.BLOCKS[isa.WIDTH[isa.family()]]:
+        got = jit.backward_weights(g, x, dy, Plan.of("jit", **jit.complete(f, {"block": f"{rows}x{vecs}"})))
+        _close(got, want, TOLERANCE["f32"], f"{kernel} {rows}x{vecs}")

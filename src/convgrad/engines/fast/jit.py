@@ -113,12 +113,28 @@ def complete(f: Features, params: dict) -> dict:
         rows, vecs = microkernel.tile_block_for(channels)
     else:
         weights = f.task == "backward_weights"       # rows over input channels: weighed as our GEMM's
-        rows, vecs = microkernel.block_for(channels, _width(), g.icg if weights else None, _computed(g, f.task),
-                                           TUNING.gemm_loads_weight if weights else None)
+        rows, vecs = microkernel.block_for(channels, _width(), input_rows(f) if weights else None,
+                                           _computed(g, f.task), TUNING.gemm_loads_weight if weights else None)
     by_blocks = math.prod(g.w_shape) > TUNING.weights_split * (math.prod(g.x_shape) + math.prod(g.y_shape))
     cache = TUNING.cache_bytes if f.task == "backward_weights" else max(TUNING.cache_bytes, isa.cache_sizes()[1])
     split = "taps" if taps_on_tiles(f) else "blocks" if f.task == "backward_weights" and by_blocks else "rows"
     return {"block": f"{rows}x{vecs}", "cache_bytes": cache, "split": split, **params}
+
+
+def folds(g: ConvGeometry, depth: int) -> int:
+    """How many taps of the last kernel axis a weights gradient of ``g`` (values ``depth`` per
+    reduction step) reads as input channels: ``K2`` where there is one group of fewer than
+    ``TUNING.fold_channels`` channels, dilation 1 along that axis and no bf16 pairs, else 1. In
+    NXC memory the padded ``x[.., p*S + k, c]`` lies at ``p*S*C + (k*C + c)``: the ``K2*C``
+    channels ``j = k*C + c`` of a position are adjacent, so ``dw[.., k, c, :]`` is a block row
+    ``j`` of the (K0, K1) tap's GEMM, and a first layer's 3 channels fill 3*K2 rows."""
+    k2, d2 = spatial(g.kernel, 1)[2], spatial(g.dilations, 1)[2]
+    return k2 if depth == 1 and g.groups == 1 and d2 == 1 and g.icg < TUNING.fold_channels else 1
+
+
+def input_rows(f: Features) -> int:
+    """The rows over which a weights gradient's register blocks run: ICg, times :func:`folds`."""
+    return f.geometry.icg * folds(f.geometry, 2 if weights_in_pairs(f) else 1)
 
 
 def idle(f: Features) -> float:
@@ -127,7 +143,7 @@ def idle(f: Features) -> float:
     block = _block_of(complete(f, {})["block"], on_tiles(f))
     assert block is not None
     channels = f.geometry.icg if f.task == "backward_data" else f.geometry.ocg
-    return microkernel.idle(block, channels, _width(), f.geometry.icg if f.task == "backward_weights" else None)
+    return microkernel.idle(block, channels, _width(), input_rows(f) if f.task == "backward_weights" else None)
 
 
 def _computed(g: ConvGeometry, task: str) -> Callable[[int], float] | None:
@@ -353,7 +369,9 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
         other = g.groups * taps * (g.icg + 1) * -(-g.ocg // vw) * vw
         if task == "backward_weights":   # x zero-padded, with a block's slack after it
             source = g.n * math.prod(g.padded_size) * g.ic + rows
-            block = g.groups * taps * -(-g.icg // rows) * rows * -(-g.ocg // vw) * vw
+            fold = folds(g, 1)    # the sums' rows, the taps of the last axis folded or not (bf16 pairs)
+            block = g.groups * max(taps * -(-g.icg // rows), taps // fold * -(-g.icg * fold // rows)) * rows \
+                * -(-g.ocg // vw) * vw
             shares = 1 if plan.param("split") == "blocks" else pool.threads()
             other = g.n * math.prod(o) * g.groups * -(-g.ocg // vw) * vw + (shares + 1) * block \
                 + (math.prod(g.w_shape) if g.groups > 1 else 0)     # groups: dw copied out of the sums
@@ -1155,12 +1173,14 @@ def _weight_sums(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, t0:
     size, o = spatial(g.padded_size, 1), spatial(g.out_size, 1)
     nblocks = -(-g.ocg // vw)
     depth = 2 if _depth(x.dtype) == 2 and _pairs_exact(g, x) else 1
-    row_blocks = -(-g.icg // rows)
+    fold = folds(g, depth) if (t0, t1) == (0, math.prod(kernel)) else 1    # taps of the last axis as channels
+    icg = g.icg * fold
+    row_blocks = -(-icg // rows)
     threads = pool.threads()
     split_blocks = plan.param("split") == "blocks"
     shares = 1 if split_blocks else min(threads, g.n * o[0] * o[1])
     chunk = max(1, plan.param("cache_bytes") // (4 * o[2] * (g.ic + g.oc)))
-    parts = np.zeros((shares, t1 - t0, g.groups, row_blocks * rows, nblocks * vw), F32)
+    parts = np.zeros((shares, (t1 - t0) // fold, g.groups, row_blocks * rows, nblocks * vw), F32)
     per, ranges = _pair_images(g, rows, vw) if depth == 2 else (g.n, 1)   # bf16 pairs: a few images at a time
     xb = dyp = None                                            # ... in buffers allocated once
     for n0 in range(0, g.n, per):
@@ -1185,18 +1205,18 @@ def _weight_sums(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, t0:
                     x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]]
                     taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3]
                                        for k0 in range(kernel[0]) for k1 in range(kernel[1])
-                                       for k2 in range(kernel[2])], np.int64)[t0:t1]
+                                       for k2 in range(kernel[2] // fold)], np.int64)[t0:t1]
                     dyp = _lanes(dyc, g.groups, g.ocg, nblocks * vw)
                     g_step, block_step, flat_x = g.icg, rows, geometry.flat(xb)
                 rows_total = gc.n * oc[0] * oc[1]
                 _weights(_width(), rows, vecs, isa.bf16_kernel() if depth == 2 else 0)(
                     shares * (threads if split_blocks else 1), flat_x, np.array(x_steps, np.int64), g_step,
                     block_step, taps_a, dyp.reshape(-1), g.groups * nblocks * vw * depth,
-                    np.array((gc.n, *oc), np.int64), min(chunk, rows_total), parts.reshape(-1), shares, threads if split_blocks else 1, g.groups, g.icg, g.ocg, depth,
-                    -(-o[2] // depth))
+                    np.array((gc.n, *oc), np.int64), min(chunk, rows_total), parts.reshape(-1), shares,
+                    threads if split_blocks else 1, g.groups, icg, g.ocg, depth, -(-o[2] // depth))
     total = parts[0]
     for more in parts[1:]:
         total += more
     if g.groups == 1:    # (T, ICg, OC) a view of the padded sums: no copy of a weight-sized array
-        return total[:, 0, :g.icg, :g.ocg]
+        return total[:, 0, :icg, :g.ocg].reshape(t1 - t0, g.icg, g.ocg)   # (folded: K2*ICg rows a tap)
     return np.ascontiguousarray(total[:, :, :g.icg, :g.ocg].transpose(0, 2, 1, 3)).reshape(t1 - t0, g.icg, g.oc)

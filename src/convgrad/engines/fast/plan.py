@@ -126,8 +126,9 @@ def jit_selected(f: Features) -> bool:
         return False
     if f.task == "backward_weights" and f.taps > 1 and f.out_size[-1] <= TUNING.jit_weights_short_rows.get(f.family, 0):
         return False
-    if f.icg < TUNING.jit_min_input_channels[f.task] or \
-            f.icg < TUNING.jit_min_input_channels["backward_data"] and jit.idle(f) > TUNING.jit_narrow_idle:
+    rows = jit.input_rows(f) if f.task == "backward_weights" else f.icg
+    if rows < TUNING.jit_min_input_channels[f.task] or \
+            rows < TUNING.jit_min_input_channels["backward_data"] and jit.idle(f) > TUNING.jit_narrow_idle:
         return False
     one_pool = f.shared or f.dtype == "bfloat16" or not f.channels_first
     return one_pool or f.taps > 1 and max(f.icg, f.ocg) <= TUNING.jit_channels[f.task]

@@ -58,6 +58,13 @@ class Tuning:
     #: (AVX2), 2026-11-27, conv1 on each block, alternating rounds: 4x3 (idle 1.5) 0.81x BLAS's
     #: time (0.62x in sequence, `convgrad tune`), 6x2 (2.0) 1.01x, 8x1 (2.7) 2.1x.
     jit_narrow_idle: float = 1.75
+    #: ``jit``: a weights gradient of fewer input channels per group than this (one group,
+    #: dilation 1 along the last axis, not bf16 pairs) reads its last kernel axis' taps as input
+    #: channels (``jit.folds``: K2*ICg rows a tap of the other axes). Zen 5, 2026-11-28, f32 mb 16,
+    #: folded / not (16 lanes; the avx2 family on the same CPU): 3-D U-Net's conv_1 (3 -> 32,
+    #: 3x3x3, mb 1; the frame GEMMs before) 0.21 (0.36), 4 -> 64 3x3 0.76 (0.77), 7 -> 32 3x3
+    #: 0.16 (0.63), 1 -> 16 5x5 1.01 (0.19), ResNet-50's conv1 1.00 (0.76).
+    fold_channels: int = 8
     #: ... a multi-tap weights gradient not where its output rows hold at most this many
     #: positions, per family (the driver's batch-reduce calls take one output row of positions
     #: as their reduction: 7 at ResNet-50's res5): Zen 3 (AVX2), 2026-11-28, mb 16, two threads,
