@@ -168,3 +168,41 @@ def test_quiet_blas_finds_numpys_openblas_and_leaves_it_alone_beside_other_threa
         assert threading.active_count() > alone
         pool.quiet_blas()
     assert stopped == [1]
+
+
+_SPIN = textwrap.dedent("""
+    import os, time
+    import numba, numpy as np
+    from convgrad.engines.fast import pool
+    @numba.njit(parallel=True)
+    def work(a):
+        for i in numba.prange(a.size):
+            a[i] = np.sqrt(a[i] + i)
+    a = np.ones(1 << 20)
+    for _ in range(3):
+        pool.run(work, a)
+    start = time.process_time()
+    time.sleep(0.05)                     # numba's threads spin or sleep now
+    print(time.process_time() - start, "GOMP_SPINCOUNT" in os.environ, pool.layer())
+""")
+
+
+def test_numbas_threads_stop_spinning_soon_after_a_call():
+    """After a parallel call numba's OpenMP threads spin ``TUNING.omp_spin_count`` rounds, not
+    libgomp's 300,000 (which slowed a BLAS call right after ours by a fifth): the CPU time the
+    process takes while it sleeps after a call is far below that with libgomp's count set by the
+    user (whose setting wins); the variable is not left for child processes."""
+    def spin_seconds(**env: str) -> float:
+        import os
+        clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+        run = subprocess.run([sys.executable, "-c", _SPIN], capture_output=True, text=True, timeout=300,
+                             env={**clean, **env})
+        assert run.returncode == 0, run.stderr
+        seconds, inherited, layer = run.stdout.split()
+        if layer != "omp":
+            pytest.skip(f"numba's {layer} layer: no GNU OpenMP threads")
+        assert inherited == "False" or env, run.stdout
+        return float(seconds)
+
+    ours, long_spin = spin_seconds(), spin_seconds(GOMP_SPINCOUNT="300000")
+    assert ours < 0.5 * long_spin, (ours, long_spin)

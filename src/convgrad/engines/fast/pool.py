@@ -7,6 +7,11 @@
   numba's layer and PyTorch share one ``libgomp`` (PyTorch's ``libgomp.so.1`` binds to the one
   numba loaded); imported after, each has its own (numba names ``libgomp.so.1.0.0``): the step
   time measured the same either way.
+- **Spinning**: libgomp's threads spin 300,000 rounds (~7 ms on a Zen 5) after a parallel
+  region; beside a BLAS call that followed one of ours, they slowed it by a fifth. Where the
+  user sets neither ``GOMP_SPINCOUNT`` nor ``OMP_WAIT_POLICY``, this module sets
+  ``GOMP_SPINCOUNT`` to ``TUNING.omp_spin_count`` before numba's libgomp loads (a libgomp that
+  PyTorch loaded first keeps its own setting; numba then loads its own).
 - **fork()**: a GNU OpenMP pool does not survive a fork (the child's copy names threads that
   do not exist: a parallel region there aborts or hangs, and numba's layer terminates such a
   child). In a forked child every call runs on a thread started in that child, a new OpenMP
@@ -38,16 +43,27 @@ from typing import Callable, TypeVar
 import numba
 from numba.np.ufunc import parallel as _parallel
 
+from .tuning import TUNING
+
 __all__ = ["run", "serial", "layer", "quiet_blas", "threads"]
 
 T = TypeVar("T")
 
 
 def _omp_loads() -> bool:
+    """Whether numba's OpenMP layer loads. Its libgomp reads ``GOMP_SPINCOUNT`` as it loads: set
+    to ``TUNING.omp_spin_count`` for that moment (module docstring), unless the user set it or
+    ``OMP_WAIT_POLICY``; child processes do not inherit it."""
+    ours = not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(os.environ)
+    if ours:
+        os.environ["GOMP_SPINCOUNT"] = str(TUNING.omp_spin_count)
     try:
         from numba.np.ufunc import omppool  # noqa: F401  (loads a libgomp)
     except ImportError:
         return False
+    finally:
+        if ours:
+            del os.environ["GOMP_SPINCOUNT"]
     return True
 
 

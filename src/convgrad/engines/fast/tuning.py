@@ -96,6 +96,13 @@ class Tuning:
     #: OpenBLAS's spinning threads when it ends (:func:`.pool.quiet_blas`, 60-110 µs): they
     #: halved the next calls on numba's threads (docs/engine-measurements.md, "OpenBLAS spinning").
     quiet_blas_flops: int = 100_000_000
+    #: ... and numba's OpenMP threads spin this many rounds after a parallel region before they
+    #: sleep (``GOMP_SPINCOUNT`` of the libgomp numba loads, where neither it nor
+    #: ``OMP_WAIT_POLICY`` is set; libgomp's own: 300,000, ~7 ms on a Zen 5): spinning that long
+    #: beside a BLAS call slowed it (ResNet-50's conv1 data gradient 33 -> 40 ms right after a
+    #: ``jit`` call, Zen 5, 2026-11-28; ResNet-50's 40 calls in sequence 1.07-1.10x the sum of
+    #: each alone, 1.01-1.04x with 30,000).
+    omp_spin_count: int = 30_000
 
     #: Problems whose chosen plan :func:`.plan.planned` remembers for repeated calls (then it
     #: starts afresh).
