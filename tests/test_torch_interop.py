@@ -324,9 +324,10 @@ def test_a_warm_call_goes_from_its_signature_to_the_engine(monkeypatch) -> None:
 def test_a_warm_small_call_runs_from_the_tensors_memory(monkeypatch) -> None:
     """A repeated small f32 call of channels-last data and X-first weights without bias runs
     the engine's compiled loops on the tensors' memory (``FastEngine.bind_at``), with the cold
-    call's bits, for Convolution and ConvTranspose (whose inputs' roles are y and w); not where
-    autograd records the call, a tensor is a negative view, a strategy is forced since (the
-    engine's state) or the memory budget is too small since (convgrad's error)."""
+    call's bits, for Convolution and ConvTranspose (whose inputs' roles are y and w), where
+    autograd records the call too (its node's forward, and then its gradients); not where a
+    tensor is a negative view, a strategy is forced since (the engine's state) or the memory
+    budget is too small since (convgrad's error)."""
     from convgrad.engines.fast import direct_flat
 
     calls = []
@@ -347,8 +348,12 @@ def test_a_warm_small_call_runs_from_the_tensors_memory(monkeypatch) -> None:
         np.testing.assert_array_equal(cold.numpy(), numpy)
         calls.clear()
         torch.testing.assert_close(function(torch._neg_view(x), w, **attrs), -cold, rtol=0, atol=0)
+        assert calls == []
         leaf = x.clone().requires_grad_()
-        torch.testing.assert_close(function(leaf, w, **attrs), cold, rtol=0, atol=0)
+        recorded = function(leaf, w, **attrs)
+        torch.testing.assert_close(recorded, cold, rtol=0, atol=0)
+        assert calls == [1] and recorded.grad_fn is not None and recorded.requires_grad
+        calls.clear()
         with convgrad.engines.fast.forced_strategy("gemm"):
             forced = function(x, w, **attrs)
         torch.testing.assert_close(forced, cold, rtol=1e-5, atol=1e-5)
@@ -360,7 +365,7 @@ def test_a_warm_small_call_runs_from_the_tensors_memory(monkeypatch) -> None:
             calls.clear()
             (function(xg, wg, **attrs) * cold).sum().backward()   # dy = cold: contiguous
             grads.append((xg.grad, wg.grad))
-        assert calls == [1, 1]
+        assert calls == [1, 1, 1]                         # the forward and both gradients
         backward = (convgrad.convolution_backward_data, convgrad.convolution_backward_weights) \
             if function is ct.convolution else (convgrad.conv_transpose_backward_data, convgrad.conv_transpose_backward_weights)
         want_dx = backward[0](cold.numpy(), w.numpy(), **({"dst_shape": list(x.shape)} if function is ct.convolution else {}),

@@ -158,35 +158,39 @@ def _vjp(problem: Problem, saved: Sequence[torch.Tensor | None], grad: torch.Ten
 def _gradients(problem: Problem, saved: Sequence[torch.Tensor | None], grad: torch.Tensor,
                needs: Sequence[bool]) -> tuple[torch.Tensor | None, ...]:
     """:func:`_vjp`'s gradients where none of them is differentiated again (a backward without
-    ``create_graph`` on plain tensors), computed directly on NumPy views (no autograd node, no
-    dispatch test, ``grad`` viewed once), with the gradient ops and attributes remembered for
-    the forward's problem, in one engine call scope. (The views are made here, not kept from the
-    forward: they would hold the inputs' memory after autograd frees its saved tensors.)"""
-    views = [None if t is None else _view(t) for t in saved]
+    ``create_graph`` on plain tensors), computed directly (no autograd node, no dispatch test),
+    with the gradient ops and attributes remembered for the forward's problem, in one engine call
+    scope: a step the engine bound runs from the tensors' memory (:func:`_direct`: contiguous
+    f32, their addresses; NumPy views cost 0.8 µs each, an array's address as much), any other on
+    NumPy views. (The views are made here, not kept from the forward: they would hold the inputs'
+    memory after autograd frees its saved tensors.)"""
     hit = _plans.get(id(problem))
     if hit is None or hit[0] is not problem:
-        plan = adjoints.steps(problem, [None if v is None else v.shape for v in views])
+        plan = adjoints.steps(problem, [None if t is None else t.shape for t in saved])
         ops = {s.kind: interop.op_for(s.kind, s.attrs) for s in plan if isinstance(s, adjoints.Step)}
         hit = _plans.put(id(problem), (problem, plan, ops, {}))
     _, plan, ops, runs = hit
 
     engine = get_engine(None)
 
-    def direct(step: adjoints.Step, *arrays: np.ndarray) -> torch.Tensor:
+    def direct(step: adjoints.Step, *tensors: torch.Tensor) -> torch.Tensor:
         run = runs.get(step.kind)
         if run is not None:                          # from memory (a broadcast gradient made contiguous)
-            a, b = np.ascontiguousarray(arrays[run[0]]), np.ascontiguousarray(arrays[run[1]])
-            result = run[2](a.ctypes.data, b.ctypes.data) if a.dtype == b.dtype == np.float32 else None
-            if result is not None:
-                return result
+            a, b = tensors[run[0]], tensors[run[1]]
+            if a.dtype is b.dtype is torch.float32 and not (a.is_neg() or b.is_neg()):
+                a, b = a.contiguous(), b.contiguous()
+                result = run[2](a.data_ptr(), b.data_ptr())
+                if result is not None:
+                    return result
+        arrays = [to_numpy(t) if t is grad else _view(t) for t in tensors]
         resolved = ops[step.kind].resolve(*arrays)
         if step.kind not in runs and resolved[2] is not None:
             runs[step.kind] = _direct(resolved[0], list(resolved[1]), resolved[2])
         return _compute(*resolved, engine)
 
     with getattr(engine, "scope", contextlib.nullcontext)():
-        return tuple(adjoints.vjp(problem, views, to_numpy(grad), needs, direct,
-                                  lambda _, axes: _sum(grad, axes), np.shape, plan))
+        return tuple(adjoints.vjp(problem, saved, grad, needs, direct, lambda _, axes: _sum(grad, axes), np.shape,
+                                  plan))
 
 
 #: Per problem of an eager forward (by identity: the warm path gives one problem object per
@@ -214,10 +218,18 @@ class _Eager(torch.autograd.Function):
     ``torch.func`` calls, which need it, take the registered op.)"""
 
     @staticmethod
-    def forward(ctx: Any, problem: Problem, arrays: dict[str, np.ndarray], warm: Warm | None,
-                *tensors: torch.Tensor | None) -> torch.Tensor:
+    def forward(ctx: Any, problem: Problem, arrays: dict[str, np.ndarray] | tuple[tuple[tuple[int, str], ...], _Direct],
+                warm: Warm | None, *tensors: torch.Tensor | None) -> torch.Tensor:
+        """``arrays``: the inputs' views by role, or a warm call's (roles, run from memory): the
+        run where it does not decline (:func:`_from_memory`), else views made here."""
         ctx.problem = problem
         ctx.save_for_backward(*tensors)
+        if isinstance(arrays, tuple):
+            roles, direct = arrays
+            result = _from_memory(direct, tensors)
+            if result is not None:
+                return result
+            arrays = {role: _view(tensors[i]) for i, role in roles}
         return _compute(problem, arrays, warm)
 
     @staticmethod
@@ -395,7 +407,9 @@ def _call(kind: str, tensors: tuple[Any, ...], attrs: dict[str, Any]) -> torch.T
     hit = _resolved.get(signature) if signature is not None else None
     if hit is not None and forward_ad._current_level < 0 and _eager(tensors, False):  # a call resolved before
         problem, roles, warm, direct = hit
-        if direct is not None and not _wants_gradient(tensors):
+        if direct is not None:
+            if _wants_gradient(tensors):                  # the node's forward runs from memory too
+                return _eager_apply(problem, (roles, direct), warm, *tensors)
             result = _from_memory(direct, tensors)
             if result is not None:
                 return result
