@@ -9,9 +9,9 @@
   time measured the same either way.
 - **Spinning**: libgomp's threads spin 300,000 rounds (~7 ms on a Zen 5) after a parallel
   region; beside a BLAS call that followed one of ours, they slowed it by a fifth. Where the
-  user sets neither ``GOMP_SPINCOUNT`` nor ``OMP_WAIT_POLICY``, this module sets
-  ``GOMP_SPINCOUNT`` to ``TUNING.omp_spin_count`` before numba's libgomp loads (a libgomp that
-  PyTorch loaded first keeps its own setting; numba then loads its own).
+  user sets none of ``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY`` and ``NUMBA_THREADING_LAYER``, this
+  module loads numba's libgomp with ``GOMP_SPINCOUNT`` = ``TUNING.omp_spin_count`` (a libgomp
+  that PyTorch loaded first keeps its own setting; numba then loads its own).
 - **fork()**: a GNU OpenMP pool does not survive a fork (the child's copy names threads that
   do not exist: a parallel region there aborts or hangs, and numba's layer terminates such a
   child). In a forked child every call runs on a thread started in that child, a new OpenMP
