@@ -295,3 +295,30 @@ def test_transposed_results_equal_numpys_transpose(m, n, width):
     blis._transpose_into(view, view.strides[0] // 4, out, width)
     assert np.array_equal(out, view.T)
     assert np.array_equal(blis._transposed(view), view.T) and blis._transposed(view).flags.c_contiguous
+
+
+@pytest.mark.parametrize("m, k, n", [(16, 4001, 6), (40, 3000, 7), (64, 2049, 96), (17, 5001, 3)])
+@pytest.mark.parametrize("standin", [False, True])
+def test_bf16_deep_reduction_packs_b_per_k_step(m, k, n, standin, monkeypatch):
+    """A deep bf16 reduction whose items each own a chunk of K (one block of rows, one share of
+    the panels) packs B's pairs per K step in each thread, whole vectors by ``pairs32`` and the
+    columns past them, and an odd K's last row, one value at a time: never all of B first; plain
+    and rounded, close to float64 (odd K, N past whole vectors and panels)."""
+    from convgrad import casts
+    if not standin and not isa.bf16_host():
+        pytest.skip("no AVX512_BF16: the stand-in case runs the same drivers")
+    rng = np.random.default_rng()
+    before = isa.set_family("avx512_bf16", allow_emulated=True, standin=standin)
+    try:
+        bl = blis.blocks(*((n, k, m) if n > m else (m, k, n)), 2)          # N > M: run as (b^T a^T)^T
+        assert bl.k_chunks > 1 and bl.m_blocks == 1 and bl.shares == 1, bl
+        monkeypatch.setattr(blis, "_packed", lambda *a: pytest.fail("all of B packed before the GEMM"))
+        a = rng.standard_normal((k, m)).astype(BF16).T                # x^T, as the weights gradient passes it
+        b = rng.standard_normal((k, n)).astype(BF16)
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        got = blis.gemm(a.view(np.uint16), b.view(np.uint16))
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * math.sqrt(k) * max(1.0, np.abs(want).max()))
+        rounded = blis.gemm(a.view(np.uint16), b.view(np.uint16), rounded=True)
+        np.testing.assert_array_equal(rounded, casts.from_f32(np.ascontiguousarray(got), BF16).view(np.uint16))
+    finally:
+        isa.set_family(before)

@@ -170,14 +170,15 @@ def _blocks_for(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | 
 
 
 def workspace_bytes(m: int, k: int, n: int, itemsize: int) -> int:
-    """Upper bound of :func:`gemm`'s allocations besides its operands: the packed B, the padded C
+    """Upper bound of :func:`gemm`'s allocations besides its operands: the packed B (or the
+    threads' K steps of it), the padded C
     (f32, one per chunk of K), for bf16 the per-thread blocks of A's pairs (kc/2 x mc, 32 bits
     each) and of a rounded result's tiles (mc x N, f32), and one packed tail panel per item."""
     b = blocks(m, k, n, itemsize)
     kp, npad, mpad = -(-k // 2) * 2, -(-n // b.nr) * b.nr, -(-m // b.rows) * b.rows
     a_blocks = pool.threads() * ((b.kc // 2) + npad) * b.mc * 4 if itemsize == 2 else \
         pool.threads() * (b.kc + 16) * b.mc * 4
-    return kp * npad * itemsize + b.k_chunks * mpad * npad * 4 + a_blocks \
+    return max(kp, pool.threads() * b.kc) * npad * itemsize + b.k_chunks * mpad * npad * 4 + a_blocks \
         + b.m_blocks * b.shares * b.rows * b.kc * itemsize + 4096
 
 
@@ -189,7 +190,7 @@ def _driver(width: int, rows: int, vecs: int, native: int) -> Callable:
     on_tiles = native >= microkernel.TILES_STANDIN and (rows, vecs) in tiles.TILE_BLOCKS   # packed A row-major
 
     def run(item, a, lda, astep, m, k, bp, panels, kd, poff, bstep, c, kc, mc, m_blocks, depth, n_shares, by_share,
-            k_chunks, out, scratch, apack, copy_lda):  # pragma: no cover
+            k_chunks, out, scratch, apack, copy_lda, bpack, ldb, n):  # pragma: no cover
         """``c[:m, :] = A @ B``, A's value (row, kk) at ``a[row*lda + kk*astep]`` (flat; for
         ``depth`` 2 the kernel reads pairs ``kk``, ``kk+1`` adjacent and steps ``astep*depth``),
         B's panel ``jp`` at ``bp[jp*poff + kk*bstep]`` for its ``kd`` steps of K (pairs for depth
@@ -206,7 +207,11 @@ def _driver(width: int, rows: int, vecs: int, native: int) -> Callable:
         (bf16: pairs) along K are not adjacent (a weights gradient's x^T) is packed per K step and
         block of rows into the thread's (kc/depth, mc, depth), the BLIS way (zero past M and K),
         and the kernel reads it there. On tiles, packed A (and the tail panel) is row-major
-        instead, (mc, kc/depth, depth): a tile's rows hold consecutive pairs."""
+        instead, (mc, kc/depth, depth): a tile's rows hold consecutive pairs.
+        A non-empty ``bpack`` (threads, panels * kc/2 * nr pairs as uint32): ``bp`` is B itself
+        (bf16 bits, rows ``ldb`` apart, ``n`` columns), each K step's pairs of rows packed into
+        the thread's (panels, kc/2, nr) just before its kernels, a vector of pairs at a time
+        (an item per chunk of K: each step packed once), not all of B before the GEMM."""
         nr = vecs * width
         line = 64 // a.itemsize
         pack_a = apack.shape[0] > 0 and copy_lda == 0
@@ -233,8 +238,23 @@ def _driver(width: int, rows: int, vecs: int, native: int) -> Callable:
         ldc = tiles.shape[1]
         ap = np.empty(steps * rows * depth, a.dtype)
         mp = row_panels * rows
+        pack_b = bpack.shape[0] > 0
+        bsrc = bpack[numba.get_thread_id()].view(bp.dtype) if pack_b else bp
         for s0 in range(k_lo, k_hi, steps):
             ks = min(steps, k_hi - s0)
+            if pack_b:                                        # this step's pairs of B's rows, panel-major
+                for i2 in range(ks):
+                    r0 = 2 * (s0 + i2)
+                    for jp in range(first, last):
+                        at = ((jp - first) * steps + i2) * nr * 2
+                        cols = min(nr, n - jp * nr)
+                        whole = cols // width * width if r0 + 1 < k else 0
+                        for l in range(0, whole, width):
+                            microkernel.pairs32(width, bp, r0 * ldb + jp * nr + l, (r0 + 1) * ldb + jp * nr + l, bsrc,
+                                                at + 2 * l)
+                        for l in range(whole, nr):
+                            bsrc[at + 2 * l] = bp[r0 * ldb + jp * nr + l] if l < cols else 0
+                            bsrc[at + 2 * l + 1] = bp[(r0 + 1) * ldb + jp * nr + l] if l < cols and r0 + 1 < k else 0
             if copy_a:                                        # A's rows at stride copy_lda
                 cf = apack[numba.get_thread_id()].view(a.dtype)
                 valid = block
@@ -302,7 +322,7 @@ def _driver(width: int, rows: int, vecs: int, native: int) -> Callable:
             pf_n = min(steps * depth, k_hi * depth - pf_k, k - pf_k) if pack_a and lda == 1 else 0
             calls, call = (last - first) * row_panels, 0       # prefetched while the kernels run
             for jp in range(first, last):
-                boff = jp * poff + s0 * bstep
+                boff = (jp - first) * steps * bstep if pack_b else jp * poff + s0 * bstep
                 for rp in range(row_panels):
                     row0 = m0 + rp * rows
                     if pf_n > 0:
@@ -327,11 +347,11 @@ def _driver(width: int, rows: int, vecs: int, native: int) -> Callable:
                         src, aoff, alda, astp = a, row0 * lda + s0 * depth * astep, lda, astep * depth
                     if rounding and one_step and row0 + rows <= out.shape[0] and (jp + 1) * nr <= out.shape[1]:
                         microkernel.run(width, rows, vecs, native, out, row0 * out.shape[1] + jp * nr,
-                                        out.shape[1], src, aoff, alda, astp, bp, boff, bstep, zero, zero, 1, ks,
+                                        out.shape[1], src, aoff, alda, astp, bsrc, boff, bstep, zero, zero, 1, ks,
                                         0)                    # a whole tile, rounded in registers
                         continue
                     coff = 0 if rounding and one_step else t0 + (row0 - t_row) * ldc + jp * nr - t_col
-                    microkernel.run(width, rows, vecs, native, tiles, coff, ldc, src, aoff, alda, astp, bp, boff,
+                    microkernel.run(width, rows, vecs, native, tiles, coff, ldc, src, aoff, alda, astp, bsrc, boff,
                                     bstep, zero, zero, 1, ks, s0 - k_lo)
                     if rounding and one_step:
                         _round_into(out, tiles, row0, jp * nr, rows, nr)
@@ -544,7 +564,12 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     if not (m and k and n):
         return np.zeros((m, n), np.uint16 if rounded and bf16 else np.float32)
     bflat, ldb, bcol = _flat(b)
-    if not bf16 and bcol == 1 and n % bl.nr == 0 and bl.k_chunks > 1 and TUNING.gemm_deep_b_in_place[bl.width]:
+    # a deep bf16 reduction whose items each own a chunk of K: B's pairs packed per K step
+    steps_b = bf16 and bcol == 1 and bl.k_chunks > 1 and bl.m_blocks == 1 and bl.shares == 1
+    bpack = workspace.empty(pool.threads() * (bl.kc // 2) * panels * bl.nr if steps_b else 0, np.uint32)
+    if steps_b:
+        bp, kd, poff, bstep = bflat, -(-k // 2), 0, bl.nr * 2
+    elif not bf16 and bcol == 1 and n % bl.nr == 0 and bl.k_chunks > 1 and TUNING.gemm_deep_b_in_place[bl.width]:
         bp, kd, poff, bstep = bflat, k, bl.nr, ldb                     # a deep reduction's B, in place
     else:                                                                  # packed: (panels, K/depth, nr*depth)
         bp = _packed(b, bl.nr, depth)
@@ -560,7 +585,8 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     _driver(bl.width, bl.rows, bl.vecs, isa.bf16_kernel() if bf16 else 0)(
         bl.k_chunks * bl.m_blocks * bl.shares, flat, lda, astep, m, k, bp, panels, kd, poff, bstep, c, bl.kc, bl.mc,
         bl.m_blocks, depth, bl.shares, bl.by_share, bl.k_chunks, out, scratch,
-        apack.reshape(-1, per_thread) if pack_a or copy_lda else apack.reshape(0, 0), copy_lda)
+        apack.reshape(-1, per_thread) if pack_a or copy_lda else apack.reshape(0, 0), copy_lda,
+        bpack.reshape(pool.threads(), -1) if steps_b else bpack.reshape(0, 0), ldb, n)
     if rounding:
         return out
     if bl.k_chunks > 1:
