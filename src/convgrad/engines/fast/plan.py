@@ -10,8 +10,9 @@ applies), else :func:`default_plan`, the tuning table's rule:
 2. at most ``TUNING.direct_flops`` of work: ``direct``;
 3. ``jit`` (f32-accumulating problems on a family of ``TUNING.jit_families``; pointwise ones on
    our GEMM, :mod:`.blis`), for the gradients from ``TUNING.jit_min_input_channels[task]`` input
-   channels (a weights gradient of fewer than backward data's only where its block idles at
-   most ``TUNING.jit_narrow_idle``), a junk-heavy gradient (``Features.junk_heavy``) only for the
+   channels (a weights gradient: rows, ``jit.input_rows``, its last kernel axis folded in where
+   ``jit.folds``; of fewer than backward data's only where its block idles at most
+   ``TUNING.jit_narrow_idle``), a junk-heavy gradient (``Features.junk_heavy``) only for the
    unit-stride data gradient of bf16 on the dot instruction (the drivers skip the taps that read
    rows of padding) and for f32 data where PyTorch's threads share the cores (one pool: the
    output-row GEMMs' BLAS threads fought them) within ``TUNING.junk_memory`` times the inputs
