@@ -252,7 +252,9 @@ def test_every_result_is_written(shape, channels_first, dtype_name, rng):
 
 
 @pytest.mark.parametrize("kernel,channels,width,slide,want", [
-    ((1, 3, 3), 32, 16, False, (9, 2, 0)), ((1, 3, 3), 1024, 16, False, (9, 3, 0)), ((1, 3, 3), 64, 8, False, (3, 3, 0)),
+    ((1, 3, 3), 32, 16, False, (9, 2, 0)), ((1, 3, 3), 1024, 16, False, (3, 4, 0)), ((1, 3, 3), 64, 8, False, (3, 3, 0)),
+    ((1, 3, 3), 64, 16, False, (9, 3, 0)), ((1, 3, 3), 128, 16, False, (3, 4, 0)), ((1, 5, 5), 256, 16, False, (5, 4, 0)),
+    ((1, 7, 7), 256, 16, False, (7, 3, 0)),
     ((1, 3, 3), 8, 8, False, (9, 1, 0)), ((1, 5, 5), 64, 16, False, (25, 1, 0)), ((3, 3, 3), 64, 16, False, (27, 1, 0)),
     ((1, 1, 1), 17, 16, False, (1, 1, 0)), ((1, 1, 1), 256, 16, False, (1, 4, 0)), ((1, 7, 7), 256, 8, False, (7, 1, 0)),
     ((1, 1, 31), 64, 16, False, (1, 4, 0)),
@@ -265,7 +267,8 @@ def test_weights_block_fits_the_registers(kernel, channels, width, slide, want):
     accumulators and windows (with a dy vector per vector) that fit, the more accumulators. Otherwise all taps' accumulators
     where they fit for a cache line of channels (two 8-wide vectors where there are two; a dy
     vector per vector and an x vector), else a kernel row's, else as for one vector, else one
-    tap's. Vectors up to 4 and up to the channels' full vectors."""
+    tap's; but on 16 lanes from 8 vectors of channels a kernel row of 4 vectors where it fits.
+    Vectors up to 4 and up to the channels' full vectors."""
     taps, vecs, window = depthwise_kernels.reduce_block(kernel, channels, width, slide)
     assert (taps, vecs, window) == want
     regs = 32 if width == 16 else 16
@@ -397,3 +400,17 @@ def test_gather_block_fits_the_registers(count, taps, width, channels):
     assert vecs == (2 if channels == 2 * width and 2 * 4 + 3 * taps + 3 <= regs else 1)
     assert 4 <= rows <= 16 and vecs * (rows + taps + 1) + 1 <= regs
     assert -(-count // rows) * rows - count == min(-(-count // r) * r - count for r in range(4, rows + 1))
+
+
+@pytest.mark.parametrize("dtype_name", ["f32", "bf16"])
+def test_strided_weights_gradient_of_many_channels(dtype_name, rng):
+    """On 16 lanes a strided weights gradient of 8 or more vectors of channels runs a kernel row
+    of 4 vectors a call (``reduce_block``), the channels past whole blocks one vector at a time
+    (here 136 = 2 blocks and a half vector): against the reference."""
+    g = geometry(2, 136, 1, 1, (9, 11), (3, 3), (2, 2), (1, 1), (1, 0), (0, 2))
+    x, dy = task_inputs(g, rng, DATA_DTYPES[dtype_name], False)["backward_weights"]
+    with forced_plan(DEPTHWISE):
+        got = FAST.backward_weights(g, x, dy)
+    want = REF.backward_weights(g, x.astype(np.float64), dy.astype(np.float64))
+    _check(got, want, 2e-6 if dtype_name == "f32" else 1e-5, dtype_name)
+    assert depthwise_kernels.reduce_block((1, 3, 3), 136, 16) == (3, 4, 0)
