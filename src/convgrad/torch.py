@@ -175,13 +175,10 @@ def _gradients(problem: Problem, saved: Sequence[torch.Tensor | None], grad: tor
 
     def direct(step: adjoints.Step, *tensors: torch.Tensor) -> torch.Tensor:
         run = runs.get(step.kind)
-        if run is not None:                          # from memory (a broadcast gradient made contiguous)
-            a, b = tensors[run[0]], tensors[run[1]]
-            if a.dtype is b.dtype is torch.float32 and not (a.is_neg() or b.is_neg()):
-                a, b = a.contiguous(), b.contiguous()
-                result = run[2](a.data_ptr(), b.data_ptr())
-                if result is not None:
-                    return result
+        if run is not None and all(t.dtype is torch.float32 for t in tensors):   # from memory (a broadcast
+            result = _from_memory(run, [t.contiguous() for t in tensors])         # gradient made contiguous)
+            if result is not None:
+                return result
         arrays = [to_numpy(t) if t is grad else _view(t) for t in tensors]
         resolved = ops[step.kind].resolve(*arrays)
         if step.kind not in runs and resolved[2] is not None:
