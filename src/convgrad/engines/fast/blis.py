@@ -244,17 +244,7 @@ def _driver(width: int, rows: int, vecs: int, native: int) -> Callable:
             ks = min(steps, k_hi - s0)
             if pack_b:                                        # this step's pairs of B's rows, panel-major
                 for i2 in range(ks):
-                    r0 = 2 * (s0 + i2)
-                    for jp in range(first, last):
-                        at = ((jp - first) * steps + i2) * nr * 2
-                        cols = min(nr, n - jp * nr)
-                        whole = cols // width * width if r0 + 1 < k else 0
-                        for l in range(0, whole, width):
-                            microkernel.pairs32(width, bp, r0 * ldb + jp * nr + l, (r0 + 1) * ldb + jp * nr + l, bsrc,
-                                                at + 2 * l)
-                        for l in range(whole, nr):
-                            bsrc[at + 2 * l] = bp[r0 * ldb + jp * nr + l] if l < cols else 0
-                            bsrc[at + 2 * l + 1] = bp[(r0 + 1) * ldb + jp * nr + l] if l < cols and r0 + 1 < k else 0
+                    _pair_row(bp, ldb, 2 * (s0 + i2), k, n, first, last, nr, width, bsrc, i2 * nr * 2, steps * nr * 2)
             if copy_a:                                        # A's rows at stride copy_lda
                 cf = apack[numba.get_thread_id()].view(a.dtype)
                 valid = block
@@ -430,28 +420,32 @@ def _pack_across(src, ld, step, k, n, depth, out, width):  # pragma: no cover - 
                 o[l * depth + j] = src[(p * nr + l) * step + kk * ld] if kk < k and l < cols else 0
 
 
+@numba.njit(inline="always")
+def _pair_row(src, ld, r, k, n, p0, p1, nr, width, dst, at, pstride):  # pragma: no cover - compiled
+    """Rows ``r`` and ``r + 1`` of B (``src``: 16-bit bits, rows ``ld`` apart, ``n`` columns) as
+    pairs into panels ``p0 .. p1`` of ``dst`` (16-bit): panel p's ``nr`` pairs from ``at + (p -
+    p0)*pstride``, value l of row r then of row r + 1 (zero past n, and past K = ``k`` rows);
+    whole vectors of ``width`` pairs by :func:`.microkernel.pairs32`, the rest one value at a time."""
+    for p in range(p0, p1):
+        base, col = at + (p - p0) * pstride, p * nr
+        cols = min(nr, n - col)
+        whole = cols // width * width if r + 1 < k else 0
+        for l in range(0, whole, width):
+            microkernel.pair_units(width, src, r * ld + col + l, (r + 1) * ld + col + l, dst, base + 2 * l)
+        for l in range(whole, nr):
+            dst[base + 2 * l] = src[r * ld + col + l] if l < cols else 0
+            dst[base + 2 * l + 1] = src[(r + 1) * ld + col + l] if l < cols and r + 1 < k else 0
+
+
 @microkernel.cached_njit(parallel=True)
-def _pack_pairs(src, ld, k, n, out):  # pragma: no cover - compiled
-    """:func:`_pack` of depth 2 from rows of adjacent values (``step`` 1), a pair per 32-bit
-    store: ``out[p, i, l] = B[2i, p*nr + l] | B[2i + 1, p*nr + l] << 16`` (zero past K and N);
-    ``out`` is (panels, K/2, nr) of uint32. Rows are read as slices (vectorised: flat indices
-    computed per value were not, 3.6x slower)."""
-    panels, kd, nr = out.shape
+def _pack_pairs(src, ld, k, n, out, width):  # pragma: no cover - compiled
+    """:func:`_pack` of depth 2 from rows of adjacent values (``step`` 1): ``out`` (panels, K/2,
+    nr*2) of 16-bit values, ``out[p, i, 2l + j] = B[2i + j, p*nr + l]`` (zero past K and N),
+    :func:`_pair_row` per pair of rows, in parallel."""
+    panels, kd, lanes = out.shape
+    flat = out.reshape(-1)
     for i in numba.prange(kd):
-        lo = src[2 * i * ld:2 * i * ld + n]
-        hi = src[(2 * i + 1) * ld:(2 * i + 1) * ld + n] if 2 * i + 1 < k else src[:0]
-        for p in range(panels):
-            cols = min(nr, n - p * nr)
-            o = out[p, i]
-            a, b = lo[p * nr:p * nr + cols], hi[p * nr:p * nr + cols]
-            if b.shape[0] == cols:
-                for l in range(cols):
-                    o[l] = np.uint32(a[l]) | (np.uint32(b[l]) << 16)
-            else:
-                for l in range(cols):
-                    o[l] = np.uint32(a[l])
-            for l in range(cols, nr):
-                o[l] = 0
+        _pair_row(src, ld, 2 * i, k, n, 0, panels, lanes // 2, width, flat, i * lanes, kd * lanes)
 
 
 def _copy_lda(bl: Blocks, lda: int, itemsize: int, panels: int) -> int:
@@ -514,7 +508,7 @@ def _packed(b: np.ndarray, nr: int, depth: int) -> np.ndarray:
     shape = (-(-n // nr), -(-k // depth), nr * depth)
     out = workspace.empty(math.prod(shape), b.dtype).reshape(shape)
     if depth == 2 and step == 1:
-        _pack_pairs(flat, ld, k, n, out.view(np.uint32))
+        _pack_pairs(flat, ld, k, n, out, isa.WIDTH[isa.family()])
     elif ld < step:      # stored along K (a transposed view): read along K
         _pack_across(flat, ld, step, k, n, depth, out, isa.WIDTH[isa.family()])
     else:

@@ -376,13 +376,12 @@ def reduce_block(kernel: tuple[int, int, int], channels: int, width: int, slide:
     all the taps, else one kernel row, whose accumulators fit for a cache line of channels (64
     bytes: two 8-wide vectors, where the channels have them; the line's dy vectors and one x
     vector beside them), else the first of those or one tap that fits for one vector. Then as
-    many vectors (up to 4, and up to the channels' full vectors) as fit. But on 16 lanes, from 8
-    vectors of channels, a kernel row of 4 vectors: whole 256-byte runs of a position's channels
-    (MobileNet's stride-2 layers of 128-512 channels 0.83-0.88x the time of all 9 taps of 3
-    vectors and their one-vector tails on a Zen 5; at 64 channels, 1.05-1.18x slower). (On 8-wide vectors, all
-    3x3 taps of one vector ran
-    MobileNet's stride-2 weights gradients 1.3-4.2x slower than a kernel row of three vectors:
-    the other half of each line was fetched again by the next call.)"""
+    many vectors (up to 4, and up to the channels' full vectors) as fit. (On 8-wide vectors, all
+    3x3 taps of one vector ran MobileNet's stride-2 weights gradients 1.3-4.2x slower than a
+    kernel row of three vectors: the other half of each line was fetched again by the next call.)
+    But on 16 lanes, from 8 vectors of channels, a kernel row of 4 vectors: whole 256-byte runs
+    of a position's channels (MobileNet's stride-2 layers of 128-512 channels 0.83-0.88x the time
+    of all 9 taps of 3 vectors and their one-vector tails on a Zen 5; 64 channels 1.05-1.18x slower)."""
     regs = 32 if width == 16 else 16
     k0, k1, k2 = kernel
     fit = min(4, max(1, channels // width))
