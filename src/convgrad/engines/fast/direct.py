@@ -267,7 +267,8 @@ def finite(values: np.ndarray, acc: np.dtype = np.dtype(np.float32)) -> bool:
     flat = values.ravel(order="K") if words is not None and (values.flags.c_contiguous or values.flags.f_contiguous) \
         else None
     if flat is None or not flat.size:
-        return math.isfinite(float(np.add.reduce(values, axis=None, dtype=acc)))
+        with np.errstate(invalid="ignore", over="ignore"):      # Inf - Inf: a NaN is the answer, not a warning
+            return math.isfinite(float(np.add.reduce(values, axis=None, dtype=acc)))
     per = 8 // flat.itemsize
     head = min(flat.size, -flat.ctypes.data % 8 // flat.itemsize)     # values before the first whole word
     body = (flat.size - head) // per * per
