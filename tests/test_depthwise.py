@@ -414,3 +414,39 @@ def test_strided_weights_gradient_of_many_channels(dtype_name, rng):
     want = REF.backward_weights(g, x.astype(np.float64), dy.astype(np.float64))
     _check(got, want, 2e-6 if dtype_name == "f32" else 1e-5, dtype_name)
     assert depthwise_kernels.reduce_block((1, 3, 3), 136, 16) == (3, 4, 0)
+
+
+def _placed(a: np.ndarray, offset: int) -> np.ndarray:
+    """A copy of ``a`` starting ``offset`` bytes past a 64-byte boundary."""
+    raw = np.empty(a.nbytes + 128, np.uint8)
+    start = -raw.ctypes.data % 64 + offset
+    out = raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+@pytest.mark.parametrize("dtype_name", ["f32", "bf16"])
+@pytest.mark.parametrize("strides", [(1, 1), (2, 2)])
+def test_weights_blocks_start_on_a_vector_boundary(dtype_name, strides, rng, kernel_calls):
+    """From ``TUNING.depthwise_align_blocks`` blocks of channels, the weights gradient's blocks
+    start where the data's channels reach a vector boundary: the channels before it in one
+    vector, the rest past whole blocks in a block with a short last vector or single vectors.
+    x and dy at every element offset within a vector, channel counts of both rests (sliding
+    windows and strided rows), against the reference; the head as defined."""
+    if isa.family() not in isa.WIDTH:
+        pytest.skip("no register-blocked kernels on the portable family")
+    width, dtype = isa.WIDTH[isa.family()], DATA_DTYPES[dtype_name]
+    size = np.dtype(dtype).itemsize
+    vecs = depthwise_kernels.reduce_block((1, 3, 3), 1024, width, strides == (1, 1))[1]
+    block = width * vecs
+    for channels in (4 * block, 4 * block + width + 3):
+        g = geometry(2, channels, 1, 1, (5, 6), (3, 3), strides, (1, 1), (1, 1), (1, 0))
+        x, dy = task_inputs(g, rng, dtype, False)["backward_weights"]
+        want = REF.backward_weights(g, x.astype(np.float64), dy.astype(np.float64))
+        for offset in range(0, width * size, 4 if size == 4 else 6):
+            px, pdy = _placed(x, offset), _placed(dy, offset)
+            assert depthwise._head(px, width) == (-offset % (width * size) // size if channels % width == 0 else 0)
+            with forced_plan(DEPTHWISE):
+                got = FAST.backward_weights(g, px, pdy)
+            _check(got, want, 2e-6 if dtype_name == "f32" else 1e-5, f"{dtype_name} C={channels} offset {offset}")
+    assert kernel_calls["weights"] > 0

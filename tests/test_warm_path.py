@@ -377,6 +377,33 @@ def test_a_repeated_small_call_runs_its_bound_function(monkeypatch) -> None:
     assert layers == ["forward"]
 
 
+def test_a_repeated_pooled_call_runs_bound_in_the_pool(monkeypatch) -> None:
+    """A repeated call whose plan runs in the pool (here the depthwise kernels' weights gradient)
+    is bound too: from the second call on it skips the engine's per-call layers
+    (``FastEngine._run``: no plan looked up again) yet runs in the pool, with the cold call's bits;
+    a plan forced afterwards is seen at the next call."""
+    rng, seed = fresh_rng()
+    x = rng.standard_normal((4, 12, 12, 64)).astype(np.float32)
+    dy = rng.standard_normal((4, 12, 12, 64)).astype(np.float32)
+    call = lambda: cg.convolution_backward_weights(x, dy, [3, 3, 1, 64], groups=64, pads_begin=1,  # noqa: E731
+                                                   pads_end=1, data_format="NXC", weights_format="XIO")
+    _cold()
+    cold = call()
+    call()                                               # the second call binds
+    layers: list[str] = []
+    pooled: list[str] = []
+    run, in_pool = fast.FastEngine._run, fast.pool.run
+    monkeypatch.setattr(fast.FastEngine, "_run", staticmethod(lambda g, task, *args: layers.append(task)
+                                                             or run(g, task, *args)))
+    monkeypatch.setattr(fast.pool, "run", lambda fn, *args: pooled.append(args[1]) or in_pool(fn, *args))
+    for _ in range(3):
+        np.testing.assert_array_equal(call().view(np.uint32), cold.view(np.uint32), err_msg=f"seed {seed}")
+    assert layers == [] and pooled == ["backward_weights"] * 3
+    with fast.forced_strategy("gemm"):
+        np.testing.assert_allclose(call(), cold, rtol=1e-4, atol=1e-3, err_msg=f"seed {seed}")
+    assert layers == ["backward_weights"]                # the forced plan ran through the engine
+
+
 def test_the_environment_is_read_anew_at_every_call(monkeypatch, tmp_path) -> None:
     """``env`` and ``raw_values`` (what the engine state is built from) follow every change made
     through ``os.environ``: set, changed, deleted; the plan cache's state follows its variables

@@ -63,6 +63,13 @@ class FastEngine:
         hit = warm(g, task, a.dtype, channels_first)
         if hit is not None and direct.serial(hit[1]):     # a repeated small call: no pool, no workspace
             return FastEngine._serial(hit, g, task, a.dtype, out_dtype)(a, b)
+        return FastEngine._pooled(g, task, a, b, out_dtype, channels_first, hit)
+
+    @staticmethod
+    def _pooled(g: ConvGeometry, task: str, a: np.ndarray, b: np.ndarray, out_dtype: np.dtype | None,
+                channels_first: bool, hit: tuple[Features, Plan, int] | None) -> np.ndarray:
+        """``task`` in the pool by the plan of ``hit`` (None: :func:`.plan.planned`'s, selected,
+        and on a first call perhaps tuned, in the pool)."""
         with np.errstate(all="ignore"):  # IEEE arithmetic: NaN and Inf propagate, overflow gives Inf
             f, plan, result = pool.run(FastEngine._planned_run, g, task, a, b, out_dtype, channels_first, hit)
         if plan.strategy == "gemm" and f.flops >= TUNING.quiet_blas_flops:
@@ -74,11 +81,16 @@ class FastEngine:
     def bind(g: ConvGeometry, task: str, dtype: np.dtype, channels_first: bool,
              out_dtype: np.dtype | None = None) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
         """``task`` on ``g`` for canonical inputs of ``dtype`` (stored channels-first or not) as a
-        function ``run(a, b)`` of the inputs, where a call has run it before and its plan (under
-        the current :func:`.plan.context`, which the caller keys it by) is a serial ``direct``
-        loop; else None. What a repeated small call keeps (:func:`convgrad.execution.execute`)."""
+        function ``run(a, b)`` of the inputs, where a call has run it before (under the current
+        :func:`.plan.context`, which the caller keys it by), by the plan it ran: a serial
+        ``direct`` loop on the calling thread, any other in the pool; else None. What a repeated
+        call keeps (:func:`convgrad.execution.execute`)."""
         hit = warm(g, task, dtype, channels_first) if g.n else None
-        return FastEngine._serial(hit, g, task, dtype, out_dtype) if hit is not None and direct.serial(hit[1]) else None
+        if hit is None:
+            return None
+        if direct.serial(hit[1]):
+            return FastEngine._serial(hit, g, task, dtype, out_dtype)
+        return lambda a, b: FastEngine._pooled(g, task, a, b, out_dtype, channels_first, hit)
 
     @staticmethod
     def _at(g: ConvGeometry, task: str, dtype: np.dtype) -> tuple[Features, np.ndarray] | None:

@@ -191,12 +191,29 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dw: np.ndar
         return
     width, kind = native
     taps = math.prod(kernel)
-    acc = np.zeros((count, taps + 1, g.ic), np.float32)  # row ``taps``: the scratch row of taps in the padding
     slide = spatial(g.strides, 1)[2] == 1 and spatial(g.dilations, 1)[2] == 1
-    kernels.weights_driver(width, kind, *kernels.reduce_block(kernel, g.ic, width, slide))(
+    block = kernels.reduce_block(kernel, g.ic, width, slide)
+    aligned = g.ic >= TUNING.depthwise_align_blocks * width * block[1]
+    head = _head(x, width) if aligned else 0
+    size = count * (taps + 1) * g.ic    # row ``taps`` of each part: the scratch row of taps in the padding
+    raw = np.zeros(size + (width if aligned else 0), np.float32)
+    start = (-(raw.ctypes.data // 4) - head) % width if aligned else 0   # the sums of channel ``head`` too
+    acc = raw[start:start + size].reshape(count, taps + 1, g.ic)
+    kernels.weights_driver(width, kind, *block, aligned)(
         count, casts.bits(x3).reshape(-1), casts.bits(dy3).reshape(-1), acc.reshape(-1), np.array(x3.shape, np.int64),
-        np.array(dy3.shape, np.int64), np.array(kernel, np.int64), *params(g), count)
+        np.array(dy3.shape, np.int64), np.array(kernel, np.int64), *params(g), count, head)
     dw += acc[:, :taps].sum(axis=0).reshape(dw.shape)
+
+
+def _head(data: np.ndarray, width: int) -> int:
+    """The channels of NXC ``data`` before the first on a boundary of ``width``-lane vectors,
+    where every position's channels start alike (C a multiple of the lanes; else 0): the
+    weights kernels start their blocks there, so that each vector load touches one cache line,
+    not two (NumPy's large arrays start 16 bytes past a page: every 64-byte load of f32
+    channels from channel 0 crossed a line)."""
+    size = data.dtype.itemsize
+    miss = -data.ctypes.data % (width * size)
+    return miss // size if miss % size == 0 and data.shape[-1] % width == 0 else 0
 
 
 def run(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, acc: np.dtype, rounded: bool = False) -> np.ndarray:

@@ -398,21 +398,24 @@ def reduce_block(kernel: tuple[int, int, int], channels: int, width: int, slide:
 
 
 @functools.cache
-def weights_driver(width: int, kind: int, taps: int, vecs: int, window: int) -> Callable:
-    """``drive(parts, x, dy, acc, xshape, yshape, kshape, stride, dilation, pad, parts)``: adds to
-    ``acc[part, k, c]`` (flat, (parts, K + 1, C); row K a scratch row) the weights gradient of the
-    rows ``part`` owns, for C-contiguous flat NXC ``x`` (xshape, 5-D) and ``dy`` (yshape): f32,
+def weights_driver(width: int, kind: int, taps: int, vecs: int, window: int, aligned: bool) -> Callable:
+    """``drive(parts, x, dy, acc, xshape, yshape, kshape, stride, dilation, pad, parts, head)``: adds
+    to ``acc[part, k, c]`` (flat, (parts, K + 1, C); row K a scratch row) the weights gradient of
+    the rows ``part`` owns, for C-contiguous flat NXC ``x`` (xshape, 5-D) and ``dy`` (yshape): f32,
     or uint16 bits of ``kind``; ``window`` > 1: the kernel's width, with stride and dilation 1
-    along the innermost axis (:func:`reduce`); the shapes int64 (:class:`.microkernel.parallel_items`)."""
+    along the innermost axis (:func:`reduce`); the shapes int64 (:class:`.microkernel.parallel_items`).
+    Per row and group of taps: the ``head`` channels (0 unless ``aligned``) in one vector, blocks
+    of ``vecs`` vectors from there, then the rest: with ``aligned`` one block whose last vector
+    is short where it needs ``vecs`` vectors, else single vectors."""
     block = width * vecs
 
-    def part_of(part, x, dy, acc, xshape, yshape, kshape, stride, dilation, pad, parts):  # pragma: no cover - compiled
+    def part_of(part, x, dy, acc, xshape, yshape, kshape, stride, dilation, pad, parts, head):  # pragma: no cover - compiled
         n_, i0_, i1_, i2_, c_ = xshape
         o0_, o1_, o2_ = yshape[1], yshape[2], yshape[3]
         k0_, k1_, k2_ = kshape
         ntaps = k0_ * k1_ * k2_
         rows = n_ * o0_ * o1_
-        full = c_ // block * block
+        full = head + (c_ - head) // block * block     # the channels of whole blocks end there
         ts, tk, tw = np.empty(taps, np.int64), np.empty(taps, np.int64), np.empty(taps, np.int64)
         aoff = part * (ntaps + 1) * c_
         for row in range(part * rows // parts, (part + 1) * rows // parts):
@@ -435,13 +438,19 @@ def weights_driver(width: int, kind: int, taps: int, vecs: int, window: int) -> 
                     continue
                 lo = min(o2_, max(0, -(lo_k // stride[2])))
                 hi = max(lo, min(o2_, (i2_ - 1 - hi_k) // stride[2] + 1))
-                for c in range(0, c_, width):
-                    if c < full and c % block == 0:
-                        reduce(width, taps, vecs, acc, aoff + c, tw, x, c, ts, tk, c_, dy, yoff + c, c_,
-                               (0, lo, hi, o2_), stride[2], i2_, width, kind, window)
-                    elif c >= full:
-                        reduce(width, taps, 1, acc, aoff + c, tw, x, c, ts, tk, c_, dy, yoff + c, c_,
-                               (0, lo, hi, o2_), stride[2], i2_, min(width, c_ - c), kind, window)
+                if head:
+                    reduce(width, taps, 1, acc, aoff, tw, x, 0, ts, tk, c_, dy, yoff, c_,
+                           (0, lo, hi, o2_), stride[2], i2_, head, kind, window)
+                for c in range(head, full, block):
+                    reduce(width, taps, vecs, acc, aoff + c, tw, x, c, ts, tk, c_, dy, yoff + c, c_,
+                           (0, lo, hi, o2_), stride[2], i2_, width, kind, window)
+                if aligned and c_ - full > (vecs - 1) * width:     # a block whose last vector is short
+                    reduce(width, taps, vecs, acc, aoff + full, tw, x, full, ts, tk, c_, dy, yoff + full, c_,
+                           (0, lo, hi, o2_), stride[2], i2_, c_ - full - (vecs - 1) * width, kind, window)
+                    continue
+                for c in range(full, c_, width):
+                    reduce(width, taps, 1, acc, aoff + c, tw, x, c, ts, tk, c_, dy, yoff + c, c_,
+                           (0, lo, hi, o2_), stride[2], i2_, min(width, c_ - c), kind, window)
 
     return microkernel.parallel_items(part_of)
 
