@@ -15,6 +15,7 @@ import pytest
 from convgrad.dtypes import DATA_DTYPES, compute_dtype
 from convgrad.engines import get_engine
 from convgrad.engines.fast import Plan, depthwise, depthwise_kernels, forced_plan, isa
+from convgrad.engines.fast.tuning import TUNING
 from convgrad.problem import ConvGeometry
 from engine_support import geometry, task_inputs
 from poison import poisoned_allocations
@@ -428,7 +429,7 @@ def _placed(a: np.ndarray, offset: int) -> np.ndarray:
 @pytest.mark.parametrize("dtype_name", ["f32", "bf16"])
 @pytest.mark.parametrize("strides", [(1, 1), (2, 2)])
 def test_weights_blocks_start_on_a_vector_boundary(dtype_name, strides, rng, kernel_calls):
-    """From ``TUNING.depthwise_align_blocks`` blocks of channels, the weights gradient's blocks
+    """From ``TUNING.depthwise_align_vectors`` vectors of channels, the weights gradient's blocks
     start where the data's channels reach a vector boundary: the channels before it in one
     vector, the rest past whole blocks in a block with a short last vector or single vectors.
     x and dy at every element offset within a vector, channel counts of both rests (sliding
@@ -437,9 +438,8 @@ def test_weights_blocks_start_on_a_vector_boundary(dtype_name, strides, rng, ker
         pytest.skip("no register-blocked kernels on the portable family")
     width, dtype = isa.WIDTH[isa.family()], DATA_DTYPES[dtype_name]
     size = np.dtype(dtype).itemsize
-    vecs = depthwise_kernels.reduce_block((1, 3, 3), 1024, width, strides == (1, 1))[1]
-    block = width * vecs
-    for channels in (4 * block, 4 * block + width + 3):
+    vectors = TUNING.depthwise_align_vectors
+    for channels in (vectors * width, vectors * width + width + 3):
         g = geometry(2, channels, 1, 1, (5, 6), (3, 3), strides, (1, 1), (1, 1), (1, 0))
         x, dy = task_inputs(g, rng, dtype, False)["backward_weights"]
         want = REF.backward_weights(g, x.astype(np.float64), dy.astype(np.float64))
@@ -450,3 +450,28 @@ def test_weights_blocks_start_on_a_vector_boundary(dtype_name, strides, rng, ker
                 got = FAST.backward_weights(g, px, pdy)
             _check(got, want, 2e-6 if dtype_name == "f32" else 1e-5, f"{dtype_name} C={channels} offset {offset}")
     assert kernel_calls["weights"] > 0
+
+
+@pytest.mark.parametrize("task, strides", [("forward", (2, 2)), ("backward_data", (1, 1)), ("backward_data", (2, 2))])
+def test_gather_blocks_start_on_a_vector_boundary(task, strides, rng, kernel_calls):
+    """f32 forward and unit-stride data gradients of ``TUNING.depthwise_align_vectors`` vectors
+    of channels start their one-vector blocks where the source's channels reach a vector
+    boundary, the channels before it in a vector of their own, and the result is placed alike
+    (its channel ``head`` on a vector boundary too); strided data gradients do not. The source
+    at every element offset within a vector, against the reference."""
+    if isa.family() not in isa.WIDTH:
+        pytest.skip("no register-blocked kernels on the portable family")
+    width = isa.WIDTH[isa.family()]
+    channels = TUNING.depthwise_align_vectors * width
+    g = geometry(2, channels, 1, 1, (6, 7), (3, 3), strides, (1, 1), (1, 1), (1, 0))
+    a, b = task_inputs(g, rng, np.float32, False)[task]
+    want = getattr(REF, task)(g, a.astype(np.float64), b.astype(np.float64))
+    for offset in range(0, 4 * width, 4):
+        src = _placed(a, offset)
+        head = depthwise._gather_head(g, src, task == "backward_data", width)
+        lines = width * 4 == 64 and (task == "forward" or strides == (1, 1))
+        assert head == (-offset % (4 * width) // 4 if lines else 0)
+        got = depthwise.run(g, src, b, task, np.dtype(np.float32))
+        assert (got.ctypes.data + 4 * head) % 64 == 0 or not head
+        _check(got, want, 2e-6, f"{task} strides {strides} offset {offset}")
+    assert kernel_calls["gather"] > 0

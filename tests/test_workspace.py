@@ -49,6 +49,22 @@ def test_arrays_start_on_a_cache_line(nbytes: int) -> None:
     assert all(a.__array_interface__["data"][0] % workspace.ALIGN == 0 for a in made)
 
 
+@pytest.mark.parametrize("nbytes", [4096, 3 * MB + 12])
+@pytest.mark.parametrize("offset", [16, 48])
+def test_results_start_at_the_offset_asked_for(nbytes: int, offset: int) -> None:
+    """A result asked ``offset`` bytes past a line starts there (a depthwise result placed like
+    its source), small or lent; a lent one goes back to the cache when freed."""
+    workspace.clear()
+    for fill in (False, True):
+        out = workspace.result((nbytes // 4,), np.float32, fill=fill, offset=offset)
+        assert out.shape == (nbytes // 4,) and out.flags.c_contiguous and (not fill or not out.any())
+        assert out.__array_interface__["data"][0] % workspace.ALIGN == offset
+        out[...] = 1                                           # all of it writable
+        del out
+    cached = workspace.cached_bytes()
+    assert cached == 0 if nbytes < fast.TUNING.workspace_min_bytes else cached >= nbytes + offset
+
+
 def test_the_cache_keeps_at_most_its_bound(monkeypatch) -> None:
     workspace.clear()
     monkeypatch.setattr(workspace, "TUNING", dataclasses.replace(workspace.TUNING, workspace_cache_bytes=8 * MB))

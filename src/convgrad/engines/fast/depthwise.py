@@ -27,7 +27,7 @@ import numpy as np
 from ... import casts
 from ...problem import ConvGeometry
 from . import depthwise_kernels as kernels
-from . import isa, microkernel, pool
+from . import isa, microkernel, pool, workspace
 from .frame import empty_like_data
 from .geometry import params, spatial, spatial3, tap
 from .tuning import TUNING
@@ -113,15 +113,32 @@ def _gather_into(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarra
     width, kind = kernel
     taps = _weights(g, w, np.dtype(np.float32))
     key, outer0, outer1, phases, spread = _gather_plan(g, transposed, width)
+    head = _gather_head(g, src, transposed, width)
     block = spread[2]
     if block < g.ic:     # (K, C) as (C / block, K, block): a block's weights together
         flat = taps.reshape(-1, g.ic // block, block).transpose(1, 0, 2)
         taps = np.ascontiguousarray(flat).reshape(taps.shape)
     chunks = _chunks(out3.shape[0] * out3.shape[1] * out3.shape[2])
-    kernels.gather_driver(width, kind, *key)(chunks, chunks, casts.bits(src3).reshape(-1), taps.reshape(-1),
+    kernels.gather_driver(width, kind, *key, head > 0)(chunks, chunks, casts.bits(src3).reshape(-1), taps.reshape(-1),
                                              casts.bits(out3).reshape(-1), np.array(src3.shape, np.int64),
                                              np.array(out3.shape, np.int64), np.array(taps.shape[:3], np.int64),
-                                             outer0, outer1, phases, spread)
+                                             outer0, outer1, phases, spread, head)
+
+
+def _gather_head(g: ConvGeometry, src: np.ndarray, transposed: bool, width: int) -> int:
+    """The channels a forward (data gradient, ``transposed``) kernel runs before its blocks
+    (:func:`_aligns`, :func:`_head`), where a vector is a cache line (bf16 data: no gain)."""
+    if not _aligns(g.ic, width) or width * src.dtype.itemsize != workspace.ALIGN:
+        return 0
+    key, *_, spread = _gather_plan(g, transposed, width)
+    return _head(src, width) if _aligns(g.ic, width, key[1], spread[0]) else 0
+
+
+def _aligns(channels: int, width: int, vecs: int = 1, phases: int = 1) -> bool:
+    """Whether a depthwise kernel starts its blocks on the data's vector boundary (:func:`_head`):
+    from ``TUNING.depthwise_align_vectors`` vectors of channels; a forward or data-gradient
+    kernel only of one-vector blocks and one phase (the strided data gradients ran slower)."""
+    return vecs == 1 and phases == 1 and channels >= TUNING.depthwise_align_vectors * width
 
 
 @functools.lru_cache(maxsize=256)
@@ -193,7 +210,7 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dw: np.ndar
     taps = math.prod(kernel)
     slide = spatial(g.strides, 1)[2] == 1 and spatial(g.dilations, 1)[2] == 1
     block = kernels.reduce_block(kernel, g.ic, width, slide)
-    aligned = g.ic >= TUNING.depthwise_align_blocks * width * block[1]
+    aligned = _aligns(g.ic, width)
     head = _head(x, width) if aligned else 0
     size = count * (taps + 1) * g.ic    # row ``taps`` of each part: the scratch row of taps in the padding
     raw = np.zeros(size + (width if aligned else 0), np.float32)
@@ -208,7 +225,7 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dw: np.ndar
 def _head(data: np.ndarray, width: int) -> int:
     """The channels of NXC ``data`` before the first on a boundary of ``width``-lane vectors,
     where every position's channels start alike (C a multiple of the lanes; else 0): the
-    weights kernels start their blocks there, so that each vector load touches one cache line,
+    kernels start their blocks there, so that each vector load touches one cache line,
     not two (NumPy's large arrays start 16 bytes past a page: every 64-byte load of f32
     channels from channel 0 crossed a line)."""
     size = data.dtype.itemsize
@@ -228,6 +245,10 @@ def run(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, acc: np.dtype,
         dw = np.zeros((math.prod(g.kernel), 1, g.oc), acc)
         backward_weights(g, a, b, dw)
         return dw.reshape(g.w_shape)
-    out = empty_like_data(g.y_shape if task == "forward" else g.x_shape, a.dtype if rounded and native else acc, a)
+    dtype = np.dtype(a.dtype if rounded and native else acc)
+    width = isa.WIDTH.get(isa.family(), 1)
+    head = _gather_head(g, a, task != "forward", width) if native else 0
+    out = empty_like_data(g.y_shape if task == "forward" else g.x_shape, dtype, a,   # channel ``head`` on a vector boundary
+                          offset=-head * dtype.itemsize % (width * dtype.itemsize))
     (forward if task == "forward" else backward_data)(g, a, b, out)
     return out

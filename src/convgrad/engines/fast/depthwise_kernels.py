@@ -508,22 +508,24 @@ def gather_block(count: int, taps: int, width: int, channels: int) -> tuple[int,
 
 
 @functools.cache
-def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, ...], step: int, mul: int) -> Callable:
-    """``drive(chunks, src, w, out, sshape, oshape, kshape, outer0, outer1, phases, spread)``:
+def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, ...], step: int, mul: int,
+                  aligned: bool) -> Callable:
+    """``drive(chunks, src, w, out, sshape, oshape, kshape, outer0, outer1, phases, spread, head)``:
     fills ``out`` (flat, oshape 5-D) from ``src`` (flat, sshape) and ``w`` (flat, blocked by channels):
     per row of ``out`` the kernel rows ``(k0, k1)`` that read the source (``outer0[a0, k0]``,
     ``outer1[a1, k1]``: :func:`axis_taps`), per phase (``phases``: :func:`gather_phases`, whose
     ``taps`` are among ``taps``) its positions ``r + P'*m`` (``spread = (P', P, B)``: phase count,
     tap period and the weights' block of channels: ``w`` is (C/B, K0, K1, K2, B)) in blocks of
     ``rows``; rows in ``chunks`` parallel chunks; ``vecs`` > 1 only where the channels are
-    ``vecs`` whole vectors (:func:`gather_block`). ``src`` f32, or uint16
+    ``vecs`` whole vectors (:func:`gather_block`); with ``aligned`` (one vector a block) the
+    first ``head`` channels in a vector of their own, the others from there (else ``head`` 0). ``src`` f32, or uint16
     bits of ``kind``; ``out`` f32, or uint16 bits of ``kind`` rounded as they are stored; ``w``
     f32; the tables int64 (:class:`.microkernel.parallel_items`)."""
     wide, narrow = max(taps), min(taps)
     single = wide == narrow   # one kernel to compile
 
     def chunk_of(chunk, chunks, src, w, out, sshape, oshape, kshape, outer0, outer1, phases,
-                 spread):  # pragma: no cover - compiled
+                 spread, head):  # pragma: no cover - compiled
         n_, s0_, s1_, s2_, c_ = sshape
         a0_, a1_, a2_ = oshape[1], oshape[2], oshape[3]
         k0_, k1_, k2_ = kshape
@@ -548,7 +550,14 @@ def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, 
                         continue
                     nrows, span = (used if ntaps else 0), (m, count)
                     ooff = (line * a2_ + r) * c_
-                    for c in range(0, c_, width * vecs):   # ``vecs`` vectors of channels at a time
+                    if aligned:          # the channels before the first vector boundary (vecs = 1)
+                        if single or ntaps == wide:
+                            gather(width, rows, wide, step, mul, out, ooff, ostep, src, 0, c_, ts, w,
+                                   kfirst * wb, wstep, tw, nrows, span, tk0, s2_, head, kind, vecs)
+                        else:
+                            gather(width, rows, narrow, step, mul, out, ooff, ostep, src, 0, c_, ts, w,
+                                   kfirst * wb, wstep, tw, nrows, span, tk0, s2_, head, kind, vecs)
+                    for c in range(head if aligned else 0, c_, width * vecs):   # ``vecs`` vectors of channels at a time
                         lanes = min(width, c_ - c - (vecs - 1) * width)
                         woff = c // wb * k0_ * k1_ * k2_ * wb + c % wb     # channel c's weights
                         if single or ntaps == wide:

@@ -50,13 +50,15 @@ __all__ = ["Frame", "empty_like_data"]
 _ALL = slice(None)
 
 
-def empty_like_data(shape: tuple[int, ...], dtype: np.dtype, like: np.ndarray, fill: bool = False) -> np.ndarray:
+def empty_like_data(shape: tuple[int, ...], dtype: np.dtype, like: np.ndarray, fill: bool = False,
+                    offset: int = 0) -> np.ndarray:
     """A new canonical (N, *X, C) result array of ``shape`` in the memory order of the data
-    ``like`` (so NCX results need no transposition later), zeroed if ``fill``
-    (:func:`.workspace.result`: large ones on memory the engine has used before)."""
+    ``like`` (so NCX results need no transposition later), zeroed if ``fill``, ``offset`` bytes
+    past an aligned address (:func:`.workspace.result`: large ones on memory the engine has used
+    before)."""
     if layout.channels_first(like):
-        return np.moveaxis(workspace.result((shape[0], shape[-1], *shape[1:-1]), dtype, fill), 1, -1)
-    return workspace.result(shape, dtype, fill)
+        return np.moveaxis(workspace.result((shape[0], shape[-1], *shape[1:-1]), dtype, fill, offset), 1, -1)
+    return workspace.result(shape, dtype, fill, offset)
 
 
 @dataclass(frozen=True)

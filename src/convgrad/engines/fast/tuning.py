@@ -162,11 +162,13 @@ class Tuning:
     min_block_rows: int = 256
     #: ``direct``: the depthwise weights gradient sums this many partial dw per thread.
     depthwise_parts_per_thread: int = 4
-    #: ``direct``: the depthwise weights gradient starts its blocks of channels on a vector
-    #: boundary of the data where the channels make at least this many blocks (one more call
-    #: per row for the channels before it). Zen 5, MobileNet's layers on data 16 bytes past a
-    #: line (NumPy's): 256-1024 channels 0.82-0.93x the time, 32-128 channels 1.15-1.25x.
-    depthwise_align_blocks: int = 4
+    #: ``direct``: the depthwise kernels start their blocks of channels on a vector boundary of
+    #: the data from this many vectors of channels (one more call per row for the channels
+    #: before it; :func:`.depthwise._aligns`). Zen 5, MobileNet's layers on data 16 bytes past a
+    #: line (NumPy's), new / old time: 256-1024 channels, weights gradient 0.78-0.94, forward
+    #: 0.80-0.89, unit-stride data gradient 0.79-0.96 (strided: 1.27, not aligned); 32-128
+    #: channels 0.99-1.25.
+    depthwise_align_vectors: int = 16
     #: ``direct``: vectors of channels (at most; a power of two) of a one-position block of the
     #: depthwise forward and data gradient kernels, per vector width (:func:`.depthwise_kernels.gather_block`;
     #: 1: blocks of positions of one vector). Zen 3 (AVX2), MobileNet's data gradients, 2026-11-27:

@@ -160,16 +160,15 @@ def zeros(count: int, dtype: np.dtype) -> np.ndarray:
     return out
 
 
-def result(shape: tuple[int, ...], dtype: np.dtype, fill: bool = False) -> np.ndarray:
-    """A C-contiguous aligned array of ``shape`` for a result (zeroed if ``fill``): large ones on
-    a cached block lent to it (:class:`_Lease`: back in the cache when the last array on it is
-    freed, so a result kept by its caller is never written again), small ones fresh."""
+def result(shape: tuple[int, ...], dtype: np.dtype, fill: bool = False, offset: int = 0) -> np.ndarray:
+    """A C-contiguous array of ``shape`` for a result, from 4 KiB starting ``offset`` bytes
+    (below :data:`ALIGN`) past an aligned address, zeroed if ``fill``: large ones on a cached block lent
+    to it (:class:`_Lease`: back in the cache when the last array on it is freed, so a result kept
+    by its caller is never written again), small ones fresh."""
     dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < TUNING.workspace_min_bytes:
-        out = _aligned(nbytes).view(dtype).reshape(shape)
-    else:
-        out = np.asarray(_Lease(_take(nbytes), nbytes)).view(dtype).reshape(shape)
+    nbytes = math.prod(shape) * dtype.itemsize + offset
+    raw = _aligned(nbytes) if nbytes < TUNING.workspace_min_bytes else np.asarray(_Lease(_take(nbytes), nbytes))
+    out = (raw[offset:] if offset else raw).view(dtype).reshape(shape)
     if fill:
         out.fill(0)
     return out
