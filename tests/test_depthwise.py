@@ -6,6 +6,7 @@ Inf, and NaN-poisoned allocations."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import ml_dtypes
@@ -474,4 +475,33 @@ def test_gather_blocks_start_on_a_vector_boundary(task, strides, rng, kernel_cal
         got = depthwise.run(g, src, b, task, np.dtype(np.float32))
         assert (got.ctypes.data + 4 * head) % 64 == 0 or not head
         _check(got, want, 2e-6, f"{task} strides {strides} offset {offset}")
+    assert kernel_calls["gather"] > 0
+
+
+@pytest.mark.parametrize("task", ["forward", "backward_data"])
+def test_results_streamed_past_the_caches(task, rng, kernel_calls, monkeypatch):
+    """With every result large enough to stream (``TUNING.depthwise_stream_l3`` 0), f32 results
+    whose whole vectors lie on line boundaries are stored non-temporally and equal the
+    reference; results elsewhere (placed off a line, bf16, channels not whole vectors) are not
+    streamed, and equal it too."""
+    if isa.family() not in isa.WIDTH:
+        pytest.skip("no register-blocked kernels on the portable family")
+    monkeypatch.setattr(depthwise, "TUNING", dataclasses.replace(depthwise.TUNING, depthwise_stream_l3=0.0))
+    width = isa.WIDTH[isa.family()]
+    for channels, dtype, offset in ((2 * width, np.float32, 0), (TUNING.depthwise_align_vectors * width, np.float32, 16),
+                                    (2 * width + 3, np.float32, 0), (2 * width, ml_dtypes.bfloat16, 0)):
+        g = geometry(2, channels, 1, 1, (6, 9), (3, 3), (1, 1), (1, 1), (1, 1), (1, 0))
+        a, b = task_inputs(g, rng, dtype, False)[task]
+        src = _placed(a, offset)
+        want = getattr(REF, task)(g, a.astype(np.float64), b.astype(np.float64))
+        got = depthwise.run(g, src, b, task, np.dtype(np.float32), rounded=True)   # bf16 results as bf16
+        _check(got, want, 2e-6 if dtype == np.float32 else 1e-2, f"{task} C={channels} {dtype}")
+        head = depthwise._gather_head(g, src, task == "backward_data", width)
+        streamed = depthwise._streams(got, head, width)
+        assert streamed == (width * 4 == 64 and dtype == np.float32 and channels % width == 0), channels
+        for out_offset in (4, 16):                             # a result placed off a line: not streamed
+            out = _placed(np.empty(got.shape, np.float32), out_offset)
+            assert not depthwise._streams(out, 0, width)
+            getattr(depthwise, task)(g, src, b, out)
+            _check(out, want, 2e-6 if dtype == np.float32 else 1e-5, f"{task} C={channels} out +{out_offset}")
     assert kernel_calls["gather"] > 0

@@ -53,6 +53,7 @@ from .tuning import TUNING
 __all__ = ["reduce", "gather"]
 
 _I64, _I32, _I16, _F32 = ir.IntType(64), ir.IntType(32), ir.IntType(16), ir.FloatType()
+_LINE = 64   # bytes of a cache line
 
 
 class _Vectors:
@@ -61,8 +62,9 @@ class _Vectors:
     and rounded to nearest even as it is stored (bf16: :func:`.microkernel._rounded`, a NaN made
     quiet; f16: ``fptrunc``)."""
 
-    def __init__(self, builder: ir.IRBuilder, width: int, lanes: ir.Value, kind: int = F32_VALUES):
-        self.b, self.width, self.kind = builder, width, kind
+    def __init__(self, builder: ir.IRBuilder, width: int, lanes: ir.Value, kind: int = F32_VALUES,
+                 stream: bool = False):
+        self.b, self.width, self.kind, self.stream = builder, width, kind, stream
         self.vec, self.half = ir.VectorType(_F32, width), ir.VectorType(_I16, width)
         module = builder.module
         mask_t = ir.VectorType(ir.IntType(1), width)
@@ -118,7 +120,11 @@ class _Vectors:
             whole = b.and_(whole, where)
         with b.if_else(whole, likely=True) as (plain, masked):   # a masked store is microcoded on AVX2 CPUs
             with plain:                                           # (AMD Zen 1-3: one per ~20 cycles)
-                b.store(value, ptr, align=size)
+                if self.stream and vec is self.vec and self.width * size == _LINE:   # a whole line, past the caches
+                    b.store(value, ptr, align=_LINE).set_metadata(
+                        "nontemporal", b.module.add_metadata([ir.Constant(_I32, 1)]))
+                else:
+                    b.store(value, ptr, align=size)
             with masked:
                 mask = self.tail if tail else self.full
                 if where is not None:
@@ -286,7 +292,7 @@ def reduce(typingctx, width, taps, vecs, acc, aoff, tw, x, xoff, ts, tk, xstep, 
 
 @intrinsic
 def gather(typingctx, width, rows, taps, step, mul, out, ooff, ostep, src, soff, sstep, ts, w, woff, wstep, tw, nrows,
-           span, tk0, size, lanes, kind, vecs):
+           span, tk0, size, lanes, kind, vecs, stream):
     """The forward / backward-data kernel (module docstring): ``rows`` positions from ``p0`` of
     ``vecs`` adjacent vectors of ``width`` lanes (the last one's lanes from ``lanes`` on masked),
     the ``taps`` taps of each of the ``nrows`` kernel rows unrolled, each distinct source vector
@@ -294,11 +300,13 @@ def gather(typingctx, width, rows, taps, step, mul, out, ooff, ostep, src, soff,
     writes zeros. A block whose reads all lie inside the source runs unmasked, any other one
     tests each source position.
     ``src`` and ``out`` of uint16 hold the bits of ``kind`` (a constant: :data:`convgrad.casts.BF16_BITS` or
-    :data:`~convgrad.casts.F16_BITS`): read exactly, and ``out`` rounded once as it is stored."""
+    :data:`~convgrad.casts.F16_BITS`): read exactly, and ``out`` rounded once as it is stored.
+    ``stream`` (a constant): f32 vectors of a whole cache line stored non-temporally (the caller
+    has every whole vector of ``out`` on a line boundary)."""
     _check("gather", {"out": out, "src": src, "ts": ts, "w": w, "tw": tw}, ("out", "src"))
     i64 = types.int64
     sig = types.void(i64, i64, i64, i64, i64, out, i64, i64, src, i64, i64, ts, w, i64, i64, tw, i64,
-                     types.UniTuple(i64, 2), i64, i64, i64, i64, i64)
+                     types.UniTuple(i64, 2), i64, i64, i64, i64, i64, i64)
 
     def codegen(context, b, signature, argv):
         width_, n_rows, n_taps, step_, mul_ = (_constant(argv[j], name) for j, name in
@@ -308,7 +316,7 @@ def gather(typingctx, width, rows, taps, step, mul, out, ooff, ostep, src, soff,
         ooff_, ostep_, soff_, sstep_, woff_, wstep_, nrows_, tk0_, size_, lanes_ = (
             argv[j] for j in (6, 7, 9, 10, 13, 14, 16, 18, 19, 20))
         p0_, count = (b.extract_value(argv[17], j) for j in range(2))
-        ops = _Vectors(b, width_, lanes_, _constant(argv[21], "kind"))
+        ops = _Vectors(b, width_, lanes_, _constant(argv[21], "kind"), bool(_constant(argv[23], "stream")))
         const = functools.partial(ir.Constant, _I64)
         # source position (p0 + r)*mul + tk0 + j*step of tap j at position r: ``reads[e]`` the
         # (r, j) at offset e = r*mul + j*step from p0*mul + tk0
@@ -509,7 +517,7 @@ def gather_block(count: int, taps: int, width: int, channels: int) -> tuple[int,
 
 @functools.cache
 def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, ...], step: int, mul: int,
-                  aligned: bool) -> Callable:
+                  aligned: bool, stream: bool) -> Callable:
     """``drive(chunks, src, w, out, sshape, oshape, kshape, outer0, outer1, phases, spread, head)``:
     fills ``out`` (flat, oshape 5-D) from ``src`` (flat, sshape) and ``w`` (flat, blocked by channels):
     per row of ``out`` the kernel rows ``(k0, k1)`` that read the source (``outer0[a0, k0]``,
@@ -518,11 +526,13 @@ def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, 
     tap period and the weights' block of channels: ``w`` is (C/B, K0, K1, K2, B)) in blocks of
     ``rows``; rows in ``chunks`` parallel chunks; ``vecs`` > 1 only where the channels are
     ``vecs`` whole vectors (:func:`gather_block`); with ``aligned`` (one vector a block) the
-    first ``head`` channels in a vector of their own, the others from there (else ``head`` 0). ``src`` f32, or uint16
+    first ``head`` channels in a vector of their own, the others from there (else ``head`` 0);
+    ``stream``: :func:`gather`'s. ``src`` f32, or uint16
     bits of ``kind``; ``out`` f32, or uint16 bits of ``kind`` rounded as they are stored; ``w``
     f32; the tables int64 (:class:`.microkernel.parallel_items`)."""
     wide, narrow = max(taps), min(taps)
     single = wide == narrow   # one kernel to compile
+    streams = int(stream)     # a compile-time constant of :func:`gather`
 
     def chunk_of(chunk, chunks, src, w, out, sshape, oshape, kshape, outer0, outer1, phases,
                  spread, head):  # pragma: no cover - compiled
@@ -553,18 +563,18 @@ def gather_driver(width: int, kind: int, rows: int, vecs: int, taps: tuple[int, 
                     if aligned:          # the channels before the first vector boundary (vecs = 1)
                         if single or ntaps == wide:
                             gather(width, rows, wide, step, mul, out, ooff, ostep, src, 0, c_, ts, w,
-                                   kfirst * wb, wstep, tw, nrows, span, tk0, s2_, head, kind, vecs)
+                                   kfirst * wb, wstep, tw, nrows, span, tk0, s2_, head, kind, vecs, streams)
                         else:
                             gather(width, rows, narrow, step, mul, out, ooff, ostep, src, 0, c_, ts, w,
-                                   kfirst * wb, wstep, tw, nrows, span, tk0, s2_, head, kind, vecs)
+                                   kfirst * wb, wstep, tw, nrows, span, tk0, s2_, head, kind, vecs, streams)
                     for c in range(head if aligned else 0, c_, width * vecs):   # ``vecs`` vectors of channels at a time
                         lanes = min(width, c_ - c - (vecs - 1) * width)
                         woff = c // wb * k0_ * k1_ * k2_ * wb + c % wb     # channel c's weights
                         if single or ntaps == wide:
                             gather(width, rows, wide, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
-                                   woff + kfirst * wb, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs)
+                                   woff + kfirst * wb, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs, streams)
                         else:
                             gather(width, rows, narrow, step, mul, out, ooff + c, ostep, src, c, c_, ts, w,
-                                   woff + kfirst * wb, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs)
+                                   woff + kfirst * wb, wstep, tw, nrows, span, tk0, s2_, lanes, kind, vecs, streams)
 
     return microkernel.parallel_items(chunk_of)

@@ -169,6 +169,11 @@ class Tuning:
     #: 0.80-0.89, unit-stride data gradient 0.79-0.96 (strided: 1.27, not aligned); 32-128
     #: channels 0.99-1.25.
     depthwise_align_vectors: int = 16
+    #: ``direct``: the depthwise forward and data gradient store a result of at least this share
+    #: of the L3 cache past the caches (non-temporal stores; :func:`.depthwise._streams`). Zen 5,
+    #: MobileNet mb 16, new / old time: results of 12.8-51 MB 0.60-0.97 (conv2_1 2.46 -> 1.47
+    #: ms); of 3.2-6.4 MB 0.81-1.70 (strided data gradients slowest): left in the caches.
+    depthwise_stream_l3: float = 0.25
     #: ``direct``: vectors of channels (at most; a power of two) of a one-position block of the
     #: depthwise forward and data gradient kernels, per vector width (:func:`.depthwise_kernels.gather_block`;
     #: 1: blocks of positions of one vector). Zen 3 (AVX2), MobileNet's data gradients, 2026-11-27:
