@@ -137,6 +137,22 @@ def test_the_tuning_tables_rule(case, task, dtype, channels_first, want, avx2):
     assert candidates(f)[0] == plan
 
 
+def test_a_weights_split_by_rows_past_the_memory_bound_splits_by_blocks() -> None:
+    """A weights gradient whose partial dw per thread (split by rows) would take more than
+    ``TUNING.junk_memory`` times its inputs and output splits dw's blocks instead (one dw, within
+    it: dilated_conv:24); a split asked for is kept."""
+    jit = strategy_module("jit")
+    f = Features.of(_geometry(16, 2, 96, 64, (11, 11), (3, 3), (1, 1), (4, 4), (1, 1), (3, 3)), "backward_weights",
+                    np.float32, False, shared=True)
+    on_rows = Plan.of("jit", **jit.complete(f, {"split": "rows"}))
+    assert jit.workspace_bytes(f, on_rows) > TUNING.junk_memory * f.io_bytes
+    on_blocks = Plan.of("jit", **jit.complete(f, {}))
+    assert on_blocks.param("split") == "blocks" and jit.workspace_bytes(f, on_blocks) <= TUNING.junk_memory * f.io_bytes
+    small = Features.of(_geometry(16, 1, 64, 128, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_weights",
+                        np.float32, False)
+    assert jit.complete(small, {})["split"] == "rows"          # partial sums well within the bound
+
+
 @pytest.mark.parametrize("family", ["avx512", "avx512_bf16"])
 @pytest.mark.parametrize("case,task,dtype,want", [
     ((16, 1, 256, 256, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_data", np.float32, "jit"),
@@ -158,7 +174,7 @@ def test_the_tuning_tables_rule(case, task, dtype, channels_first, want, avx2):
     ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_weights", np.float32,
      "jit"),                                                   # junk-heavy f32 beside PyTorch: one pool
     ((16, 2, 96, 64, (11, 11), (3, 3), (1, 1), (4, 4), (1, 1), (3, 3)), "backward_weights", np.float32,
-     "gemm"),                                 # ... but not past 2x the inputs + output (dilated_conv:24)
+     "jit"),                    # ... within 2x the inputs + output: dw split by blocks (dilated_conv:24)
     ((16, 2, 96, 64, (11, 11), (3, 3), (1, 1), (4, 4), (1, 1), (3, 3)), "backward_data", np.float32, "jit"),
     ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_data", cg.dtypes.bfloat16,
      {"avx512": "gemm", "avx512_bf16": "jit"}),                             # junk-heavy: jit on the dot product

@@ -101,7 +101,9 @@ def complete(f: Features, params: dict) -> dict:
     pointwise problem: the GEMM's, :func:`.blis.register_block`), ``cache_bytes`` (the weights
     gradient's ``TUNING.cache_bytes``; forward and backward data keep every channel block's
     packed weights in the loop while they fit the host's L2), and the weights gradient's split by
-    dw's size next to x and dy (``TUNING.weights_split``)."""
+    dw's size next to x and dy (``TUNING.weights_split``), or by blocks where a partial dw per
+    thread would take more than ``TUNING.junk_memory`` times the inputs and output (dilated_conv:24:
+    2.15x by rows, 1.96x by blocks, as fast)."""
     g = f.geometry
     channels = g.icg if f.task == "backward_data" else g.ocg
     if f.pointwise:        # one GEMM over the positions: our GEMM's block for its M x N
@@ -118,7 +120,12 @@ def complete(f: Features, params: dict) -> dict:
     by_blocks = math.prod(g.w_shape) > TUNING.weights_split * (math.prod(g.x_shape) + math.prod(g.y_shape))
     cache = TUNING.cache_bytes if f.task == "backward_weights" else max(TUNING.cache_bytes, isa.cache_sizes()[1])
     split = "taps" if taps_on_tiles(f) else "blocks" if f.task == "backward_weights" and by_blocks else "rows"
-    return {"block": f"{rows}x{vecs}", "cache_bytes": cache, "split": split, **params}
+    full = {"block": f"{rows}x{vecs}", "cache_bytes": cache, "split": split, **params}
+    if full["split"] == "rows" and "split" not in params and f.task == "backward_weights":
+        from .plan import Plan     # partial sums per thread over TUNING.junk_memory x the data: one dw
+        if workspace_bytes(f, Plan.of("jit", **full)) > TUNING.junk_memory * f.io_bytes:
+            full["split"] = "blocks"
+    return full
 
 
 def folds(g: ConvGeometry, depth: int) -> int:
