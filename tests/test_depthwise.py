@@ -480,16 +480,17 @@ def test_gather_blocks_start_on_a_vector_boundary(task, strides, rng, kernel_cal
 
 @pytest.mark.parametrize("task", ["forward", "backward_data"])
 def test_results_streamed_past_the_caches(task, rng, kernel_calls, monkeypatch):
-    """With every result large enough to stream (``TUNING.depthwise_stream_l3`` 0), f32 results
-    whose whole vectors lie on line boundaries are stored non-temporally and equal the
-    reference; results elsewhere (placed off a line, bf16, channels not whole vectors) are not
-    streamed, and equal it too."""
+    """With every result large enough to stream (``TUNING.depthwise_stream_l3`` 0), results whose
+    blocks store whole cache lines of a position (f32 vectors; bf16 ones in pairs) are stored
+    non-temporally and equal the reference; results elsewhere (placed off a line, a bf16 vector
+    alone, channels not whole blocks) are not streamed, and equal it too."""
     if isa.family() not in isa.WIDTH:
         pytest.skip("no register-blocked kernels on the portable family")
     monkeypatch.setattr(depthwise, "TUNING", dataclasses.replace(depthwise.TUNING, depthwise_stream_l3=0.0))
     width = isa.WIDTH[isa.family()]
     for channels, dtype, offset in ((2 * width, np.float32, 0), (TUNING.depthwise_align_vectors * width, np.float32, 16),
-                                    (2 * width + 3, np.float32, 0), (2 * width, ml_dtypes.bfloat16, 0)):
+                                    (2 * width + 3, np.float32, 0), (2 * width, ml_dtypes.bfloat16, 0),
+                                    (3 * width, ml_dtypes.bfloat16, 0)):
         g = geometry(2, channels, 1, 1, (6, 9), (3, 3), (1, 1), (1, 1), (1, 1), (1, 0))
         a, b = task_inputs(g, rng, dtype, False)[task]
         src = _placed(a, offset)
@@ -497,11 +498,12 @@ def test_results_streamed_past_the_caches(task, rng, kernel_calls, monkeypatch):
         got = depthwise.run(g, src, b, task, np.dtype(np.float32), rounded=True)   # bf16 results as bf16
         _check(got, want, 2e-6 if dtype == np.float32 else 1e-2, f"{task} C={channels} {dtype}")
         head = depthwise._gather_head(g, src, task == "backward_data", width)
-        streamed = depthwise._streams(got, head, width)
-        assert streamed == (width * 4 == 64 and dtype == np.float32 and channels % width == 0), channels
+        vecs = depthwise._gather_plan(g, task == "backward_data", width)[0][1]
+        streamed = depthwise._streams(got, head, width, vecs)     # a position's block: whole lines
+        assert streamed == (width * vecs * np.dtype(dtype).itemsize % 64 == 0 and channels % (width * vecs) == 0)
         for out_offset in (4, 16):                             # a result placed off a line: not streamed
             out = _placed(np.empty(got.shape, np.float32), out_offset)
-            assert not depthwise._streams(out, 0, width)
+            assert not depthwise._streams(out, 0, width, vecs)
             getattr(depthwise, task)(g, src, b, out)
             _check(out, want, 2e-6 if dtype == np.float32 else 1e-5, f"{task} C={channels} out +{out_offset}")
     assert kernel_calls["gather"] > 0

@@ -119,19 +119,22 @@ def _gather_into(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarra
         flat = taps.reshape(-1, g.ic // block, block).transpose(1, 0, 2)
         taps = np.ascontiguousarray(flat).reshape(taps.shape)
     chunks = _chunks(out3.shape[0] * out3.shape[1] * out3.shape[2])
-    kernels.gather_driver(width, kind, *key, head > 0, _streams(out, head, width))(chunks, chunks, casts.bits(src3).reshape(-1), taps.reshape(-1),
+    kernels.gather_driver(width, kind, *key, head > 0, _streams(out, head, width, key[1]))(chunks, chunks, casts.bits(src3).reshape(-1), taps.reshape(-1),
                                              casts.bits(out3).reshape(-1), np.array(src3.shape, np.int64),
                                              np.array(out3.shape, np.int64), np.array(taps.shape[:3], np.int64),
                                              outer0, outer1, phases, spread, head)
 
 
-def _streams(out: np.ndarray, head: int, width: int) -> bool:
-    """Whether the forward and data-gradient kernels store ``out`` past the caches: f32 vectors of
-    a whole cache line, each whole one on a line boundary (C a multiple of the lanes, channel
-    ``head`` on a boundary), from ``TUNING.depthwise_stream_l3`` of the L3 cache's bytes (a
-    result that would not stay there: its lines are not read in before they are written)."""
-    return out.dtype == np.float32 and width * 4 == workspace.ALIGN and out.shape[-1] % width == 0 and \
-        (out.ctypes.data + 4 * head) % workspace.ALIGN == 0 and out.nbytes >= TUNING.depthwise_stream_l3 * isa.cache_sizes()[2]
+def _streams(out: np.ndarray, head: int, width: int, vecs: int) -> bool:
+    """Whether the forward and data-gradient kernels, ``vecs`` vectors a block, store ``out`` past
+    the caches: where a block's vectors of a position are whole cache lines, on a line boundary
+    (C a multiple of them, channel ``head`` on a boundary), from ``TUNING.depthwise_stream_l3``
+    of the L3 cache's bytes (a result that would not stay there: its lines are not read in
+    before they are written)."""
+    run = width * vecs * out.dtype.itemsize
+    return run % workspace.ALIGN == 0 and out.shape[-1] % (width * vecs) == 0 and \
+        (out.ctypes.data + head * out.dtype.itemsize) % workspace.ALIGN == 0 and \
+        out.nbytes >= TUNING.depthwise_stream_l3 * isa.cache_sizes()[2]
 
 
 def _gather_head(g: ConvGeometry, src: np.ndarray, transposed: bool, width: int) -> int:

@@ -53,7 +53,6 @@ from .tuning import TUNING
 __all__ = ["reduce", "gather"]
 
 _I64, _I32, _I16, _F32 = ir.IntType(64), ir.IntType(32), ir.IntType(16), ir.FloatType()
-_LINE = 64   # bytes of a cache line
 
 
 class _Vectors:
@@ -120,8 +119,8 @@ class _Vectors:
             whole = b.and_(whole, where)
         with b.if_else(whole, likely=True) as (plain, masked):   # a masked store is microcoded on AVX2 CPUs
             with plain:                                           # (AMD Zen 1-3: one per ~20 cycles)
-                if self.stream and vec is self.vec and self.width * size == _LINE:   # a whole line, past the caches
-                    b.store(value, ptr, align=_LINE).set_metadata(
+                if self.stream:          # past the caches (the caller: whole lines, vectors aligned)
+                    b.store(value, ptr, align=self.width * size).set_metadata(
                         "nontemporal", b.module.add_metadata([ir.Constant(_I32, 1)]))
                 else:
                     b.store(value, ptr, align=size)
@@ -301,8 +300,8 @@ def gather(typingctx, width, rows, taps, step, mul, out, ooff, ostep, src, soff,
     tests each source position.
     ``src`` and ``out`` of uint16 hold the bits of ``kind`` (a constant: :data:`convgrad.casts.BF16_BITS` or
     :data:`~convgrad.casts.F16_BITS`): read exactly, and ``out`` rounded once as it is stored.
-    ``stream`` (a constant): f32 vectors of a whole cache line stored non-temporally (the caller
-    has every whole vector of ``out`` on a line boundary)."""
+    ``stream`` (a constant): whole vectors stored non-temporally (the caller has each on a
+    boundary of its size, and a position's ``vecs`` vectors whole cache lines)."""
     _check("gather", {"out": out, "src": src, "ts": ts, "w": w, "tw": tw}, ("out", "src"))
     i64 = types.int64
     sig = types.void(i64, i64, i64, i64, i64, out, i64, i64, src, i64, i64, ts, w, i64, i64, tw, i64,
