@@ -137,6 +137,25 @@ def test_the_tuning_tables_rule(case, task, dtype, channels_first, want, avx2):
     assert candidates(f)[0] == plan
 
 
+@pytest.mark.parametrize("halved", [False, True])
+def test_narrow_weights_gradients_by_the_datapath(halved, monkeypatch) -> None:
+    """A weights gradient of fewer input rows than backward data's minimum runs on ``jit`` where
+    its block's idle rows are within ``TUNING.jit_narrow_idle`` for the vectors' width and the
+    datapath: on full-width 512-bit vectors whatever the idle rows (Zen 5: jit 0.3-0.86x the frame
+    GEMMs' time), on halved ones (Zen 4) up to 1.75 FMAs per one kept."""
+    monkeypatch.setattr(isa, "halved_vectors", lambda: halved)
+    before = isa.set_family("avx512", allow_emulated=True)
+    try:
+        for case, idle_ok in (((16, 1, 3, 64, (230, 230), (7, 7), (2, 2)), True),
+                              ((16, 1, 3, 48, (230, 230), (5, 5), (2, 2), (1, 2)), False),
+                              ((16, 1, 3, 32, (112, 112), (3, 3), (1, 1), (2, 2)), False)):
+            f = Features.of(_geometry(*case), "backward_weights", np.float32, False, shared=True)
+            assert (strategy_module("jit").idle(f) <= 1.75) == idle_ok
+            assert default_plan(f).strategy == ("jit" if idle_ok or not halved else "gemm"), case
+    finally:
+        isa.set_family(before)
+
+
 def test_a_weights_split_by_rows_past_the_memory_bound_splits_by_blocks() -> None:
     """A weights gradient whose partial dw per thread (split by rows) would take more than
     ``TUNING.junk_memory`` times its inputs and output splits dw's blocks instead (one dw, within
@@ -167,7 +186,7 @@ def test_a_weights_split_by_rows_past_the_memory_bound_splits_by_blocks() -> Non
     ((16, 1, 3, 64, (230, 230), (7, 7), (2, 2)), "backward_weights", np.float32, "jit"),   # 3x4, no idle row
     ((16, 1, 3, 48, (230, 230), (5, 5), (2, 2)), "backward_weights", np.float32, "jit"),   # folded: 15 rows
     ((16, 1, 3, 48, (230, 230), (5, 5), (2, 2), (1, 2)), "backward_weights", np.float32,
-     "gemm"),                                                                     # not folded: 7x3, 4 rows idle
+     {"avx512": "narrow", "avx512_bf16": "narrow"}),   # not folded: 7x3, 4 rows idle (by the datapath)
     ((16, 1, 2, 64, (28, 28), (3, 3)), "backward_weights", np.float32, "jit"),              # folded: 6 rows
     ((16, 1, 2, 64, (28, 28), (3, 3), (1, 1), (1, 2)), "backward_weights", np.float32, "gemm"),  # below 3 rows
     ((16, 1, 64, 128, (11, 11), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1)), "backward_data", np.float32, "jit"),
@@ -193,7 +212,10 @@ def test_one_pool_rule_on_avx512(case, task, dtype, want, family):
     before = isa.set_family(family, allow_emulated=True)
     try:
         f = Features.of(_geometry(*case), task, dtype, False, shared=True)
-        assert default_plan(f).strategy == (want[family] if isinstance(want, dict) else want)
+        want = want[family] if isinstance(want, dict) else want
+        if want == "narrow":     # a narrow weights gradient: jit on full-width 512-bit datapaths
+            want = "gemm" if isa.halved_vectors() else "jit"
+        assert default_plan(f).strategy == want
         if dtype == np.float32 and f.junk_heavy():
             on_jit = Plan.of("jit", **strategy_module("jit").complete(f, {}))
             fits = strategy_module("jit").workspace_bytes(f, on_jit) <= TUNING.junk_memory * f.io_bytes

@@ -12,7 +12,7 @@ applies), else :func:`default_plan`, the tuning table's rule:
    our GEMM, :mod:`.blis`), for the gradients from ``TUNING.jit_min_input_channels[task]`` input
    channels (a weights gradient: rows, ``jit.input_rows``, its last kernel axis folded in where
    ``jit.folds``; of fewer than backward data's only where its block idles at most
-   ``TUNING.jit_narrow_idle``), a junk-heavy gradient (``Features.junk_heavy``) only for the
+   ``TUNING.jit_narrow_idle`` for the vectors' width and datapath), a junk-heavy gradient (``Features.junk_heavy``) only for the
    unit-stride data gradient of bf16 on the dot instruction (the drivers skip the taps that read
    rows of padding) and for f32 data where PyTorch's threads share the cores (one pool: the
    output-row GEMMs' BLAS threads fought them) within ``TUNING.junk_memory`` times the inputs
@@ -129,7 +129,8 @@ def jit_selected(f: Features) -> bool:
         return False
     rows = jit.input_rows(f) if f.task == "backward_weights" else f.icg
     if rows < TUNING.jit_min_input_channels[f.task] or \
-            rows < TUNING.jit_min_input_channels["backward_data"] and jit.idle(f) > TUNING.jit_narrow_idle:
+            rows < TUNING.jit_min_input_channels["backward_data"] and \
+            jit.idle(f) > TUNING.jit_narrow_idle[isa.WIDTH[f.family], isa.halved_vectors()]:
         return False
     one_pool = f.shared or f.dtype == "bfloat16" or not f.channels_first
     return one_pool or f.taps > 1 and max(f.icg, f.ocg) <= TUNING.jit_channels[f.task]

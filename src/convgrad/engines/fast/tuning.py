@@ -8,6 +8,7 @@ the values are in docs/engine-measurements.md ("Measurements behind the tuning t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 __all__ = ["Tuning", "TUNING"]
@@ -52,12 +53,16 @@ class Tuning:
     #: lanes of backward data's vectors idle) ...
     jit_min_input_channels: dict[str, float] = field(default_factory=lambda: _per_task(0, 8, 3))
     #: ... a weights gradient of fewer than backward data's only where its register block
-    #: computes at most this many FMAs per one kept (``jit.idle``). Zen 4, 2026-11-26, f32, ms
-    #: (jit / BLAS): ResNet-50's conv1 (3 -> 64 channels, 3x4 block, idle 1.0) 32 / 39 (bf16 18 /
-    #: 50); 3 -> 48 channels (7x3, idle 2.3) 24 / 19; 3 -> 32 (14x2, idle 4.7) 263 / 136. Zen 3
-    #: (AVX2), 2026-11-27, conv1 on each block, alternating rounds: 4x3 (idle 1.5) 0.81x BLAS's
-    #: time (0.62x in sequence, `convgrad tune`), 6x2 (2.0) 1.01x, 8x1 (2.7) 2.1x.
-    jit_narrow_idle: float = 1.75
+    #: computes at most this many FMAs per one kept (``jit.idle``), per (vector width, 512-bit
+    #: operations halved: :func:`.isa.halved_vectors`). Zen 4, 2026-11-26, f32, ms (jit / BLAS):
+    #: ResNet-50's conv1 (3 -> 64 channels, 3x4 block, idle 1.0) 32 / 39 (bf16 18 / 50); 3 -> 48
+    #: channels (7x3, idle 2.3) 24 / 19; 3 -> 32 (14x2, idle 4.7) 263 / 136. Zen 3 (AVX2),
+    #: 2026-11-27, conv1 on each block, alternating rounds: 4x3 (idle 1.5) 0.81x BLAS's time
+    #: (0.62x in sequence, `convgrad tune`), 6x2 (2.0) 1.01x, 8x1 (2.7) 2.1x. Zen 5 (full-width
+    #: AVX-512; NumPy's OpenBLAS on AVX2 kernels there), 2026-11-28, jit / frame GEMMs: idle 2.3-16
+    #: f32 0.49-0.86, bf16 0.30-0.83 (3 -> 48 5x5 dilated: 7.8 / 15.6 ms, bf16 5.2 / 17.4).
+    jit_narrow_idle: dict[tuple[int, bool], float] = field(default_factory=lambda: {
+        (8, False): 1.75, (8, True): 1.75, (16, True): 1.75, (16, False): math.inf})
     #: ``jit``: a weights gradient of fewer input channels per group than this (one group,
     #: dilation 1 along the last axis, not bf16 pairs) reads its last kernel axis' taps as input
     #: channels (``jit.folds``: K2*ICg rows a tap of the other axes). Zen 5, 2026-11-28, f32 mb 16,
