@@ -272,7 +272,20 @@ def test_forced_then_cached_then_default(monkeypatch):
         assert select(f) == default, stale
     f64 = Features.of(g, "backward_data", np.float64, False)
     monkeypatch.setattr(plan_cache, "lookup", lambda features, tune=False: Plan.of("jit"))
-    assert select(f64) == default_plan(f64) and select(f64).strategy == "gemm"
+    assert select(f64) == default_plan(f64) and select(f64).strategy != "jit"
+
+
+def test_small_problems_the_rule_gives_to_gemm_run_direct() -> None:
+    """Up to ``TUNING.direct_gemm_flops`` a problem the rule would give to ``gemm`` runs on the
+    ``direct`` loops (the GEMM paths' fixed costs); past it on ``gemm``; ``jit``'s stay."""
+    for n, want in ((64, "direct"), (512, "gemm")):   # a dilated 1-D bf16 weights gradient (dilated_conv:33's kind)
+        g = _geometry(n, 1, 16, 16, (7, 1, 1), (5, 1, 1), (1, 1, 1), (5, 1, 1), (9, 0, 0), (9, 0, 0))
+        f = Features.of(g, "backward_weights", cg.dtypes.bfloat16, False, shared=True)
+        assert f.flops > TUNING.direct_flops and (f.flops <= TUNING.direct_gemm_flops) == (want == "direct")
+        assert default_plan(f).strategy == want, n
+    f = Features.of(_geometry(1, 1, 64, 64, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "backward_data",
+                    np.float32, False, shared=True)
+    assert f.flops <= TUNING.direct_gemm_flops and default_plan(f).strategy == "jit"
 
 
 def test_forcing_an_unknown_strategy_is_a_clear_error(monkeypatch):

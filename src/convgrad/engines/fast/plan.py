@@ -22,7 +22,8 @@ applies), else :func:`default_plan`, the tuning table's rule:
    such problem of bf16 data, of NXC data, or of any data where PyTorch's threads share the
    cores (``Features.shared``: one pool); of the others (NCX f32 alone) those of several taps
    with at most ``TUNING.jit_channels[task]`` channels per group on either side;
-4. ``gemm``, its variant by the first that applies: ``pointwise`` (1x1 bf16/f16 NXC),
+4. at most ``TUNING.direct_gemm_flops`` of work: ``direct``;
+5. ``gemm``, its variant by the first that applies: ``pointwise`` (1x1 bf16/f16 NXC),
    ``output_rows`` (junk-heavy or wide gradients), ``image_gemms`` (1x1 NCX with at least
    ``TUNING.image_gemm_rows`` positions per image), else ``frame``.
 
@@ -148,7 +149,7 @@ def _junk_on_jit(f: Features) -> bool:
 
 
 def gemm_variant(f: Features) -> str:
-    """The rule's ``gemm`` variant for ``f`` (rule 4): ``pointwise`` for 16-bit NXC pointwise
+    """The rule's ``gemm`` variant for ``f`` (rule 5): ``pointwise`` for 16-bit NXC pointwise
     layers; ``output_rows`` for junk-heavy gradients (:meth:`.Features.junk_heavy`) and multi-tap
     ones from ``TUNING.wide_channels`` (ICg, OCg) channels per group (backward data also from that
     ICg where the frame would sum narrow results at their shifts); ``image_gemms`` for pointwise
@@ -173,6 +174,8 @@ def default_plan(f: Features) -> Plan:
         return Plan.of("direct", **direct.complete(f, {}))
     if jit_selected(f):
         return Plan.of("jit", **jit.complete(f, {}))
+    if f.flops <= TUNING.direct_gemm_flops:
+        return Plan.of("direct", **direct.complete(f, {}))
     return Plan.of("gemm", **gemm.complete(f, {"variant": gemm_variant(f)}))
 
 

@@ -26,6 +26,11 @@ class Tuning:
     #: Problems of at most this many FLOPs (2*N*OC*ICg*prod(K)*prod(O)) run on the ``direct``
     #: strategy's loops, where the GEMM paths' fixed per-call costs would dominate.
     direct_flops: int = 500_000
+    #: ... and those the rule would give to ``gemm`` up to this many FLOPs (its fixed costs,
+    #: 150-300 us a call; the ``direct`` loops vectorised over channels). Zen 5, 2026-11-28, the
+    #: dilated suite's 0.66-1.02 MFLOP layers, direct / gemm time: weights gradients 0.09-0.18,
+    #: f32 data gradients 0.56-0.58; bf16 3x3 weights gradients of 2.4-4.7 MFLOP 0.28-0.39.
+    direct_gemm_flops: int = 4_000_000
     #: ``direct``: the general loops' innermost channels (output channels per group; the data
     #: gradient's input channels) from which they fill a vector (AVX-512) and the flat loops'
     #: frames may waste only half ``flat_waste``; weights gradients that wide stay general.
