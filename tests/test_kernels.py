@@ -364,6 +364,33 @@ def test_bf16_weight_pairs_keep_nonfinite_x_out_of_an_odd_rows_missing_partner(n
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("native", KERNELS)
+def test_bf16_weight_pairs_come_a_few_images_within_the_data(native, rng):
+    """A dilated layer's pairs (two phases of padded rows: 4.4x its image) come a few images at a
+    time, within x's and dy's bytes; where they would not be exact (an Inf that an odd row's
+    missing partner reads) the f32 copies come as few images as fit those bytes: both against
+    the reference (NaN and Inf where its exact sums have them, nowhere else)."""
+    g = ConvGeometry(6, 1, 64, 32, (11, 11), (7, 7), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1))   # dilated_conv:21's kind
+    x, dy = rng.uniform(-1, 1, g.x_shape).astype(BF16), rng.uniform(-1, 1, g.y_shape).astype(BF16)
+    per, image = jit._pair_images(g, 16, 32)[0], jit._pair_image_bytes(g, 16, 32)
+    assert 1 <= per < g.n and per * image <= x.nbytes + dy.nbytes
+    assert 1 <= jit._unpaired_images(g, 16, 32) < g.n
+    for poisoned in (False, True):
+        if poisoned:
+            x[1:3, :, 9] = np.inf                    # read by the missing partner of the last output column
+        assert jit._pairs_exact(g, x) != poisoned
+        before = isa.set_family("avx512_bf16", allow_emulated=True, standin=not native)
+        try:
+            got = jit.backward_weights(g, x, dy)
+        finally:
+            isa.set_family(before)
+        with np.errstate(invalid="ignore"):                  # the engine alone: the API sets this itself
+            want = get_engine("reference").backward_weights(g, x.astype(np.float64), dy.astype(np.float64))
+        finite = np.isfinite(want)
+        assert finite.all() != poisoned and (np.isfinite(got) == finite).all()
+        np.testing.assert_allclose(got[finite], want[finite], rtol=1e-4, atol=1e-4 * np.abs(want[finite]).max())
+
+
 def test_every_jit_family_is_selectable():
     """The selection rule considers every family with JIT kernels (not only AVX2)."""
     assert set(TUNING.jit_families) == set(isa.WIDTH)

@@ -382,12 +382,11 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
             shares = 1 if plan.param("split") == "blocks" else pool.threads()
             other = g.n * math.prod(o) * g.groups * -(-g.ocg // vw) * vw + (shares + 1) * block \
                 + (math.prod(g.w_shape) if g.groups > 1 else 0)     # groups: dw copied out of the sums
-            if weights_in_pairs(f):  # bf16 pairs of a few images, or the f32 copies where not exact (_pairs_exact)
-                phases, q = _pair_phases(g)
-                pairs = _pair_images(g, rows, -(-g.ocg // vw) * vw)[0] * (
-                    len(phases) * math.prod(spatial(g.padded_size, 1)[:2]) * q * g.groups * -(-g.icg // rows) * rows
-                    + o[0] * o[1] * -(-o[2] // 2) * g.groups * -(-g.ocg // vw) * vw)
-                source = max(source, pairs + (shares + 1) * block - other)   # 2 bf16 = one f32 slot
+            if weights_in_pairs(f):  # bf16 pairs of a few images (the f32 copies where not exact: as many
+                lanes = -(-g.ocg // vw) * vw                     # bytes, _unpaired_images), the partial sums,
+                source = _pair_images(g, rows, lanes)[0] * _pair_image_bytes(g, rows, lanes) // 4   # the total
+                other = shares * block + (math.prod(g.w_shape) if g.groups > 1 else 0)   # in the first: no result
+                return 4 * (source + other) + (64 << 10)
     if task != "backward_weights" and (f.data_dtype == F32 or on_dot_product(f)):   # images in chunks (_chunks)
         source = min(source, max(-(-f.io_bytes // 4), source // g.n))
     result = 0 if f.data_dtype == F32 else math.prod({"forward": g.y_shape, "backward_data": g.x_shape,
@@ -1065,16 +1064,33 @@ def _fill_lanes(d3, out, ocg):  # pragma: no cover - compiled
                         dst[l] = 0
 
 
-def _pair_images(g: ConvGeometry, rows: int, lanes: int) -> tuple[int, int]:
-    """(images, row ranges) per call of the bf16 pairs' weights gradient: their copies of x and
-    dy (a few times an image each: two phases, padding) within ``TUNING.pair_bytes``: a few
-    images at a time, or where one image's copies exceed it (a 3-D image), one image in as many
-    ranges of output rows (:func:`_row_ranges`)."""
+def _pair_image_bytes(g: ConvGeometry, rows: int, lanes: int) -> int:
+    """Bytes of one image's copies of x and dy in bf16 pairs (a few times an image each: two
+    phases, padding)."""
     phases, q = _pair_phases(g)
     o = spatial(g.out_size, 1)
-    image = 2 * (len(phases) * math.prod(spatial(g.padded_size, 1)[:2]) * q * 2 * g.groups * -(-g.icg // rows) * rows
-                 + o[0] * o[1] * -(-o[2] // 2) * 2 * g.groups * lanes)
-    return max(1, min(g.n, TUNING.pair_bytes // image)), -(-image // TUNING.pair_bytes)
+    return 2 * (len(phases) * math.prod(spatial(g.padded_size, 1)[:2]) * q * 2 * g.groups * -(-g.icg // rows) * rows
+                + o[0] * o[1] * -(-o[2] // 2) * 2 * g.groups * lanes)
+
+
+def _pair_images(g: ConvGeometry, rows: int, lanes: int) -> tuple[int, int]:
+    """(images, row ranges) per call of the bf16 pairs' weights gradient: their copies of x and
+    dy within ``TUNING.pair_bytes`` and within x's and dy's own bytes (a dilated layer's pairs
+    took 4.4x its image: two phases of padded rows): a few images at a time, or where one
+    image's copies exceed ``TUNING.pair_bytes`` (a 3-D image), one image in as many ranges of
+    output rows (:func:`_row_ranges`)."""
+    image = _pair_image_bytes(g, rows, lanes)
+    data = 2 * g.n * (math.prod(g.in_size) * g.ic + math.prod(g.out_size) * g.oc)
+    return max(1, min(g.n, min(TUNING.pair_bytes, data) // image)), -(-image // TUNING.pair_bytes)
+
+
+def _unpaired_images(g: ConvGeometry, rows: int, lanes: int) -> int:
+    """Images per call of a bf16 weights gradient whose pairs would not be exact
+    (:func:`_pairs_exact`): its f32 copies (x padded, dy's lanes) within the bytes its pairs
+    would take, so that it keeps the pairs' memory bound (:func:`workspace_bytes`)."""
+    per = _pair_images(g, rows, lanes)[0]
+    f32_image = 4 * (math.prod(g.padded_size) * g.ic + math.prod(g.out_size) * g.groups * lanes)
+    return max(1, min(g.n, per * _pair_image_bytes(g, rows, lanes) // f32_image))
 
 
 def _row_ranges(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, parts: int
@@ -1188,13 +1204,15 @@ def _weight_sums(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, t0:
     shares = 1 if split_blocks else min(threads, g.n * o[0] * o[1])
     chunk = max(1, plan.param("cache_bytes") // (4 * o[2] * (g.ic + g.oc)))
     parts = np.zeros((shares, (t1 - t0) // fold, g.groups, row_blocks * rows, nblocks * vw), F32)
-    per, ranges = _pair_images(g, rows, vw) if depth == 2 else (g.n, 1)   # bf16 pairs: a few images at a time
-    xb = dyp = None                                            # ... in buffers allocated once
+    per, ranges = _pair_images(g, rows, vw) if depth == 2 else (   # bf16 pairs: a few images at a time
+        _unpaired_images(g, rows, vw) if _depth(x.dtype) == 2 else g.n, 1)   # ... in buffers allocated once
+    xb = dyp = None
     for n0 in range(0, g.n, per):
         gn = dataclasses.replace(g, n=min(per, g.n - n0))
         subs = _row_ranges(gn, x[n0:n0 + gn.n], dy[n0:n0 + gn.n], ranges)
         for gc, xc, dyc in subs:
-            with workspace.part() if len(subs) > 1 else contextlib.nullcontext():   # a range's own copies
+            own = len(subs) > 1 or depth == 1 and per < g.n           # a range's (or chunk's) own copies
+            with workspace.part() if own else contextlib.nullcontext():
                 if len(subs) > 1:
                     xb = dyp = None
                 oc = spatial(gc.out_size, 1)

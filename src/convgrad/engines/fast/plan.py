@@ -14,9 +14,9 @@ applies), else :func:`default_plan`, the tuning table's rule:
    ``jit.folds``; of fewer than backward data's only where its block idles at most
    ``TUNING.jit_narrow_idle`` for the vectors' width and datapath), a junk-heavy gradient (``Features.junk_heavy``) only for the
    unit-stride data gradient of bf16 on the dot instruction (the drivers skip the taps that read
-   rows of padding) and for f32 data where PyTorch's threads share the cores (one pool: the
-   output-row GEMMs' BLAS threads fought them) within ``TUNING.junk_memory`` times the inputs
-   and output in temporaries, and a multi-tap weights gradient only
+   rows of padding) and, within ``TUNING.junk_memory`` times the inputs and output in
+   temporaries, for the weights gradient of bf16 pairs on it and for f32 data where PyTorch's
+   threads share the cores (one pool: the output-row GEMMs' BLAS threads fought them), and a multi-tap weights gradient only
    of f32 data or of bf16 pairs on the dot instruction (:func:`.jit.weights_in_pairs`) and
    not of output rows of at most ``TUNING.jit_weights_short_rows[family]`` positions: every
    such problem of bf16 data, of NXC data, or of any data where PyTorch's threads share the
@@ -139,13 +139,15 @@ def jit_selected(f: Features) -> bool:
 
 def _junk_on_jit(f: Features) -> bool:
     """Whether a junk-heavy gradient still runs on ``jit``: the unit-stride bf16 data gradient on
-    the dot instruction (the drivers skip the taps that read rows of padding), and f32 beside
-    PyTorch (one pool) where ``jit``'s temporaries stay within ``TUNING.junk_memory`` times the
-    inputs and output."""
+    the dot instruction (the drivers skip the taps that read rows of padding), and where
+    ``jit``'s temporaries stay within ``TUNING.junk_memory`` times the inputs and output, the
+    bf16 weights gradient in pairs on it (the output-row GEMMs widen each chunk: the dilated
+    suite's layers 21-24 2.7-3x slower on a Zen 5) and f32 beside PyTorch (one pool)."""
     if jit.on_dot_product(f) and f.task == "backward_data" and all(s == 1 for s in f.strides):
         return True
-    return f.shared and f.data_dtype == f.acc == np.float32 and \
-        jit.workspace_bytes(f, Plan.of("jit", **jit.complete(f, {}))) <= TUNING.junk_memory * f.io_bytes
+    fits = f.task == "backward_weights" and jit.weights_in_pairs(f) or \
+        f.shared and f.data_dtype == f.acc == np.float32
+    return fits and jit.workspace_bytes(f, Plan.of("jit", **jit.complete(f, {}))) <= TUNING.junk_memory * f.io_bytes
 
 
 def gemm_variant(f: Features) -> str:

@@ -36,7 +36,8 @@ _state = threading.local()   # this thread's call depth and blocks taken
 _free: list[np.ndarray] = []  # uint8 blocks, free between calls (shared: calls hold the pool's lock)
 _returned: list[np.ndarray] = []  # blocks of freed results, moved to _free under the lock
 _lock = threading.Lock()
-_PAGE = 1 << 21              # blocks are whole 2 MiB (huge page) multiples
+_PAGE = 1 << 21              # large blocks are whole 2 MiB (huge page) multiples ...
+_GRAIN = 1 << 16             # ... the others 64 KiB ones (a 2.3 MB block was 4 MiB: 1.7 MB of slack)
 #: Bytes every array of this module from 4 KiB is aligned to: a cache line, an AVX-512 vector.
 ALIGN = 64
 
@@ -83,7 +84,8 @@ def _take(nbytes: int) -> np.ndarray:
         _settle()
         at = next((i for i, block in enumerate(_free) if nbytes <= block.nbytes <= 2 * nbytes + _PAGE), None)
         block = _free.pop(at) if at is not None else None
-    return block if block is not None else _aligned(-(-nbytes // _PAGE) * _PAGE)
+    grain = _PAGE if nbytes >= 8 * _PAGE else _GRAIN
+    return block if block is not None else _aligned(-(-nbytes // grain) * grain)
 
 
 def _settle() -> None:
