@@ -367,13 +367,13 @@ def test_bf16_weight_pairs_keep_nonfinite_x_out_of_an_odd_rows_missing_partner(n
 @pytest.mark.parametrize("native", KERNELS)
 def test_bf16_weight_pairs_come_a_few_images_within_the_data(native, rng):
     """A dilated layer's pairs (two phases of padded rows: 4.4x its image) come a few images at a
-    time, within x's and dy's bytes; where they would not be exact (an Inf that an odd row's
+    time, within the bytes of x, dy and dw; where they would not be exact (an Inf that an odd row's
     missing partner reads) the f32 copies come as few images as fit those bytes: both against
     the reference (NaN and Inf where its exact sums have them, nowhere else)."""
     g = ConvGeometry(6, 1, 64, 32, (11, 11), (7, 7), (3, 3), (1, 1), (3, 3), (1, 1), (1, 1))   # dilated_conv:21's kind
     x, dy = rng.uniform(-1, 1, g.x_shape).astype(BF16), rng.uniform(-1, 1, g.y_shape).astype(BF16)
     per, image = jit._pair_images(g, 16, 32)[0], jit._pair_image_bytes(g, 16, 32)
-    assert 1 <= per < g.n and per * image <= x.nbytes + dy.nbytes
+    assert 1 <= per < g.n and per * image <= x.nbytes + dy.nbytes + 2 * math.prod(g.w_shape)
     assert 1 <= jit._unpaired_images(g, 16, 32) < g.n
     for poisoned in (False, True):
         if poisoned:

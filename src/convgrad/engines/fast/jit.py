@@ -1075,12 +1075,12 @@ def _pair_image_bytes(g: ConvGeometry, rows: int, lanes: int) -> int:
 
 def _pair_images(g: ConvGeometry, rows: int, lanes: int) -> tuple[int, int]:
     """(images, row ranges) per call of the bf16 pairs' weights gradient: their copies of x and
-    dy within ``TUNING.pair_bytes`` and within x's and dy's own bytes (a dilated layer's pairs
-    took 4.4x its image: two phases of padded rows): a few images at a time, or where one
+    dy within ``TUNING.pair_bytes`` and within the bytes of x, dy and dw in bf16 (a dilated
+    layer's pairs took 4.4x its image: two phases of padded rows): a few images at a time, or where one
     image's copies exceed ``TUNING.pair_bytes`` (a 3-D image), one image in as many ranges of
     output rows (:func:`_row_ranges`)."""
     image = _pair_image_bytes(g, rows, lanes)
-    data = 2 * g.n * (math.prod(g.in_size) * g.ic + math.prod(g.out_size) * g.oc)
+    data = 2 * (math.prod(g.x_shape) + math.prod(g.y_shape) + math.prod(g.w_shape))
     return max(1, min(g.n, min(TUNING.pair_bytes, data) // image)), -(-image // TUNING.pair_bytes)
 
 
