@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -219,19 +220,29 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dw: np.ndar
             view += part
         return
     width, kind = native
+    drive, shapes, aligned = _weights_plan(g, width, kind, count)
     taps = math.prod(kernel)
-    slide = spatial(g.strides, 1)[2] == 1 and spatial(g.dilations, 1)[2] == 1
-    block = kernels.reduce_block(kernel, g.ic, width, slide)
-    aligned = _aligns(g.ic, width)
     head = _head(x, width) if aligned else 0
     size = count * (taps + 1) * g.ic    # row ``taps`` of each part: the scratch row of taps in the padding
     raw = np.zeros(size + (width if aligned else 0), np.float32)
     start = (-(raw.ctypes.data // 4) - head) % width if aligned else 0   # the sums of channel ``head`` too
     acc = raw[start:start + size].reshape(count, taps + 1, g.ic)
-    kernels.weights_driver(width, kind, *block, aligned)(
-        count, casts.bits(x3).reshape(-1), casts.bits(dy3).reshape(-1), acc.reshape(-1), np.array(x3.shape, np.int64),
-        np.array(dy3.shape, np.int64), np.array(kernel, np.int64), *params(g), count, head)
+    drive(count, casts.bits(x3).reshape(-1), casts.bits(dy3).reshape(-1), acc.reshape(-1), *shapes, count, head)
     dw += acc[:, :taps].sum(axis=0).reshape(dw.shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _weights_plan(g: ConvGeometry, width: int, kind: int, count: int) -> tuple[Callable, tuple, bool]:
+    """(driver, its shape and geometry arguments, whether its blocks start on the data's vector
+    boundary) of the register-blocked weights gradient of ``g`` in ``count`` parts (remembered per
+    geometry: shared, never written)."""
+    kernel = spatial(g.kernel, 1)
+    slide = spatial(g.strides, 1)[2] == 1 and spatial(g.dilations, 1)[2] == 1
+    aligned = _aligns(g.ic, width)
+    drive = kernels.weights_driver(width, kind, *kernels.reduce_block(kernel, g.ic, width, slide), aligned)
+    shapes = (np.array((g.n, *spatial(g.in_size, 1), g.ic), np.int64), np.array((g.n, *spatial(g.out_size, 1), g.oc),
+                                                                                 np.int64), np.array(kernel, np.int64))
+    return drive, (*shapes, *params(g)), aligned
 
 
 def _head(data: np.ndarray, width: int) -> int:
