@@ -84,12 +84,12 @@ def test_bf16_gemm_on_pairs(m, k, n, standin):
 
 
 def test_block_sizes_follow_the_caches():
-    """kc: a B micro-panel in TUNING.gemm_panel_l1[width] L1 caches; mc: an A block in at most half the
+    """kc: a B micro-panel in TUNING.gemm_panel_l1[width, halved] L1 caches; mc: an A block in at most half the
     L2, whole register blocks; every thread gets work."""
     l1, l2, _ = isa.cache_sizes()
     assert l1 >= 4096 and l2 >= l1
     b = blis.blocks(100_000, 4096, 256, 4)
-    assert b.kc * b.nr * 4 <= TUNING.gemm_panel_l1[b.width] * l1 and b.kc % 2 == 0
+    assert b.kc * b.nr * 4 <= TUNING.gemm_panel_l1[b.width, isa.halved_vectors()] * l1 and b.kc % 2 == 0
     assert b.mc % b.rows == 0 and b.mc * b.kc * 4 <= l2 // 2
     small = blis.blocks(30, 4096, 256, 4)
     assert small.k_chunks == min(numba.get_num_threads(), -(-4096 // small.kc))     # deep: K split
@@ -110,7 +110,7 @@ def test_blocks_are_remembered_per_thread_count_and_tuning_table(monkeypatch):
         finally:
             numba.set_num_threads(threads)
         assert blis.blocks(30, 4096, 256, 4) == deep
-    quarter = {width: share / 4 for width, share in TUNING.gemm_panel_l1.items()}
+    quarter = {key: share / 4 for key, share in TUNING.gemm_panel_l1.items()}
     monkeypatch.setattr(blis, "TUNING", dataclasses.replace(TUNING, gemm_panel_l1=quarter))
     assert blis.blocks(3136, 4096, 64, 4).kc < b.kc                              # a new table: new blocks
 

@@ -10,7 +10,7 @@ with the kernel's roles: ``A`` broadcast (``mr`` rows), ``B`` loaded as vectors 
             for jr over the share's panels: for ir over the mr-panels:
                 C[ir, jr] += A[ir] . Bp[pc, jr]                     (the kernel, kc deep)
 
-``kc``: a B micro-panel (``kc x nr``) fills ``TUNING.gemm_panel_l1[width]`` L1 data caches (it streams
+``kc``: a B micro-panel (``kc x nr``) fills ``TUNING.gemm_panel_l1[width, halved]`` L1 data caches (it streams
 from L2: longer kernel calls cost fewer C tile loads and restart fewer A streams; a deep
 reduction's, ``TUNING.gemm_deep_panel_l1``, leaves room for its packed A's lines); ``mc``: an A
 block (``mc x kc``) at most half the L2; both from the host's cache sizes
@@ -138,7 +138,7 @@ def split(m: int, rows: int, panels: int, mc_max: int, threads: int) -> tuple[in
 def blocks(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None = None) -> Blocks:
     """The blocks for an ``m x k x n`` GEMM of ``itemsize``-byte packed operands (2: bf16 pairs):
     the register block (``block``, else :func:`register_block`), ``kc`` from the L1 (a B
-    micro-panel in ``TUNING.gemm_panel_l1[width]`` of it), ``mc`` at most an A block in half the L2, and
+    micro-panel in ``TUNING.gemm_panel_l1[width, halved]`` of it), ``mc`` at most an A block in half the L2, and
     the threads' work: a deep reduction (:func:`deep`) splits K, one chunk
     per thread into a C of its own (B read once, every thread as busy); others split M and N
     (:func:`split`). Remembered per shape, family, thread count and tuning table (10 µs of a
@@ -159,7 +159,7 @@ def _blocks_for(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | 
     l1, l2, _ = isa.cache_sizes()
     nr = vecs * width
     reduction = deep(m, k, n)
-    share = (TUNING.gemm_deep_panel_l1 if reduction else TUNING.gemm_panel_l1)[width]
+    share = TUNING.gemm_deep_panel_l1[width] if reduction else TUNING.gemm_panel_l1[width, isa.halved_vectors()]
     on_tiles = itemsize == 2 and isa.bf16_kernel() >= microkernel.TILES_STANDIN and (rows, vecs) in tiles.TILE_BLOCKS
     unit = 2 * tiles.PAIRS if on_tiles else 16      # tiles: whole tile steps
     kc = max(unit, min(-(-k // 2) * 2, int(share * l1) // (nr * itemsize) // unit * unit))

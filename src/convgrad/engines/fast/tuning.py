@@ -207,7 +207,11 @@ class Tuning:
     #: (AVX2, 2026-11-27, our GEMM forced): ResNet-50's 1x1 weights gradients (K = positions) of
     #: stages 2-4 at 0.5 / 1 / 2: 147 / 171 / 218 ms in all, their forward and data gradients the
     #: same at each (124 / 120 / 119, 109 / 108 / 110); the Zen 4's measurements set 2.
-    gemm_panel_l1: dict[int, float] = field(default_factory=lambda: {8: 0.5, 16: 2.0})
+    #: Per (vector width, 512-bit operations halved: :func:`.isa.halved_vectors`); a Zen 5 (full
+    #: width, 48 KiB L1), 2026-11-28, 2 -> 3 L1s (kc 384 -> 576): ResNet-50's 1x1 data gradients
+    #: 0.95-1.00x the time (f32 and bf16; res3a_branch2c's K of 512 in one step: 0.95).
+    gemm_panel_l1: dict[tuple[int, bool], float] = field(default_factory=lambda: {
+        (8, False): 0.5, (8, True): 0.5, (16, True): 2.0, (16, False): 3.0})
     #: ``gemm_panel_l1`` of a deep reduction (:func:`.blis.deep`: the weights gradients), whose A
     #: (x^T or dy^T) is packed per K step with one cache line of a block's rows per step: kc
     #: such lines and the B micro-panel share the L1 (docs/engine-measurements.md, "Zen 3,
