@@ -120,10 +120,10 @@ def _gather_into(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarra
         flat = taps.reshape(-1, g.ic // block, block).transpose(1, 0, 2)
         taps = np.ascontiguousarray(flat).reshape(taps.shape)
     chunks = _chunks(out3.shape[0] * out3.shape[1] * out3.shape[2])
-    kernels.gather_driver(width, kind, *key, head > 0, _streams(out, head, width, key[1]))(chunks, chunks, casts.bits(src3).reshape(-1), taps.reshape(-1),
-                                             casts.bits(out3).reshape(-1), np.array(src3.shape, np.int64),
-                                             np.array(out3.shape, np.int64), np.array(taps.shape[:3], np.int64),
-                                             outer0, outer1, phases, spread, head)
+    drive = kernels.gather_driver(width, kind, *key, head > 0, _streams(out, head, width, key[1]))
+    drive(chunks, chunks, casts.bits(src3).reshape(-1), taps.reshape(-1), casts.bits(out3).reshape(-1),
+          np.array(src3.shape, np.int64), np.array(out3.shape, np.int64), np.array(taps.shape[:3], np.int64),
+          outer0, outer1, phases, spread, head)
 
 
 def _streams(out: np.ndarray, head: int, width: int, vecs: int) -> bool:
@@ -271,7 +271,7 @@ def run(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, acc: np.dtype,
     dtype = np.dtype(a.dtype if rounded and native else acc)
     width = isa.WIDTH.get(isa.family(), 1)
     head = _gather_head(g, a, task != "forward", width) if native else 0
-    out = empty_like_data(g.y_shape if task == "forward" else g.x_shape, dtype, a,   # channel ``head`` on a vector boundary
-                          offset=-head * dtype.itemsize % (width * dtype.itemsize))
+    out = empty_like_data(g.y_shape if task == "forward" else g.x_shape, dtype, a,   # channel ``head`` on a
+                          offset=-head * dtype.itemsize % (width * dtype.itemsize))  # vector boundary too
     (forward if task == "forward" else backward_data)(g, a, b, out)
     return out

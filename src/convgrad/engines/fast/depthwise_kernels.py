@@ -416,7 +416,8 @@ def weights_driver(width: int, kind: int, taps: int, vecs: int, window: int, ali
     is short where it needs ``vecs`` vectors, else single vectors."""
     block = width * vecs
 
-    def part_of(part, x, dy, acc, xshape, yshape, kshape, stride, dilation, pad, parts, head):  # pragma: no cover - compiled
+    def part_of(part, x, dy, acc, xshape, yshape, kshape, stride, dilation, pad, parts,
+                head):  # pragma: no cover - compiled
         n_, i0_, i1_, i2_, c_ = xshape
         o0_, o1_, o2_ = yshape[1], yshape[2], yshape[3]
         k0_, k1_, k2_ = kshape
