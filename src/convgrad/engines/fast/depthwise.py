@@ -186,15 +186,16 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, dx: np.ndarray
     _gather_into(g, dy, w, dx, True)
 
 
-def _chunks(rows: int) -> int:
-    """Parallel chunks of ``rows`` rows: ``TUNING.depthwise_parts_per_thread`` per thread, at
-    most one per row."""
-    return max(1, min(TUNING.depthwise_parts_per_thread * pool.threads(), rows))
+def _chunks(rows: int, per_thread: int | None = None) -> int:
+    """Parallel chunks of ``rows`` rows: ``per_thread`` (``TUNING.depthwise_chunks_per_thread``)
+    per thread, at most one per row."""
+    return max(1, min((per_thread or TUNING.depthwise_chunks_per_thread) * pool.threads(), rows))
 
 
 def parts(g: ConvGeometry) -> int:
-    """Parallel partial sums of the weights gradient: one per chunk of output rows (:func:`_chunks`)."""
-    return _chunks(g.n * math.prod(g.out_size[:-1]))
+    """Parallel partial sums of the weights gradient: ``TUNING.depthwise_parts_per_thread`` chunks of
+    output rows per thread (:func:`_chunks`)."""
+    return _chunks(g.n * math.prod(g.out_size[:-1]), TUNING.depthwise_parts_per_thread)
 
 
 def _kernel(*arrays: np.ndarray) -> tuple[int, int] | None:

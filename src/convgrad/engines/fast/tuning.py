@@ -170,8 +170,14 @@ class Tuning:
     pointwise_block_bytes: int = 4 << 20
     #: ``gemm``: row blocks have at least this many rows, whatever ``block_bytes`` says.
     min_block_rows: int = 256
-    #: ``direct``: the depthwise weights gradient sums this many partial dw per thread.
-    depthwise_parts_per_thread: int = 4
+    #: ``direct``: the depthwise weights gradient sums this many partial dw per thread (Zen 5,
+    #: 2026-11-28, MobileNet's layers at 2 / 4 parts, in one process: f32 geomean 0.975, 0.996,
+    #: 0.975 in three runs (conv5_1 / conv6 0.92-0.98); bf16 0.985; 1 part 1.07-1.31x on the
+    #: 7x7-28x28 layers).
+    depthwise_parts_per_thread: int = 2
+    #: ``direct``: the depthwise forward and data gradient run this many chunks of rows per thread
+    #: (2 instead: MobileNet's data gradients 0.99-1.12x the time on the same Zen 5).
+    depthwise_chunks_per_thread: int = 4
     #: ``direct``: the depthwise kernels start their blocks of channels on a vector boundary of
     #: the data from this many vectors of channels (one more call per row for the channels
     #: before it; :func:`.depthwise._aligns`). Zen 5, MobileNet's layers on data 16 bytes past a
