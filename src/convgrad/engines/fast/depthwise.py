@@ -103,9 +103,11 @@ def _weights(g: ConvGeometry, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(*spatial(g.kernel, 1), g.ic), dtype=dtype)
 
 
-def _gather_into(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarray, transposed: bool) -> None:
+def _gather_into(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarray, transposed: bool,
+                 head: int | None = None) -> None:
     """``out`` = the forward convolution of ``src`` (or with ``transposed`` the data gradient of
-    ``dy`` = ``src``): the register-blocked kernels where they apply, else :func:`_gather`."""
+    ``dy`` = ``src``): the register-blocked kernels where they apply (``head``: the caller's
+    :func:`_gather_head`), else :func:`_gather`."""
     src3, out3 = spatial3(src), spatial3(out)
     kernel = _kernel(src, out)
     if kernel is None:
@@ -114,7 +116,7 @@ def _gather_into(g: ConvGeometry, src: np.ndarray, w: np.ndarray, out: np.ndarra
     width, kind = kernel
     taps = _weights(g, w, np.dtype(np.float32))
     key, outer0, outer1, phases, spread = _gather_plan(g, transposed, width)
-    head = _gather_head(g, src, transposed, width)
+    head = _gather_head(g, src, transposed, width) if head is None else head
     block = spread[2]
     if block < g.ic:     # (K, C) as (C / block, K, block): a block's weights together
         flat = taps.reshape(-1, g.ic // block, block).transpose(1, 0, 2)
@@ -224,10 +226,8 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, dw: np.ndar
     drive, shapes, aligned = _weights_plan(g, width, kind, count)
     taps = math.prod(kernel)
     head = _head(x, width) if aligned else 0
-    size = count * (taps + 1) * g.ic    # row ``taps`` of each part: the scratch row of taps in the padding
-    raw = np.zeros(size + (width if aligned else 0), np.float32)
-    start = (-(raw.ctypes.data // 4) - head) % width if aligned else 0   # the sums of channel ``head`` too
-    acc = raw[start:start + size].reshape(count, taps + 1, g.ic)
+    # per part, row ``taps`` the scratch row of taps in the padding; channel ``head``'s sums on a line
+    acc = workspace.result((count, taps + 1, g.ic), np.float32, fill=True, offset=-4 * head % workspace.ALIGN)
     drive(count, casts.bits(x3).reshape(-1), casts.bits(dy3).reshape(-1), acc.reshape(-1), *shapes, count, head)
     dw += acc[:, :taps].sum(axis=0).reshape(dw.shape)
 
@@ -274,5 +274,5 @@ def run(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, acc: np.dtype,
     head = _gather_head(g, a, task != "forward", width) if native else 0
     out = empty_like_data(g.y_shape if task == "forward" else g.x_shape, dtype, a,   # channel ``head`` on a
                           offset=-head * dtype.itemsize % (width * dtype.itemsize))  # vector boundary too
-    (forward if task == "forward" else backward_data)(g, a, b, out)
+    _gather_into(g, a, b, out, task != "forward", head)
     return out
