@@ -8,20 +8,21 @@ applies), else :func:`default_plan`, the tuning table's rule:
 
 1. depthwise (ICg = OCg = 1): ``direct`` (its depthwise loops);
 2. at most ``TUNING.direct_flops`` of work: ``direct``;
-3. ``jit`` (f32-accumulating problems on a family of ``TUNING.jit_families``; pointwise ones on
-   our GEMM, :mod:`.blis`), for the gradients from ``TUNING.jit_min_input_channels[task]`` input
+3. ``jit`` (f32-accumulating problems on a family of ``TUNING.jit_families``; pointwise ones on our
+   GEMM, :mod:`.blis`), for the gradients from ``TUNING.jit_min_input_channels[task]`` input
    channels (a weights gradient: rows, ``jit.input_rows``, its last kernel axis folded in where
    ``jit.folds``; of fewer than backward data's only where its block idles at most
-   ``TUNING.jit_narrow_idle`` for the vectors' width and datapath), a junk-heavy gradient (``Features.junk_heavy``) only for the
-   unit-stride data gradient of bf16 on the dot instruction (the drivers skip the taps that read
-   rows of padding) and, within ``TUNING.junk_memory`` times the inputs and output in
-   temporaries, for the weights gradient of bf16 pairs on it and for f32 data where PyTorch's
-   threads share the cores (one pool: the output-row GEMMs' BLAS threads fought them), and a multi-tap weights gradient only
-   of f32 data or of bf16 pairs on the dot instruction (:func:`.jit.weights_in_pairs`) and
-   not of output rows of at most ``TUNING.jit_weights_short_rows[family]`` positions: every
-   such problem of bf16 data, of NXC data, or of any data where PyTorch's threads share the
-   cores (``Features.shared``: one pool); of the others (NCX f32 alone) those of several taps
-   with at most ``TUNING.jit_channels[task]`` channels per group on either side;
+   ``TUNING.jit_narrow_idle`` for the vectors' width and datapath), a junk-heavy gradient
+   (``Features.junk_heavy``) only for the unit-stride data gradient of bf16 on the dot instruction
+   (the drivers skip the taps that read rows of padding) and, within ``TUNING.junk_memory`` times
+   the inputs and output in temporaries, for the weights gradient of bf16 pairs on it and for f32
+   data where PyTorch's threads share the cores (one pool: the output-row GEMMs' BLAS threads
+   fought them), and a multi-tap weights gradient only of f32 data or of bf16 pairs on the dot
+   instruction (:func:`.jit.weights_in_pairs`) and not of output rows of at most
+   ``TUNING.jit_weights_short_rows[family]`` positions: every such problem of bf16 data, of NXC
+   data, or of any data where PyTorch's threads share the cores (``Features.shared``: one pool); of
+   the others (NCX f32 alone) those of several taps with at most ``TUNING.jit_channels[task]``
+   channels per group on either side;
 4. at most ``TUNING.direct_gemm_flops`` of work: ``direct``;
 5. ``gemm``, its variant by the first that applies: ``pointwise`` (1x1 bf16/f16 NXC),
    ``output_rows`` (junk-heavy or wide gradients), ``image_gemms`` (1x1 NCX with at least
