@@ -149,6 +149,63 @@ def test_taps_reading_rows_of_padding_are_skipped(dtype, dims, rng):
         _close(got[finite], want[finite], TOLERANCE[dtype], f"{task} {dtype} {dims}-D")
 
 
+#: Stride-1 geometries whose sources the drivers pad an image at a time per thread: flattened
+#: rows and rows cut (dilated), asymmetric and large pads, groups, channel tails, 3-D (even
+#: channels per group: whole bf16 pairs).
+STAGED = {
+    "3x3": ((6, 22), (7, 9), (3, 3), 1, (1, 1), (1, 1), (1, 1)),
+    "asymmetric": ((6, 20), (8, 5), (3, 2), 1, (2, 0), (0, 3), (1, 1)),
+    "dilated rows": ((4, 34), (9, 12), (3, 3), 1, (2, 2), (2, 2), (3, 2)),
+    "groups": ((4, 10), (6, 7), (3, 3), 3, (1, 1), (1, 1), (1, 1)),
+    "3-D": ((2, 18), (4, 5, 6), (2, 3, 2), 1, (1, 0, 1), (0, 2, 1), (1, 1, 2)),
+}
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("case", sorted(STAGED))
+def test_sources_padded_an_image_at_a_time_per_thread(case, dtype, monkeypatch, rng):
+    """Forward and backward data reading sources each thread pads an image at a time into its
+    own buffer (more images than threads, an odd count: a thread may start inside an image's
+    rows) give the bits of the drivers reading one padded copy of every image, and the
+    reference's values; with the packed weights past ``cache_bytes`` (channel blocks outermost)
+    the staged source is padded at once, and a strided source (bf16 not on 32-bit units) is
+    staged too: same bits. bf16 on the dot product (its stand-in where the CPU lacks it)."""
+    (icg, ocg), size, kernel, groups, pb, pe, dil = STAGED[case]
+    g = _geometry(2 * jit.pool.threads() + 1, groups, icg, ocg, size, kernel, dilations=dil, pb=pb, pe=pe)
+    before = isa.set_family("avx512_bf16", allow_emulated=True) if dtype == "bf16" else None
+    staged = []
+
+    class Seen(jit._Staged):
+        def __init__(self, *args):
+            super().__init__(*args)
+            staged.append(self)
+    monkeypatch.setattr(jit, "_Staged", Seen)
+    try:
+        for task, args in _inputs(g, rng, DATA_DTYPES[dtype]).items():
+            if task == "backward_weights":
+                continue
+            monkeypatch.setattr(jit, "TUNING", dataclasses.replace(jit.TUNING, stage_l2=0.0))
+            whole = getattr(jit, task)(g, *args)
+            assert not staged
+            monkeypatch.setattr(jit, "TUNING", dataclasses.replace(jit.TUNING, stage_l2=1.0))
+            got = getattr(jit, task)(g, *args)
+            assert len(staged) == 1, f"{case} {task}: the source was not staged"
+            np.testing.assert_array_equal(got, whole, f"{case} {task} {dtype}")
+            plan = Plan.of("jit", **{**jit.complete(Features.of(g, task, args[0].dtype, False), {}), "cache_bytes": 1})
+            np.testing.assert_array_equal(getattr(jit, task)(g, *args, plan), whole, f"{case} {task} outer")
+            wider = np.zeros((*args[0].shape[:-1], args[0].shape[-1] + 3), args[0].dtype)
+            wider[..., 1:-2] = args[0]                # strided, 2 bytes off 32-bit units for bf16
+            view = wider[..., 1:-2]
+            np.testing.assert_array_equal(getattr(jit, task)(g, view, args[1]), whole, f"{case} {task} view")
+            assert len(staged) == 3
+            staged.clear()
+            want = getattr(get_engine("reference"), task)(g, *(a.astype(np.float64) for a in args))
+            _close(got, want, TOLERANCE[dtype], f"{case} {task} {dtype}")
+    finally:
+        if before is not None:
+            isa.set_family(before)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16", "f64"])
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 def test_forced_jit_through_the_api(dtype, data_format, family, rng):

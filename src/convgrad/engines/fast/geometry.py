@@ -19,8 +19,8 @@ from ... import kernel_cache
 from ...problem import ConvGeometry
 from . import microkernel, workspace
 
-__all__ = ["spatial", "spatial3", "params", "tap", "stride_phase", "phase_taps", "tap_weights", "padded", "flat", "sampled",
-           "spread"]
+__all__ = ["spatial", "spatial3", "params", "tap", "stride_phase", "phase_taps", "tap_weights", "padded", "fill_line", "flat",
+           "sampled", "spread"]
 
 
 def spatial(values: tuple[int, ...], fill: int) -> tuple[int, ...]:
@@ -109,25 +109,37 @@ def padded(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], dtype: np.
     return out
 
 
-def _fill_row(row, a3, out, lo0, lo1, lo2):  # pragma: no cover - compiled
-    """``out[n, p0, p1, p2] = a3[n, p0 - lo0, p1 - lo1, p2 - lo2]`` where that lies in ``a3``,
-    else 0, for row ``row`` = (n, p0): every value written once, a run of positions along axis 2
-    per slice (one position per slice was a tenth of a bf16 3x3 forward, mb 16; :data:`_fill_padded`
-    runs the rows in parallel)."""
-    n_, p0_, p1_, p2_, c_ = out.shape
-    i0_, i1_, i2_ = a3.shape[1], a3.shape[2], a3.shape[3]
-    n, p0 = row // p0_, row % p0_
-    i0 = p0 - lo0
+@kernel_cache.njit(inline="always")
+def fill_line(a3, n, out, p0, p1, lo0, lo1, lo2):  # pragma: no cover - compiled
+    """``out[p0, p1, p2] = a3[n, p0 - lo0, p1 - lo1, p2 - lo2]`` where that lies in ``a3``, else
+    0, for the line (p0, p1) of one padded image ``out`` (P0, P1, P2, C): every value written
+    once."""
+    p2_, c_ = out.shape[2], out.shape[3]
+    i0, i1, i2_ = p0 - lo0, p1 - lo1, a3.shape[3]
     first, stop = min(max(lo2, 0), p2_), max(min(lo2 + i2_, p2_), 0)   # the positions of a3 along axis 2
-    for p1 in range(p1_):
-        i1 = p1 - lo1
-        dst = out[n, p0, p1]
-        if 0 <= i0 < i0_ and 0 <= i1 < i1_ and first < stop:
-            dst[:first] = 0
-            dst[first:stop] = a3[n, i0, i1, first - lo2:stop - lo2]     # a run of positions at once
-            dst[stop:] = 0
-        else:
-            dst[:] = 0
+    dst = out[p0, p1]
+    if not (0 <= i0 < a3.shape[1] and 0 <= i1 < a3.shape[2]):
+        first, stop = p2_, p2_
+    for p2 in range(first):                   # loops over channels, not slices: 3x the speed (L2)
+        for c in range(c_):
+            dst[p2, c] = 0
+    if first < stop:
+        src = a3[n, i0, i1]
+        for p2 in range(first, stop):
+            for c in range(c_):
+                dst[p2, c] = src[p2 - lo2, c]
+    for p2 in range(stop, p2_):
+        for c in range(c_):
+            dst[p2, c] = 0
+
+
+def _fill_row(row, a3, out, lo0, lo1, lo2):  # pragma: no cover - compiled
+    """:func:`fill_line` for the lines of row ``row`` = (n, p0) of ``out`` (N, P0, P1, P2, C)
+    (:data:`_fill_padded` runs the rows in parallel)."""
+    p0_ = out.shape[1]
+    n, p0 = row // p0_, row % p0_
+    for p1 in range(out.shape[2]):
+        fill_line(a3, n, out[n], p0, p1, lo0, lo1, lo2)
 
 
 _fill_padded = microkernel.parallel_items(_fill_row)

@@ -369,10 +369,12 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
     if task == "backward_data":
         sizes = [max(o[a], -(-spatial(g.in_size, 1)[a] // s[a])) + 2 * ((kernel[a] - 1) * d[a] // s[a] + 1)
                  + spatial(g.pads_begin, 0)[a] + 1 for a in range(3)]
-        source = g.n * math.prod(sizes) * (g.oc + g.groups) + rows * (g.oc + g.groups + 1) + 64
+        tail = rows * (g.oc + g.groups + 1) + 64
+        source = g.n * math.prod(sizes) * (g.oc + g.groups) + tail
         other = g.groups * taps * (g.ocg + 1) * -(-g.icg // vw) * vw
     else:
-        source = g.n * math.prod(g.padded_size) * (g.ic + g.groups) + rows * (s[2] * (g.ic + g.groups) + 2) + 64
+        tail = rows * (s[2] * (g.ic + g.groups) + 2) + 64
+        source = g.n * math.prod(g.padded_size) * (g.ic + g.groups) + tail
         other = g.groups * taps * (g.icg + 1) * -(-g.ocg // vw) * vw
         if task == "backward_weights":   # x zero-padded, with a block's slack after it
             source = g.n * math.prod(g.padded_size) * g.ic + rows
@@ -387,8 +389,12 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
                 source = _pair_images(g, rows, lanes)[0] * _pair_image_bytes(g, rows, lanes) // 4   # the total
                 other = shares * block + (math.prod(g.w_shape) if g.groups > 1 else 0)   # in the first: no result
                 return 4 * (source + other) + (64 << 10)
-    if task != "backward_weights" and (f.data_dtype == F32 or on_dot_product(f)):   # images in chunks (_chunks)
+    if task != "backward_weights" and (f.data_dtype == F32 or on_dot_product(f)):   # images in chunks (_chunks),
         source = min(source, max(-(-f.io_bytes // 4), source // g.n))
+        size, channels = (_data_phases(g)[2], g.oc) if task == "backward_data" else (spatial(g.padded_size, 1), g.ic)
+        if _stages(g.n, size, channels, g.groups, f.data_dtype, 2 if on_dot_product(f) else 1) and \
+                (task == "forward" or all(v == 1 for v in g.strides)):          # or an image a thread (_Staged)
+            source = pool.threads() * (math.prod(size) * channels + tail)
     result = 0 if f.data_dtype == F32 else math.prod({"forward": g.y_shape, "backward_data": g.x_shape,
                                                       "backward_weights": g.w_shape}[task])
     return 4 * (source + other + result) + (64 << 10)
@@ -416,18 +422,53 @@ def _rounding(dtype: np.dtype, rounded: bool) -> int:
     return casts.bits_kind(dtype) if rounded else casts.F32_VALUES
 
 
+@dataclasses.dataclass(frozen=True)
+class _Staged:
+    """Canonical data a driver pads one image at a time, each thread into a buffer of its own
+    (:func:`_outputs`): ``data`` (N, I0, I1, I2, C) in the kernel's dtype (f32, or bf16 bits),
+    the padded image's leading pads ``lo`` and ``size``, and the ``slack`` a buffer has after it."""
+
+    data: np.ndarray
+    lo: tuple[int, ...]
+    size: tuple[int, ...]
+    slack: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the padded copy it stands for (N, P0, P1, P2, C)."""
+        return (self.data.shape[0], *self.size, self.data.shape[-1])
+
+    def padded(self) -> np.ndarray:
+        """The padded copy of every image at once (:func:`.geometry.padded`)."""
+        return padded(self.data, self.lo, self.size, self.data.dtype, self.slack)
+
+
+def _stages(images: int, size: tuple[int, ...], channels: int, groups: int, dtype: np.dtype, depth: int) -> bool:
+    """Whether a driver pads ``images`` of canonical data (``channels`` of ``dtype``) one image at
+    a time, each thread into a buffer of its own (:class:`_Staged`, written and read while in its
+    cache: a 3x3 forward's padded copy of every image was a tenth of its time): data of the
+    kernel's dtype (f32, whole bf16 pairs), at least an image per thread, a padded image
+    (``size``) within ``TUNING.stage_l2`` of the L2."""
+    return (dtype == F32 or (depth == 2 and channels // groups % 2 == 0)) and images >= pool.threads() and \
+        math.prod(size) * channels * dtype.itemsize <= TUNING.stage_l2 * isa.cache_sizes()[1]
+
+
 def _source(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], slack: int, groups: int = 1,
-            depth: int = 1) -> np.ndarray:
+            depth: int = 1, stage: bool = False) -> np.ndarray | _Staged:
     """The zero-padded copy of canonical (N, *X, C) data a driver reads (:func:`.geometry.padded`):
     f32 values, or for ``depth`` 2 the bf16 bits (uint16) with each group's channels padded to
-    pairs (``groups`` x the even channel count)."""
-    if depth == 1:
-        return padded(a, lo, size, F32, slack)
+    pairs (``groups`` x the even channel count). With ``stage``, data that :func:`_stages` is left
+    to the driver to pad an image at a time into each thread's buffer (:class:`_Staged`)."""
     a3 = spatial3(a)
     cg = a3.shape[-1] // groups
+    kept = a3.view(np.uint16) if depth == 2 else a3
+    if stage and _stages(a3.shape[0], size, a3.shape[-1], groups, a3.dtype, depth):
+        return _Staged(kept, tuple(lo), tuple(size), slack)
+    if depth == 1:
+        return padded(a, lo, size, F32, slack)
     cpad = -(-cg // depth) * depth
     if cpad == cg:                                                    # whole pairs already
-        return padded(a3.view(np.uint16), lo, size, np.uint16, slack)
+        return padded(kept, lo, size, np.uint16, slack)
     shape = (a3.shape[0], *size, groups, cpad)
     buffer = workspace.zeros(math.prod(shape) + slack, np.uint16)
     out = buffer[:math.prod(shape)].reshape(shape)
@@ -446,13 +487,29 @@ def _reads_data(tap_rows, rows_in, t, q0, q1):  # pragma: no cover - compiled
     return rows_in[0] <= r0 < rows_in[1] and rows_in[2] <= r1 < rows_in[3]
 
 
+@kernel_cache.njit(inline="always")
+def _stage_lines(raw, n, stage, staged, dims, reach):  # pragma: no cover - compiled
+    """Pad the lines (p0, p1) of image ``n`` of ``raw`` into a thread's ``stage`` (as
+    :func:`.geometry.fill_line`; ``dims``: P0, P1, P2, C in 32-bit units, the leading pads, a
+    line's values in ``stage``'s dtype) from the first not yet padded (``staged[1]``) through
+    the one holding value ``reach - 1`` (at most the last)."""
+    lines = min(dims[0] * dims[1], (reach - 1) // dims[7] + 1)
+    if lines > staged[1]:
+        image = stage.view(raw.dtype)[:dims[0] * dims[1] * dims[2] * dims[3]].reshape(
+            (dims[0], dims[1], dims[2], dims[3]))
+        for line in range(staged[1], lines):
+            geometry.fill_line(raw, n, image, line // dims[1], line % dims[1], dims[4], dims[5], dims[6])
+        staged[1] = lines
+
+
 @functools.cache
 def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
     """The driver of forward and backward data for one kernel variant, run for each item in the
     pool (:class:`.microkernel.parallel_items`; compiled for it alone; ``native``:
     :func:`.microkernel.run`'s flag)."""
     def outputs(item, src, steps, taps_a, out, out16, kind, out_base, out_steps, out_grid, pitch, valid, wp, per_block,
-                taps_b, groups, kred, depth, channels, blocks_outer, parts, tap_rows, rows_in):  # pragma: no cover
+                taps_b, groups, kred, depth, channels, blocks_outer, parts, tap_rows, rows_in, raw, stage, staged,
+                stage_dims):  # pragma: no cover
         """``out[out_base + n*os0 + q0*os1 + (m // pitch)*os2 + (m % pitch)*os3 + g*channels + j] =
         sum over taps t and i < kred*depth of src[n*s0 + q0*s1 + q1*s2 + m*s3 + ta[t] + g*kred*depth + i]
         * wp[(g*NB + nb)*per_block + tb[t] + i*VW + j]`` (``depth`` 2: bf16 pairs, ``wp``'s pairs
@@ -467,7 +524,11 @@ def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
         registers; the others, and f16, go through a tile in L1. Taps that read a source row
         outside ``rows_in`` (lo0, hi0, lo1, hi1) at this item's (q0, q1) are skipped (rows of
         padding: ``tap_rows[t]`` = (a0, b0, a1, b1), the source row of axis i is ``q_i*a_i + b_i``;
-        a flattened axis 1 has ``a1`` = 0 and its whole window)."""
+        a flattened axis 1 has ``a1`` = 0 and its whole window).
+        A non-empty ``stage`` (threads, padded image + slack) stands for ``src``: each thread
+        pads the lines of image n of ``raw`` (N, I0, I1, I2, C) that a block reads into its row
+        just before the block (:func:`_stage_lines`; ``staged[thread]``: the image there and its
+        lines padded) and reads them there (``steps[0]`` unused)."""
         vw = vecs * width
         rounding = out16.shape[0] > 0
         nblocks = -(-channels // vw)
@@ -502,7 +563,14 @@ def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
                     live += 1
         lanes = min(vw, channels - nb * vw)
         boff = (g * nblocks + nb) * per_block
-        src_row = n * steps[0] + q0 * steps[1] + q1 * steps[2] + g * kred * depth
+        source, src_row = src, n * steps[0] + q0 * steps[1] + q1 * steps[2] + g * kred * depth
+        thread, reach = 0, 0
+        if stage.shape[0] > 0:
+            thread = numba.get_thread_id()
+            if staged[thread, 0] != n:                # another image: its lines padded from the first
+                staged[thread, 0], staged[thread, 1] = n, 0
+            source, src_row = stage[thread], src_row - n * steps[0]
+            _stage_lines(raw, n, stage[thread], staged[thread], stage_dims, stage.shape[1])
         base = out_base + n * out_steps[0] + q0 * out_steps[1] + q1 * out_steps[2] + g * channels + nb * vw
         for m in range(part * per_part, min(m_, (part + 1) * per_part), rows):
             a1 = m // pitch
@@ -510,13 +578,13 @@ def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
             if m + rows <= m_ and a2 + rows <= valid and lanes == vw and kind != F16_BITS:
                 at = base + a1 * out_steps[2] + a2 * out_steps[3]        # a whole tile: stored in place
                 if rounding:
-                    microkernel.run(width, rows, vecs, native, out16, at, out_steps[3], src, src_row + m * steps[3],
+                    microkernel.run(width, rows, vecs, native, out16, at, out_steps[3], source, src_row + m * steps[3],
                                     steps[3], depth, wp, boff, vw * depth, ta, tb, live, kred, 0)
                 else:
-                    microkernel.run(width, rows, vecs, native, out, at, out_steps[3], src, src_row + m * steps[3],
+                    microkernel.run(width, rows, vecs, native, out, at, out_steps[3], source, src_row + m * steps[3],
                                     steps[3], depth, wp, boff, vw * depth, ta, tb, live, kred, 0)
                 continue
-            microkernel.run(width, rows, vecs, native, c, 0, vw, src, src_row + m * steps[3], steps[3], depth, wp, boff,
+            microkernel.run(width, rows, vecs, native, c, 0, vw, source, src_row + m * steps[3], steps[3], depth, wp, boff,
                             vw * depth, ta, tb, live, kred, 0)
             for r in range(min(rows, m_ - m)):
                 a1 = (m + r) // pitch
@@ -535,7 +603,7 @@ def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
     return microkernel.parallel_items(outputs)
 
 
-def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_a: np.ndarray, out: np.ndarray,
+def _run_outputs(rows: int, vecs: int, src: np.ndarray | _Staged, steps: np.ndarray, taps_a: np.ndarray, out: np.ndarray,
                  out_base: int, out_steps: np.ndarray, grid: tuple[int, ...], wp: np.ndarray, taps: int,
                  taps_b: np.ndarray, groups: int, kred: int, channels: int, cache_bytes: int, tap_rows: np.ndarray,
                  rows_in: tuple[int, int, int, int], kind: int = 0) -> None:
@@ -544,11 +612,16 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_
     ``rows_in``: see :func:`_outputs`): the last two axes flattened into rows of the source's
     width where the source steps by one position along both and that computes fewer tap-positions
     (junk positions, and no skipping along axis 1) than blocks cut at every output row; the
-    channel blocks outermost where the packed weights exceed ``cache_bytes``. ``kred``: kernel
-    steps per tap (channel pairs for bf16). ``out``: f32, or uint16 for 16-bit bits of ``kind``
-    rounded as they are stored."""
+    channel blocks outermost where the packed weights exceed ``cache_bytes`` (a :class:`_Staged`
+    source then padded at once: each block would pad every image again). ``kred``: kernel steps
+    per tap (channel pairs for bf16). ``out``: f32, or uint16 for 16-bit bits of ``kind`` rounded
+    as they are stored."""
     width = _width()
-    vw, depth = vecs * width, 2 if src.dtype == np.uint16 else 1
+    blocks_outer = wp.nbytes > cache_bytes
+    if isinstance(src, _Staged) and blocks_outer:
+        src = src.padded()
+    dtype = src.data.dtype if isinstance(src, _Staged) else src.dtype
+    vw, depth = vecs * width, 2 if dtype == np.uint16 else 1
     n, q0, q1, q2 = grid
     pitch = src.shape[3]
     along1 = np.arange(q1)[:, None] * tap_rows[:, 2] + tap_rows[:, 3]
@@ -566,10 +639,26 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray, steps: np.ndarray, taps_
     flat_out, none = out.reshape(-1), np.empty(0, np.uint16 if out.dtype == F32 else F32)
     f32_out, bits_out = (flat_out, none) if out.dtype == F32 else (none, flat_out)
     parts = max(1, parts)
+    units = np.float32 if dtype == F32 else np.uint32               # padded 32 bits at a time where aligned
+    if isinstance(src, _Staged):
+        image = math.prod(src.shape[1:])
+        per = -(-(image + src.slack) // 2) * 2                        # whole 32-bit units
+        stage = workspace.empty(pool.threads() * per, dtype).reshape(-1, per)
+        stage[:, image:] = 0
+        raw = spatial3(src.data)
+        if raw.dtype.itemsize == 2 and raw.strides[-1] == 2 and all(s % 4 == 0 for s in raw.strides[:-1]) and \
+                raw.ctypes.data % 4 == 0:
+            raw = raw.view(units)
+        flat_src = np.empty(0, dtype)
+        stage_dims = np.array([*src.size, raw.shape[-1], *src.lo, src.size[2] * src.data.shape[-1]], np.int64)
+    else:
+        stage, raw, flat_src = np.empty((0, 0), dtype), np.empty((0,) * 5, units), geometry.flat(src)
+        stage_dims = np.zeros(8, np.int64)
     _outputs(width, rows, vecs, isa.bf16_kernel() if depth == 2 else 0)(
-        math.prod(shape[:3]) * parts * groups * -(-channels // vw), geometry.flat(src), steps, taps_a, f32_out,
+        math.prod(shape[:3]) * parts * groups * -(-channels // vw), flat_src, steps, taps_a, f32_out,
         bits_out, kind, out_base, out_steps, np.array(shape, np.int64), pitch, q2, wp, taps * kred * depth * vw, taps_b,
-        groups, kred, depth, channels, wp.nbytes > cache_bytes, parts, tap_rows, np.array(rows_in, np.int64))
+        groups, kred, depth, channels, blocks_outer, parts, tap_rows, np.array(rows_in, np.int64), raw, stage,
+        np.full((stage.shape[0], 2), -1, np.int64), stage_dims)
 
 
 def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, depth: int = 1,
@@ -706,9 +795,12 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = N
     taps, taps_b = math.prod(kernel), np.arange(math.prod(kernel), dtype=np.int64) * icg * vw
     ys = _strides((g.n, *o, g.oc))
     images, channels = _chunks(g, x.dtype, depth, 4 * math.prod(size) * g.ic, 4 * taps * g.icg, g.ocg, vw)
+    slack = _tail(rows, s[2] * g.groups * icg)
+    if _stages(g.n, size, g.ic, g.groups, x.dtype, depth):
+        images = [(0, g.n)]                                    # padded an image at a time: no chunks
     for n0, n1 in images:
         with workspace.part():
-            xp = _source(x[n0:n1], pb, size, _tail(rows, s[2] * g.groups * icg), g.groups, depth)
+            xp = _source(x[n0:n1], pb, size, slack, g.groups, depth, stage=True)
             xs = _strides(xp.shape)
             taps_a, tap_rows = _tap_tables(g, tuple(xs.tolist()))
             for c0, c1 in channels:
@@ -767,9 +859,12 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | N
     out_steps = _out_steps(g)
     images, channels = _chunks(g, dy.dtype, depth, 4 * math.prod(size) * g.oc, 4 * math.prod(kernel) * g.ocg, g.icg,
                                vw)
+    stage = all(s == 1 for s in g.strides) and _stages(g.n, size, g.oc, g.groups, dy.dtype, depth)   # one phase
+    if stage:
+        images = [(0, g.n)]
     for n0, n1 in images:                                  # f32 chunks of 16-bit data (:func:`_chunks`)
         with workspace.part():
-            dyp = _source(dy[n0:n1], lo, size, _tail(rows, g.groups * ocg), g.groups, depth)
+            dyp = _source(dy[n0:n1], lo, size, _tail(rows, g.groups * ocg), g.groups, depth, stage)
             ds = tuple(_strides(dyp.shape).tolist())
             steps = np.array(ds[:4], np.int64)
             for c0, c1 in channels:
