@@ -1102,26 +1102,26 @@ def _dy_pairs(g: ConvGeometry, dy: np.ndarray, lanes: int, out: np.ndarray | Non
 def _fill_dy_pairs(d3, out, groups, ocg):  # pragma: no cover - compiled
     """``out[n, o0, o1, i, g, l]`` = ``d3[n, o0, o1, 2i, g*OCg + l]`` | ``d3[.., 2i + 1, ..] << 16``
     (the high half zero past O2) for l < OCg, zero for the lanes past OCg, of the first N images:
-    every value written, a pair per 32-bit store."""
+    every value written, a pair per 32-bit store; rows (n, o0, o1) in parallel (an image at a time:
+    (n, o0) was one item)."""
     n_, o0_, o1_, o2_ = d3.shape[:4]
     lanes = out.shape[5]
-    for row in numba.prange(n_ * o0_):
-        n, o0 = row // o0_, row % o0_
-        for o1 in range(o1_):
-            src = d3[n, o0, o1]
-            for i in range(-(-o2_ // 2)):
-                for gi in range(groups):
-                    lo = src[2 * i, gi * ocg:(gi + 1) * ocg]
-                    dst = out[n, o0, o1, i, gi]
-                    if 2 * i + 1 < o2_:
-                        hi = src[2 * i + 1, gi * ocg:(gi + 1) * ocg]
-                        for l in range(ocg):
-                            dst[l] = np.uint32(lo[l]) | (np.uint32(hi[l]) << np.uint32(16))
-                    else:
-                        for l in range(ocg):
-                            dst[l] = np.uint32(lo[l])
-                    for l in range(ocg, lanes):
-                        dst[l] = 0
+    for row in numba.prange(n_ * o0_ * o1_):
+        n, o0, o1 = row // (o0_ * o1_), row // o1_ % o0_, row % o1_
+        src = d3[n, o0, o1]
+        for i in range(-(-o2_ // 2)):
+            for gi in range(groups):
+                lo = src[2 * i, gi * ocg:(gi + 1) * ocg]
+                dst = out[n, o0, o1, i, gi]
+                if 2 * i + 1 < o2_:
+                    hi = src[2 * i + 1, gi * ocg:(gi + 1) * ocg]
+                    for l in range(ocg):
+                        dst[l] = np.uint32(lo[l]) | (np.uint32(hi[l]) << np.uint32(16))
+                else:
+                    for l in range(ocg):
+                        dst[l] = np.uint32(lo[l])
+                for l in range(ocg, lanes):
+                    dst[l] = 0
 
 
 def _lanes(dy: np.ndarray, groups: int, ocg: int, lanes: int) -> np.ndarray:
