@@ -590,11 +590,10 @@ def test_nan_and_inf_meet_padding_only_where_the_sums_read_them(task, dtype, val
 ])
 def test_pair_blocks_against_their_definition(groups, icg, rows, kernel, strides, dilations, pads, rng):
     """``jit._pair_blocks`` (bf16 x as pairs of positions for the weights gradient on the dot
-    instruction): ``[ph, g, b, n, p0, p1, q, r, j]`` = padded x at last-axis position
-    ``2*S*q + j*S + ph`` and channel ``g*ICg + b*R + r``, zero past the data and the channels,
-    every value written again into an earlier call's array; tap k's offset reaches phase
-    ``k*D mod 2S`` and pair ``k*D // 2S``. Both fills: one block (each pair stored as joined)
-    and several (joined once, dealt to the blocks)."""
+    instruction): ``[ph, n, p0, p1, q, g, c, j]`` = padded x at last-axis position
+    ``2*S*q + j*S + ph`` and channel ``g*ICg + c``, zero past the data and the channels (to
+    whole blocks of R), every value written again into an earlier call's array; tap k's offset
+    reaches phase ``k*D mod 2S`` and pair ``k*D // 2S``."""
     g = _geometry(2, groups, icg, 5, (4, 11), kernel, strides, dilations, (1, pads[0]), (0, pads[1]))
     bits = rng.integers(1, 65535, (g.n, *g.in_size, g.ic)).astype(np.uint16)
     first, _ = jit._pair_blocks(g, bits.view(DATA_DTYPES["bf16"]), rows)
@@ -613,9 +612,8 @@ def test_pair_blocks_against_their_definition(groups, icg, rows, kernel, strides
             inside = positions < size[2]
             want = np.zeros((g.n, size[0], size[1], q, groups, padded.shape[-1]), np.uint16)
             want[:, :, :, inside] = padded[:, :, :, positions[inside]]
-            want = want.reshape(*want.shape[:4], groups, -1, rows).transpose(4, 5, 0, 1, 2, 3, 6)
             np.testing.assert_array_equal(got[pi, ..., j], want, err_msg=f"phase {ph}, half {j}")
-    xs = jit._strides(got.shape[3:])
+    xs = jit._strides(got.shape[1:])
     want_taps = [phases.index(k2 * d[2] % (2 * s[2])) * got[0].size + k0 * d[0] * xs[1] + k1 * d[1] * xs[2]
                  + k2 * d[2] // (2 * s[2]) * xs[3] for k0, k1, k2 in np.ndindex(*geometry.spatial(g.kernel, 1))]
     np.testing.assert_array_equal(taps, want_taps)

@@ -987,19 +987,20 @@ def _pair_phases(g: ConvGeometry) -> tuple[list[int], int]:
 
 
 def _pair_blocks(g: ConvGeometry, x: np.ndarray, rows: int, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """bf16 x as uint16 (PH, G, RB, N, P0, P1, Q, R, 2): per phase ``ph`` of the last axis,
-    ``[.., q, r, j]`` = padded x at position ``2*S*q + j*S + ph`` and channel r of the block (zero
-    past the data and the channels), so that output positions 2i and 2i+1 of a tap with offset
-    ``k*D`` (phase ``k*D mod 2S``, pair ``i + k*D // 2S``) are a pair; and the taps' offsets.
-    ``out``: such an array of at least N images from an earlier call on the same geometry (the
-    first N images are written again, every value)."""
+    """bf16 x as uint16 (PH, N, P0, P1, Q, G, CB, 2), CB the group's channels padded to whole
+    blocks of ``rows``: per phase ``ph`` of the last axis, ``[.., q, g, c, j]`` = padded x at
+    position ``2*S*q + j*S + ph`` and channel c of group g (zero past the data and the
+    channels), so that output positions 2i and 2i+1 of a tap with offset ``k*D`` (phase
+    ``k*D mod 2S``, pair ``i + k*D // 2S``) are a pair; and the taps' offsets. A block's rows are
+    adjacent channels, as in x (pairs of a position's channels written in one pass: blocks of
+    their own took 3x as long). ``out``: such an array of at least N images from an earlier call
+    on the same geometry (the first N images are written again, every value)."""
     s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
     lo, size, insize = spatial(g.pads_begin, 0), spatial(g.padded_size, 1), spatial(g.in_size, 1)
     phases, q = _pair_phases(g)
     x3 = spatial3(x).view(np.uint16)
-    blocks = -(-g.icg // rows)
     if out is None:
-        shape = (len(phases), g.groups, blocks, g.n, size[0], size[1], q, rows, 2)
+        shape = (len(phases), g.n, size[0], size[1], q, g.groups, -(-g.icg // rows) * rows, 2)
         out = workspace.empty(math.prod(shape), np.uint16).reshape(shape)
     step = 2 * s[2]
     spans = np.zeros((len(phases), 2, 3), np.int64)   # per (phase, j): first pair, stop, first x position
@@ -1008,81 +1009,70 @@ def _pair_blocks(g: ConvGeometry, x: np.ndarray, rows: int, out: np.ndarray | No
             first = max(0, -(-(lo[2] - j * s[2] - ph) // step))
             stop = max(first, min(q, -(-(lo[2] + insize[2] - j * s[2] - ph) // step)))
             spans[pi, j] = first, stop, first * step + j * s[2] + ph - lo[2]
-    _fill_pairs(x3, out.view(np.uint32).reshape(out.shape[:-1]), spans, step, lo[0], lo[1], g.icg)
-    xs, k0, k1, k2 = _strides(out.shape[3:]), *np.indices(kernel, np.int64).reshape(3, -1)
+    few = g.icg if g.icg == out.shape[-2] and g.icg < TUNING.pair_fill_channels else 0
+    _pair_filler(few)(x3.shape[0] * out.shape[2] * out.shape[3], x3, out.view(np.uint32).reshape(out.shape[:-1]),
+                      spans, step, lo[0], lo[1], g.icg)
+    xs, k0, k1, k2 = _strides(out.shape[1:]), *np.indices(kernel, np.int64).reshape(3, -1)
     phase = np.searchsorted(np.array(phases, np.int64), k2 * d[2] % step)
     return out, phase * math.prod(out.shape[1:]) + k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] // step * xs[3]
 
 
 @functools.cache
-def _pair_filler(rows: int) -> Callable:
-    """:func:`_fill_pairs` for blocks of ``rows`` channels, one padded row an item (compiled for
-    that block size: its copies are a few stores, not loops; 1.6x faster; a group of one block,
-    as conv1's 3 channels, stores each pair as it is joined: 2.7x faster there; a serial body run by
-    :class:`.microkernel.parallel_items`, which spares each block size numba's parallel-loop
-    passes: 6-19 s of compiling a variant with its own ``prange``)."""
+def _pair_filler(channels: int) -> Callable:
+    """``fill(rows, x3, out, spans, step, lo0, lo1, icg)``: ``out[ph, n, p0, p1, q, g, c]``
+    (uint32: low half j = 0) half j = ``x3[n, p0 - lo0, p1 - lo1, spans[ph, j, 2] + (q -
+    spans[ph, j, 0])*step, g*icg + c]`` for q in [spans[ph, j, 0], spans[ph, j, 1]) and c < icg,
+    else zero (and in the padding rows), one padded row (n, p0, p1) an item in the pool: every
+    value written once, a position's channels in one loop. Compiled for ``channels`` = icg = the
+    padded channels where they are few (a first layer's 3: loops of known length, 2.2x faster),
+    else (0) for any."""
     def fill(row, x3, out, spans, step, lo0, lo1, icg):  # pragma: no cover - compiled
-        phases, groups, blocks, _, p0_, p1_, q_, _ = out.shape
+        phases, _, p0_, p1_, q_, groups, cb = out.shape
+        if channels:
+            icg, cb = channels, channels
         i0_, i1_ = x3.shape[1:3]
         n, p0, p1 = row // (p0_ * p1_), row // p1_ % p0_, row % p1_
         i0, i1 = p0 - lo0, p1 - lo1
-        if not (0 <= i0 < i0_ and 0 <= i1 < i1_):        # a padding row
-            for ph in range(phases):
-                for gi in range(groups):
-                    for b in range(blocks):
-                        out[ph, gi, b, n, p0, p1] = 0
-            return
-        src = x3[n, i0, i1]
-        if blocks == 1:                                # one block: each pair stored as it is joined
-            for ph in range(phases):
-                f0, s0, p0s = spans[ph, 0, 0], spans[ph, 0, 1], spans[ph, 0, 2]
-                f1, s1, p1s = spans[ph, 1, 0], spans[ph, 1, 1], spans[ph, 1, 2]
-                for gi in range(groups):
-                    dst = out[ph, gi, 0, n, p0, p1]
-                    for q in range(q_):
-                        lo_in, hi_in = f0 <= q < s0, f1 <= q < s1
-                        lo_at, hi_at = p0s + (q - f0) * step, p1s + (q - f1) * step
-                        for r in range(rows):
-                            v = np.uint32(0)
-                            if r < icg:
-                                if lo_in:
-                                    v = np.uint32(src[lo_at, gi * icg + r])
-                                if hi_in:
-                                    v |= np.uint32(src[hi_at, gi * icg + r]) << np.uint32(16)
-                            dst[q, r] = v
-            return
-        pair = np.zeros(blocks * rows, np.uint32)      # the channels' pairs; zero past icg
+        inside = 0 <= i0 < i0_ and 0 <= i1 < i1_
+        src = x3[n, max(0, min(i0, i0_ - 1)), max(0, min(i1, i1_ - 1))]
         for ph in range(phases):
+            dst = out[ph, n, p0, p1]
             f0, s0, p0s = spans[ph, 0, 0], spans[ph, 0, 1], spans[ph, 0, 2]
             f1, s1, p1s = spans[ph, 1, 0], spans[ph, 1, 1], spans[ph, 1, 2]
-            for gi in range(groups):
+            if channels and groups == 1:              # each pair stored as it is joined
+                d2 = dst.reshape((q_, channels))
                 for q in range(q_):
-                    if f0 <= q < s0:
-                        lo = src[p0s + (q - f0) * step, gi * icg:(gi + 1) * icg]
+                    lo_in, hi_in = inside and f0 <= q < s0, inside and f1 <= q < s1
+                    lo_at, hi_at = p0s + (q - f0) * step, p1s + (q - f1) * step
+                    for c in range(channels):
+                        v = np.uint32(0)
+                        if lo_in:
+                            v = np.uint32(src[lo_at, c])
+                        if hi_in:
+                            v |= np.uint32(src[hi_at, c]) << np.uint32(16)
+                        d2[q, c] = v
+                continue
+            for q in range(q_):
+                lo_in, hi_in = inside and f0 <= q < s0, inside and f1 <= q < s1
+                lo_at, hi_at = p0s + (q - f0) * step, p1s + (q - f1) * step
+                for gi in range(groups):
+                    c0 = gi * icg
+                    if lo_in and hi_in:
                         for c in range(icg):
-                            pair[c] = np.uint32(lo[c])
+                            dst[q, gi, c] = np.uint32(src[lo_at, c0 + c]) | (np.uint32(src[hi_at, c0 + c])
+                                                                            << np.uint32(16))
+                    elif lo_in:
+                        for c in range(icg):
+                            dst[q, gi, c] = np.uint32(src[lo_at, c0 + c])
+                    elif hi_in:
+                        for c in range(icg):
+                            dst[q, gi, c] = np.uint32(src[hi_at, c0 + c]) << np.uint32(16)
                     else:
-                        pair[:icg] = 0
-                    if f1 <= q < s1:
-                        hi = src[p1s + (q - f1) * step, gi * icg:(gi + 1) * icg]
                         for c in range(icg):
-                            pair[c] |= np.uint32(hi[c]) << np.uint32(16)
-                    for b in range(blocks):
-                        dst = out[ph, gi, b, n, p0, p1, q]
-                        for r in range(rows):
-                            dst[r] = pair[b * rows + r]
+                            dst[q, gi, c] = 0
+                    for c in range(icg, cb):
+                        dst[q, gi, c] = 0
     return microkernel.parallel_items(fill)
-
-
-def _fill_pairs(x3: np.ndarray, out: np.ndarray, spans: np.ndarray, step: int, lo0: int, lo1: int, icg: int) -> None:
-    """With ``out`` the pairs as uint32 (PH, G, RB, N, P0, P1, Q, R), low half j = 0:
-    ``out[ph, g, b, n, lo0 + i0, lo1 + i1, q, r]`` half j = ``x3[n, i0, i1, spans[ph, j, 2] + (q
-    - spans[ph, j, 0])*step, g*icg + b*R + r]`` for q in [spans[ph, j, 0], spans[ph, j, 1]), else
-    zero (and zero past the group's channels, and in the padding rows): every value of the first
-    N images written once. Per padded row (parallel over all of them) and pair q, both halves of
-    every channel are joined in one vectorised pass, then dealt to the blocks (3x faster than a
-    loop per block of R channels)."""
-    _pair_filler(out.shape[-1])(x3.shape[0] * out.shape[4] * out.shape[5], x3, out, spans, step, lo0, lo1, icg)
 
 
 def _dy_pairs(g: ConvGeometry, dy: np.ndarray, lanes: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -1314,11 +1304,10 @@ def _weight_sums(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, t0:
                 if depth == 2:
                     xb, taps_a = _pair_blocks(gc, xc, rows, xb)
                     taps_a = taps_a[t0:t1]
-                    xs = _strides(xb.shape[3:])
+                    xs = _strides(xb.shape[1:])
                     x_steps = [xs[0], s[0] * xs[1], s[1] * xs[2], xs[3]]
                     dyp = _dy_pairs(gc, dyc, nblocks * vw, dyp)
-                    block_step = math.prod(xb.shape[3:])
-                    g_step, flat_x = row_blocks * block_step, xb.reshape(-1)
+                    g_step, block_step, flat_x = xs[4], rows * 2, xb.reshape(-1)
                 else:     # x zero-padded, a block's rows adjacent channels (the last reads on: dropped)
                     xb = padded(xc, spatial(g.pads_begin, 0), size, F32, rows)
                     xs = _strides(xb.shape)

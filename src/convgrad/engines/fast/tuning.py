@@ -147,6 +147,10 @@ class Tuning:
     #: ``jit``: bytes of the bf16 pair copies of x and dy (the weights gradient on the dot
     #: instruction) per call, a few images at a time (keeps the extra memory under 2x).
     pair_bytes: int = 4 << 20
+    #: ``jit``: bf16 pairs of x for the weights gradient are joined by a loop compiled for the
+    #: channel count below this many channels per group (unrolled; Zen 5, 2026-11-28, conv1's 3
+    #: channels: 0.227 -> 0.10 ms an image), by one loop over any count from it.
+    pair_fill_channels: int = 8
     #: ``jit``: bytes of the padded f32 copy of 16-bit data read as f32 (f16; bf16 off the dot
     #: product) in forward and backward data, a few images at a time (keeps the extra memory
     #: under 2x).
