@@ -342,6 +342,8 @@ def run(typingctx, width, rows, vecs, native, c, coff, ldc, a, aoff, lda, astep,
     if kinds not in ({types.float32}, {types.uint16}) or c.dtype not in (types.float32, types.uint16):
         raise errors.TypingError("microkernel.run: c must be a float32 (or, rounded, uint16) array and a, b "
                                  f"both float32 or both uint16 (bf16 bits), got {c}, {a}, {b}")
+    if ta.layout != "C" or tb.layout != "C":     # read through their data pointers
+        raise errors.TypingError(f"microkernel.run: the offset tables must be C-contiguous, got {ta}, {tb}")
     i64t = types.int64
     flag = types.boolean if isinstance(native, (types.Boolean, types.BooleanLiteral)) else i64t
     sig = types.void(i64t, i64t, i64t, flag, c, i64t, i64t, a, i64t, i64t, i64t, b, i64t, i64t, ta, tb, i64t, i64t, i64t)
