@@ -59,6 +59,27 @@ def test_an_index_entry_naming_another_variants_code_is_compiled_again(tmp_path,
     assert any((tmp_path / "cache").rglob("*.nbi.lock"))                 # the lock beside the index
 
 
+STATS = textwrap.dedent('''
+    import sys, numpy as np
+    from convgrad import kernel_cache
+    if sys.argv[1:] == ["edited"]:                 # as if another file of convgrad had changed
+        kernel_cache._package_stamp = lambda: (("engines/fast/microkernel.py", 0, 0),)
+    import cachedmod
+    cachedmod.twice(np.arange(3))
+    print(len(cachedmod.twice.stats.cache_hits), len(cachedmod.twice.stats.cache_misses))
+''')
+
+
+def test_an_entry_is_dated_by_every_file_of_convgrad(tmp_path):
+    """A cached function's machine code holds what it inlined from other modules (the
+    micro-kernel's IR): an entry saved under other files of convgrad than today's is a miss,
+    compiled again; under the same files, a hit."""
+    (tmp_path / "cachedmod.py").write_text(MODULE.replace("DECORATOR", "kernel_cache.njit()"))
+    assert _python(STATS, tmp_path) == "0 1"                                  # compiled and saved
+    assert _python(STATS, tmp_path) == "1 0"                                  # loaded
+    assert _python(STATS.replace("sys.argv[1:]", '["edited"]'), tmp_path) == "0 1"   # dated by the files
+
+
 STRICT = textwrap.dedent('''
     import warnings, numpy as np, ml_dtypes, convgrad as cg
     from convgrad.engines.fast.plan import Plan, forced_plan

@@ -9,6 +9,9 @@ data gradient off by 1e32 after parallel test runs). Every function convgrad com
 disk cache goes through :func:`njit` (or :func:`guard` its cache file): each entry is saved and
 loaded under an exclusive ``flock`` of a file beside the index (none where that is unavailable),
 and its data carries its key, so that an entry under another key is a miss, compiled again.
+numba dates an entry by its function's own file only, but the machine code also holds what it
+inlined from other modules (the micro-kernel's IR, geometry's loops): an edit there left the
+old code running. Each entry is dated by every Python file of convgrad too (:func:`_package_stamp`).
 
 numba's own warnings while it compiles (``NumbaIRAssumptionWarning``, a pedantic check that the
 16-bit loads of :func:`convgrad.casts.widened` trip on a cold cache) are not the caller's
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import pathlib
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -57,14 +61,23 @@ def quiet(compile_: Callable) -> Callable:
     return run
 
 
+@functools.cache
+def _package_stamp() -> tuple[tuple[str, int, int], ...]:
+    """(path, mtime in ns, size) of every Python file of convgrad, once per process."""
+    root = pathlib.Path(__file__).resolve().parent
+    return tuple(sorted((str(p.relative_to(root)), st.st_mtime_ns, st.st_size)
+                        for p in root.rglob("*.py") for st in (p.stat(),)))
+
+
 def guard(cache_file: Any) -> bool:
     """Make numba's ``IndexDataCacheFile`` ``cache_file`` save and load under the lock, each
-    entry's data with its key (the module docstring); False (nothing changed) where it is not
-    one."""
+    entry's data with its key, its index dated by convgrad's files too (the module docstring);
+    False (nothing changed) where it is not one."""
     if not all(hasattr(cache_file, name) for name in ("_source_stamp", "_index_path", "save", "load")):
         return False
     save, load = cache_file.save, cache_file.load
     lock_path = cache_file._index_path + ".lock"
+    cache_file._source_stamp = (cache_file._source_stamp, _package_stamp())   # the module docstring
 
     @contextlib.contextmanager
     def locked() -> Iterator[None]:
