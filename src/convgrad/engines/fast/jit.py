@@ -391,9 +391,8 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
                 return 4 * (source + other) + (64 << 10)
     if task != "backward_weights" and (f.data_dtype == F32 or on_dot_product(f)):   # images in chunks (_chunks),
         source = min(source, max(-(-f.io_bytes // 4), source // g.n))
-        size, channels = (_data_phases(g)[2], g.oc) if task == "backward_data" else (spatial(g.padded_size, 1), g.ic)
-        if _stages(g.n, size, channels, g.groups, f.data_dtype, 2 if on_dot_product(f) else 1) and \
-                (task == "forward" or all(v == 1 for v in g.strides)):          # or an image a thread (_Staged)
+        if _stages(g, task, f.data_dtype, 2 if on_dot_product(f) else 1):     # or an image a thread (_Staged)
+            size, channels = (_data_phases(g)[2], g.oc) if task == "backward_data" else (spatial(g.padded_size, 1), g.ic)
             source = pool.threads() * (math.prod(size) * channels + tail)
     result = 0 if f.data_dtype == F32 else math.prod({"forward": g.y_shape, "backward_data": g.x_shape,
                                                       "backward_weights": g.w_shape}[task])
@@ -443,26 +442,29 @@ class _Staged:
         return padded(self.data, self.lo, self.size, self.data.dtype, self.slack)
 
 
-def _stages(images: int, size: tuple[int, ...], channels: int, groups: int, dtype: np.dtype, depth: int) -> bool:
-    """Whether a driver pads ``images`` of canonical data (``channels`` of ``dtype``) one image at
-    a time, each thread into a buffer of its own (:class:`_Staged`, written and read while in its
-    cache: a 3x3 forward's padded copy of every image was a tenth of its time): data of the
-    kernel's dtype (f32, whole bf16 pairs), at least an image per thread, a padded image
-    (``size``) within ``TUNING.stage_l2`` of the L2."""
-    return (dtype == F32 or (depth == 2 and channels // groups % 2 == 0)) and images >= pool.threads() and \
-        math.prod(size) * channels * dtype.itemsize <= TUNING.stage_l2 * isa.cache_sizes()[1]
+def _stages(g: ConvGeometry, task: str, dtype: np.dtype, depth: int) -> bool:
+    """Whether ``task`` (forward or data gradient) pads its source one image at a time, each
+    thread into a buffer of its own (:class:`_Staged`: written and read while in its caches, not
+    all of it written to memory first): data of the kernel's dtype (f32, whole bf16 pairs), one
+    stride phase (the data gradient), at least an image per thread, and the threads' padded
+    images within the op's inputs + output (the bound of a whole padded copy's chunks)."""
+    channels, size = (g.ic, spatial(g.padded_size, 1)) if task == "forward" else (g.oc, _data_phases(g)[2])
+    io = (math.prod(g.x_shape) + math.prod(g.y_shape) + math.prod(g.w_shape)) * dtype.itemsize
+    return (dtype == F32 or (depth == 2 and channels // g.groups % 2 == 0)) and g.n >= pool.threads() and \
+        (task == "forward" or all(v == 1 for v in g.strides)) and \
+        pool.threads() * math.prod(size) * channels * dtype.itemsize <= io
 
 
 def _source(a: np.ndarray, lo: tuple[int, ...], size: tuple[int, ...], slack: int, groups: int = 1,
             depth: int = 1, stage: bool = False) -> np.ndarray | _Staged:
     """The zero-padded copy of canonical (N, *X, C) data a driver reads (:func:`.geometry.padded`):
     f32 values, or for ``depth`` 2 the bf16 bits (uint16) with each group's channels padded to
-    pairs (``groups`` x the even channel count). With ``stage``, data that :func:`_stages` is left
-    to the driver to pad an image at a time into each thread's buffer (:class:`_Staged`)."""
+    pairs (``groups`` x the even channel count). With ``stage`` (:func:`_stages`), left to the
+    driver to pad an image at a time into each thread's buffer (:class:`_Staged`)."""
     a3 = spatial3(a)
     cg = a3.shape[-1] // groups
     kept = a3.view(np.uint16) if depth == 2 else a3
-    if stage and _stages(a3.shape[0], size, a3.shape[-1], groups, a3.dtype, depth):
+    if stage:
         return _Staged(kept, tuple(lo), tuple(size), slack)
     if depth == 1:
         return padded(a, lo, size, F32, slack)
@@ -796,11 +798,12 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = N
     ys = _strides((g.n, *o, g.oc))
     images, channels = _chunks(g, x.dtype, depth, 4 * math.prod(size) * g.ic, 4 * taps * g.icg, g.ocg, vw)
     slack = _tail(rows, s[2] * g.groups * icg)
-    if _stages(g.n, size, g.ic, g.groups, x.dtype, depth):
+    stage = _stages(g, "forward", x.dtype, depth)
+    if stage:
         images = [(0, g.n)]                                    # padded an image at a time: no chunks
     for n0, n1 in images:
         with workspace.part():
-            xp = _source(x[n0:n1], pb, size, slack, g.groups, depth, stage=True)
+            xp = _source(x[n0:n1], pb, size, slack, g.groups, depth, stage)
             xs = _strides(xp.shape)
             taps_a, tap_rows = _tap_tables(g, tuple(xs.tolist()))
             for c0, c1 in channels:
@@ -859,7 +862,7 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | N
     out_steps = _out_steps(g)
     images, channels = _chunks(g, dy.dtype, depth, 4 * math.prod(size) * g.oc, 4 * math.prod(kernel) * g.ocg, g.icg,
                                vw)
-    stage = all(s == 1 for s in g.strides) and _stages(g.n, size, g.oc, g.groups, dy.dtype, depth)   # one phase
+    stage = _stages(g, "backward_data", dy.dtype, depth)
     if stage:
         images = [(0, g.n)]
     for n0, n1 in images:                                  # f32 chunks of 16-bit data (:func:`_chunks`)

@@ -163,12 +163,6 @@ class Tuning:
     #: register blocks until there are at least this many items of work per thread (one image
     #: flattened was one item: mb 1 ran on one thread).
     items_per_thread: int = 4
-    #: ``jit``: forward and backward data pad the source one image at a time, each thread into a
-    #: buffer of its own, where a padded image takes at most this share of the L2 (and every
-    #: thread has an image; one stride phase), not all of it before the kernels run. Zen 5 (1 MiB
-    #: L2), 2026-11-28, staged / whole copy: f32 data gradients 0.89-0.96, forwards 0.97-0.99, bf16
-    #: 0.96-0.999 (images of 0.4-0.9 MB); not measured on smaller L2s.
-    stage_l2: float = 1.0
     #: ``gemm``: bytes of per-chunk temporaries (frame buffers, or the output-row GEMMs' Z or
     #: gathered taps); a chunk also takes at most half the op's inputs + output, but is never
     #: cut below ``min_chunk_bytes`` for that; at least one image.
