@@ -19,8 +19,8 @@ from ... import kernel_cache
 from ...problem import ConvGeometry
 from . import microkernel, workspace
 
-__all__ = ["spatial", "spatial3", "params", "tap", "stride_phase", "phase_taps", "tap_weights", "padded", "fill_line", "flat",
-           "sampled", "spread"]
+__all__ = ["spatial", "spatial3", "params", "tap", "stride_phase", "phase_taps", "tap_weights", "padded", "fill_line",
+           "flat", "sampled", "spread"]
 
 
 def spatial(values: tuple[int, ...], fill: int) -> tuple[int, ...]:

@@ -392,7 +392,7 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
     if task != "backward_weights" and (f.data_dtype == F32 or on_dot_product(f)):   # images in chunks (_chunks),
         source = min(source, max(-(-f.io_bytes // 4), source // g.n))
         if _stages(g, task, f.data_dtype, 2 if on_dot_product(f) else 1):     # or an image a thread (_Staged)
-            size, channels = (_data_phases(g)[2], g.oc) if task == "backward_data" else (spatial(g.padded_size, 1), g.ic)
+            size, channels = _source_image(g, task)
             source = pool.threads() * (math.prod(size) * channels + tail)
     result = 0 if f.data_dtype == F32 else math.prod({"forward": g.y_shape, "backward_data": g.x_shape,
                                                       "backward_weights": g.w_shape}[task])
@@ -442,13 +442,19 @@ class _Staged:
         return padded(self.data, self.lo, self.size, self.data.dtype, self.slack)
 
 
+def _source_image(g: ConvGeometry, task: str) -> tuple[tuple[int, ...], int]:
+    """(padded size, channels) of an image of the source ``task`` reads: x (forward) or dy (data
+    gradient, :func:`_data_phases`)."""
+    return (spatial(g.padded_size, 1), g.ic) if task == "forward" else (_data_phases(g)[2], g.oc)
+
+
 def _stages(g: ConvGeometry, task: str, dtype: np.dtype, depth: int) -> bool:
     """Whether ``task`` (forward or data gradient) pads its source one image at a time, each
     thread into a buffer of its own (:class:`_Staged`: written and read while in its caches, not
     all of it written to memory first): data of the kernel's dtype (f32, whole bf16 pairs), one
     stride phase (the data gradient), at least an image per thread, and the threads' padded
     images within the op's inputs + output (the bound of a whole padded copy's chunks)."""
-    channels, size = (g.ic, spatial(g.padded_size, 1)) if task == "forward" else (g.oc, _data_phases(g)[2])
+    size, channels = _source_image(g, task)
     io = (math.prod(g.x_shape) + math.prod(g.y_shape) + math.prod(g.w_shape)) * dtype.itemsize
     return (dtype == F32 or (depth == 2 and channels // g.groups % 2 == 0)) and g.n >= pool.threads() and \
         (task == "forward" or all(v == 1 for v in g.strides)) and \
@@ -490,18 +496,13 @@ def _reads_data(tap_rows, rows_in, t, q0, q1):  # pragma: no cover - compiled
 
 
 @kernel_cache.njit(inline="always")
-def _stage_lines(raw, n, stage, staged, dims, reach):  # pragma: no cover - compiled
-    """Pad the lines (p0, p1) of image ``n`` of ``raw`` into a thread's ``stage`` (as
-    :func:`.geometry.fill_line`; ``dims``: P0, P1, P2, C in 32-bit units, the leading pads, a
-    line's values in ``stage``'s dtype) from the first not yet padded (``staged[1]``) through
-    the one holding value ``reach - 1`` (at most the last)."""
-    lines = min(dims[0] * dims[1], (reach - 1) // dims[7] + 1)
-    if lines > staged[1]:
-        image = stage.view(raw.dtype)[:dims[0] * dims[1] * dims[2] * dims[3]].reshape(
-            (dims[0], dims[1], dims[2], dims[3]))
-        for line in range(staged[1], lines):
-            geometry.fill_line(raw, n, image, line // dims[1], line % dims[1], dims[4], dims[5], dims[6])
-        staged[1] = lines
+def _stage_image(raw, n, stage, dims):  # pragma: no cover - compiled
+    """Pad image ``n`` of ``raw`` (N, I0, I1, I2, C) into a thread's ``stage`` (as
+    :func:`.geometry.fill_line`, every line; ``dims``: P0, P1, P2, C in ``raw``'s units, and the
+    leading pads)."""
+    image = stage.view(raw.dtype)[:dims[0] * dims[1] * dims[2] * dims[3]].reshape((dims[0], dims[1], dims[2], dims[3]))
+    for line in range(dims[0] * dims[1]):
+        geometry.fill_line(raw, n, image, line // dims[1], line % dims[1], dims[4], dims[5], dims[6])
 
 
 @functools.cache
@@ -528,9 +529,9 @@ def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
         padding: ``tap_rows[t]`` = (a0, b0, a1, b1), the source row of axis i is ``q_i*a_i + b_i``;
         a flattened axis 1 has ``a1`` = 0 and its whole window).
         A non-empty ``stage`` (threads, padded image + slack) stands for ``src``: each thread
-        pads the lines of image n of ``raw`` (N, I0, I1, I2, C) that a block reads into its row
-        just before the block (:func:`_stage_lines`; ``staged[thread]``: the image there and its
-        lines padded) and reads them there (``steps[0]`` unused)."""
+        pads image n of ``raw`` (N, I0, I1, I2, C) into its row when its item's image is not the
+        one there (``staged[thread]``; :func:`_stage_image`) and reads it there (``steps[0]``
+        unused)."""
         vw = vecs * width
         rounding = out16.shape[0] > 0
         nblocks = -(-channels // vw)
@@ -566,13 +567,12 @@ def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
         lanes = min(vw, channels - nb * vw)
         boff = (g * nblocks + nb) * per_block
         source, src_row = src, n * steps[0] + q0 * steps[1] + q1 * steps[2] + g * kred * depth
-        thread, reach = 0, 0
         if stage.shape[0] > 0:
             thread = numba.get_thread_id()
-            if staged[thread, 0] != n:                # another image: its lines padded from the first
-                staged[thread, 0], staged[thread, 1] = n, 0
+            if staged[thread] != n:
+                _stage_image(raw, n, stage[thread], stage_dims)
+                staged[thread] = n
             source, src_row = stage[thread], src_row - n * steps[0]
-            _stage_lines(raw, n, stage[thread], staged[thread], stage_dims, stage.shape[1])
         base = out_base + n * out_steps[0] + q0 * out_steps[1] + q1 * out_steps[2] + g * channels + nb * vw
         for m in range(part * per_part, min(m_, (part + 1) * per_part), rows):
             a1 = m // pitch
@@ -586,8 +586,8 @@ def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
                     microkernel.run(width, rows, vecs, native, out, at, out_steps[3], source, src_row + m * steps[3],
                                     steps[3], depth, wp, boff, vw * depth, ta, tb, live, kred, 0)
                 continue
-            microkernel.run(width, rows, vecs, native, c, 0, vw, source, src_row + m * steps[3], steps[3], depth, wp, boff,
-                            vw * depth, ta, tb, live, kred, 0)
+            microkernel.run(width, rows, vecs, native, c, 0, vw, source, src_row + m * steps[3], steps[3], depth, wp,
+                            boff, vw * depth, ta, tb, live, kred, 0)
             for r in range(min(rows, m_ - m)):
                 a1 = (m + r) // pitch
                 a2 = m + r - a1 * pitch
@@ -605,8 +605,8 @@ def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
     return microkernel.parallel_items(outputs)
 
 
-def _run_outputs(rows: int, vecs: int, src: np.ndarray | _Staged, steps: np.ndarray, taps_a: np.ndarray, out: np.ndarray,
-                 out_base: int, out_steps: np.ndarray, grid: tuple[int, ...], wp: np.ndarray, taps: int,
+def _run_outputs(rows: int, vecs: int, src: np.ndarray | _Staged, steps: np.ndarray, taps_a: np.ndarray,
+                 out: np.ndarray, out_base: int, out_steps: np.ndarray, grid: tuple[int, ...], wp: np.ndarray, taps: int,
                  taps_b: np.ndarray, groups: int, kred: int, channels: int, cache_bytes: int, tap_rows: np.ndarray,
                  rows_in: tuple[int, int, int, int], kind: int = 0) -> None:
     """:func:`_outputs` on ``src`` (a padded array of :func:`_source`: f32, or bf16 pairs) for the
@@ -652,15 +652,15 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray | _Staged, steps: np.ndar
                 raw.ctypes.data % 4 == 0:
             raw = raw.view(units)
         flat_src = np.empty(0, dtype)
-        stage_dims = np.array([*src.size, raw.shape[-1], *src.lo, src.size[2] * src.data.shape[-1]], np.int64)
+        stage_dims = np.array([*src.size, raw.shape[-1], *src.lo], np.int64)
     else:
         stage, raw, flat_src = np.empty((0, 0), dtype), np.empty((0,) * 5, units), geometry.flat(src)
-        stage_dims = np.zeros(8, np.int64)
+        stage_dims = np.zeros(7, np.int64)
     _outputs(width, rows, vecs, isa.bf16_kernel() if depth == 2 else 0)(
         math.prod(shape[:3]) * parts * groups * -(-channels // vw), flat_src, steps, taps_a, f32_out,
         bits_out, kind, out_base, out_steps, np.array(shape, np.int64), pitch, q2, wp, taps * kred * depth * vw, taps_b,
         groups, kred, depth, channels, blocks_outer, parts, tap_rows, np.array(rows_in, np.int64), raw, stage,
-        np.full((stage.shape[0], 2), -1, np.int64), stage_dims)
+        np.full(stage.shape[0], -1, np.int64), stage_dims)
 
 
 def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, depth: int = 1,
