@@ -133,7 +133,14 @@ def test_gemm_blocks_of_16_lanes_follow_the_vector_datapath(monkeypatch, halved,
     assert blis.register_block(256, 16, 50176, 4) == block
     assert blis.register_block(64, 16, 64, 4) == block
     assert blis.register_block(16, 16, 64, 4) == (16, 1)              # one vector of output: no 14x2
-    assert blis.register_block(256, 16, 50176, 2) == microkernel.block_for(256, 16, 50176, loads_weight=TUNING.gemm_loads_weight)
+    before = isa.set_family("avx512_bf16", allow_emulated=True)        # bf16 pairs on the dot kernel
+    try:
+        assert blis.register_block(256, 16, 50176, 2) == microkernel.block_for(256, 16, 50176,
+                                                                               loads_weight=TUNING.gemm_loads_weight)
+        isa.set_family("amx_bf16", allow_emulated=True)                # on AMX tiles: the tile blocks' rule
+        assert blis.register_block(256, 16, 50176, 2) == microkernel.tile_block_for(256, 50176) == (32, 2)
+    finally:
+        isa.set_family(before)
 
 
 def test_a_short_reduction_prefers_a_block_that_leaves_the_result_unpadded():
