@@ -17,7 +17,7 @@ import pytest
 import convgrad as cg
 from convgrad.dtypes import DATA_DTYPES
 from convgrad.engines import get_engine
-from convgrad.engines.fast import workspace
+from convgrad.engines.fast import jit, workspace
 from convgrad.engines.fast import (STRATEGIES, TUNING, Features, Plan, candidates, default_plan, forced_plan,
                                    forced_strategy, isa, plan_cache, select, strategy_module)
 from convgrad.problem import ConvGeometry

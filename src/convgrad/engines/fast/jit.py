@@ -44,7 +44,7 @@ from ... import casts, kernel_cache, layout
 from ...casts import F16_BITS, narrowed
 from ...dtypes import bfloat16
 from ...problem import ConvGeometry
-from . import blis, direct, geometry, isa, microkernel, pool, tiles, workspace
+from . import blis, direct, geometry, isa, microkernel, pool, tap_gemm, tiles, workspace
 from .features import Features
 from .frame import empty_like_data
 from .geometry import padded, phase_taps, spatial, spatial3, tap_weights
@@ -60,7 +60,7 @@ F32 = np.dtype(np.float32)
 #: Plan parameters: ``block`` the register block "RxV" (:data:`.microkernel.BLOCKS` of the
 #: family's width), ``cache_bytes`` (see :class:`.tuning.Tuning`), and for the weights gradient
 #: ``split``: the threads share the output positions ("rows") or dw's blocks ("blocks"), or, bf16
-#: of stride 1 on AMX tiles, one deep GEMM per tap ("taps", :func:`_weights_by_taps`).
+#: of stride 1 on AMX tiles, one deep GEMM per tap ("taps", :mod:`.tap_gemm`).
 SPLITS = ("rows", "blocks", "taps")
 
 
@@ -69,7 +69,8 @@ def applies(f: Features, plan: Plan | None = None) -> bool:
     (f32/bf16/f16 data), not depthwise, on a host family with JIT kernels (not ``portable``)."""
     if not (f.acc == F32 and isa.family() in isa.WIDTH and not f.depthwise and f.n > 0):
         return False
-    return plan is None or (_block_of(plan.param("block"), on_tiles(f)) is not None and plan.param("split") in SPLITS
+    tile_blocks = on_tiles(f) or f.pointwise or taps_on_tiles(f)    # the latter two: blocks our GEMMs pick
+    return plan is None or (_block_of(plan.param("block"), tile_blocks) is not None and plan.param("split") in SPLITS
                             and (plan.param("split") != "taps" or taps_on_tiles(f))
                             and isinstance(plan.param("cache_bytes"), int) and plan.param("cache_bytes") > 0)
 
@@ -82,7 +83,7 @@ def _block_of(name: object, tile_blocks: bool = True) -> tuple[int, int] | None:
 
 
 def taps_on_tiles(f: Features) -> bool:
-    """Whether ``f`` can run as one GEMM per tap on AMX tiles (:func:`_weights_by_taps`): a bf16
+    """Whether ``f`` can run as one GEMM per tap on AMX tiles (:mod:`.tap_gemm`): a bf16
     weights gradient of one group and stride 1 on the ``amx_bf16`` family."""
     return (f.task == "backward_weights" and f.dtype == "bfloat16" and f.family == "amx_bf16" and f.groups == 1
             and all(s == 1 for s in f.strides))
@@ -250,6 +251,10 @@ def pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Pl
     xs = _positions(operand(a), g)
     if task == "forward":
         return np.ascontiguousarray(gemm(xs, operand(b).reshape(g.ic, g.oc))).reshape(g.y_shape)
+    if _depth(a.dtype) == 2 and isa.bf16_kernel() >= microkernel.TILES_STANDIN:   # AMX: x^T in tile rows
+        dw = tap_gemm.gemms(np.ascontiguousarray(xs), np.ascontiguousarray(operand(b).reshape(-1, g.oc)), [0],
+                            out != F32)
+        return (dw.view(out) if out != F32 else dw).reshape(g.w_shape)
     return np.ascontiguousarray(gemm(xs.T, operand(b).reshape(-1, g.oc))).reshape(g.w_shape)
 
 
@@ -357,13 +362,12 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
         k, n = {"forward": (g.ic, g.oc), "backward_data": (g.oc, g.ic), "backward_weights": (m, g.oc)}[task]
         rows_ = g.ic if task == "backward_weights" else m
         dy_copy = m * g.oc if task == "backward_weights" and f.channels_first else 0
-        return blis.workspace_bytes(rows_, k, n, 4) + 4 * (m * g.ic + math.prod(g.x_shape) + dy_copy
-                                                           + math.prod(f.result_shape)) + (64 << 10)
-    if task == "backward_weights" and plan.param("split") == "taps":    # padded x and dy, a tap's GEMM, dw in f32
-        grid = math.prod(spatial(g.padded_size, 1))
-        positions = g.n * grid
-        gemms = max(blis.workspace_bytes(g.oc, positions, g.ic, 2), blis.workspace_bytes(g.ic, positions, g.oc, 2))
-        return 2 * ((positions + grid) * g.ic + positions * g.oc) + gemms + 4 * math.prod(g.w_shape) + (64 << 10)
+        tap = tap_gemm.workspace_bytes(m, g.ic, g.oc, 1, 0) + 2 * m * g.ic \
+            if task == "backward_weights" and f.family == "amx_bf16" and f.dtype == "bfloat16" else 0
+        return max(tap, blis.workspace_bytes(rows_, k, n, 4)) + 4 * (m * g.ic + math.prod(g.x_shape) + dy_copy
+                                                                     + math.prod(f.result_shape)) + (64 << 10)
+    if task == "backward_weights" and plan.param("split") == "taps":    # padded x and dy, their tiles, dw in f32
+        return tap_gemm.conv_workspace_bytes(g) + 4 * math.prod(g.w_shape)
     s, d, kernel = spatial(g.strides, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
     taps, o = math.prod(g.kernel), spatial(g.out_size, 1)
     if task == "backward_data":
@@ -1226,7 +1230,7 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan 
     plan = _plan(g, "backward_weights", plan)
     if plan.param("split") == "taps":
         if direct.finite(x):
-            return _weights_by_taps(g, x, dy, rounded)
+            return tap_gemm.run(g, x, dy, rounded)
         plan = type(plan).of("jit", **dict(plan.params, split="rows"))   # Inf/NaN in x would meet junk zeros
     taps = math.prod(g.kernel)
     slab = _tap_slab(g, x, dy, plan, rounded)
@@ -1237,28 +1241,6 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan 
         with workspace.part():   # each slab's pair copies back in the cache for the next
             casts.copy_into(dw[t0:t0 + slab], _weight_sums(g, x, dy, plan, t0, min(taps, t0 + slab)))
     return dw.reshape(g.w_shape)
-
-
-def _weights_by_taps(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, rounded: bool) -> np.ndarray:
-    """The bf16 weights gradient of stride 1 as one deep GEMM per tap on our GEMM (AMX tiles on
-    the ``amx_bf16`` family): x zero-padded and dy placed at the padded grid's origin (zeros
-    elsewhere), both flattened over (N, P0, P1, P2) positions f, so that tap t's
-    ``dw[t] = sum_f x[f + off_t] dy[f]^T`` with ``off_t = ((k0 D0) P1 + k1 D1) P2 + k2 D2``:
-    ``x_flat[off_t:off_t + F]^T @ dy_flat`` (IC x F x OC; F every position, the junk ones'
-    dy zero); ``rounded``: each tap's bf16 sums rounded once (no f32 dw). x must be finite (a
-    junk position's zero times Inf is NaN: the caller checks)."""
-    size, d, kernel = spatial(g.padded_size, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
-    offsets = [(k0 * d[0] * size[1] + k1 * d[1]) * size[2] + k2 * d[2]
-               for k0 in range(kernel[0]) for k1 in range(kernel[1]) for k2 in range(kernel[2])]
-    bits = np.dtype(np.uint16)
-    xp = padded(x.view(bits), spatial(g.pads_begin, 0), size, bits, max(offsets) * g.ic)
-    positions = math.prod(xp.shape[:4])
-    flat_x = geometry.flat(xp)[:(positions + max(offsets)) * g.ic].reshape(-1, g.ic)
-    dyp = padded(dy.view(bits), (0, 0, 0), size, bits).reshape(positions, g.oc)
-    dw = workspace.result((len(offsets), g.icg, g.oc), np.uint16 if rounded else F32)
-    for t, off in enumerate(offsets):      # rounded: each tap's sums rounded once, no f32 dw
-        dw[t] = blis.gemm(flat_x[off:off + positions].T, dyp, rounded=rounded)
-    return (dw.view(x.dtype) if rounded else dw).reshape(g.w_shape)
 
 
 def _tap_slab(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, rounded: bool) -> int:

@@ -129,6 +129,12 @@ class Tuning:
     #: measured", ranked 32x2 (one load a product) first at 256 pairs a call, 836 GFLOP/s on a
     #: core, against 317-427 for the 16-row blocks); 0.25 keeps whole tiles of lanes first.
     tile_loads_weight: float = 0.25
+    #: The bf16 weights gradient on tiles (:mod:`.tap_gemm`): a chunk of positions' A (x^T, with
+    #: its halo) and B (dy's pairs) take this share of the L2 ...
+    tap_gemm_l2: float = 0.5
+    #: ... and the threads keep partial sums of dw each (sharing the chunks) while these take at
+    #: most this times the bf16 x and dy (else they share dw's blocks).
+    tap_gemm_partials: float = 1.0
     #: ... and for our GEMM's blocks (:func:`.blis.register_block`) and the weights gradient's on
     #: every width: on the Zen 3 the 1x1 layers of 256 output channels ran 25 % slower on 4x3 than
     #: on 6x2, the 3x3 weights gradients were within noise at 256 channels and 0-20 % slower at 512.
