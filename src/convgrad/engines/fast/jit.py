@@ -60,7 +60,7 @@ F32 = np.dtype(np.float32)
 #: Plan parameters: ``block`` the register block "RxV" (:data:`.microkernel.BLOCKS` of the
 #: family's width), ``cache_bytes`` (see :class:`.tuning.Tuning`), and for the weights gradient
 #: ``split``: the threads share the output positions ("rows") or dw's blocks ("blocks"), or, bf16
-#: of stride 1 on AMX tiles, one deep GEMM per tap ("taps", :mod:`.tap_gemm`).
+#: on AMX tiles, one deep GEMM per tap ("taps", :mod:`.tap_gemm`).
 SPLITS = ("rows", "blocks", "taps")
 
 
@@ -84,9 +84,8 @@ def _block_of(name: object, tile_blocks: bool = True) -> tuple[int, int] | None:
 
 def taps_on_tiles(f: Features) -> bool:
     """Whether ``f`` can run as one GEMM per tap on AMX tiles (:mod:`.tap_gemm`): a bf16
-    weights gradient of one group and stride 1 on the ``amx_bf16`` family."""
-    return (f.task == "backward_weights" and f.dtype == "bfloat16" and f.family == "amx_bf16" and f.groups == 1
-            and all(s == 1 for s in f.strides))
+    weights gradient of one group on the ``amx_bf16`` family."""
+    return f.task == "backward_weights" and f.dtype == "bfloat16" and f.family == "amx_bf16" and f.groups == 1
 
 
 def on_tiles(f: Features) -> bool:
@@ -248,13 +247,11 @@ def pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Pl
             return np.ascontiguousarray(rows).reshape(g.x_shape)
         return geometry.spread(rows.reshape(g.y_shape[:-1] + (g.ic,)), g.strides,
                                empty_like_data(g.x_shape, out, a))
+    if task == "backward_weights" and _depth(a.dtype) == 2 and isa.bf16_kernel() >= microkernel.TILES_STANDIN:
+        return tap_gemm.run(g, a, b, out != F32)       # AMX: x^T in tile rows, the strides' positions read there
     xs = _positions(operand(a), g)
     if task == "forward":
         return np.ascontiguousarray(gemm(xs, operand(b).reshape(g.ic, g.oc))).reshape(g.y_shape)
-    if _depth(a.dtype) == 2 and isa.bf16_kernel() >= microkernel.TILES_STANDIN:   # AMX: x^T in tile rows
-        dw = tap_gemm.gemms(np.ascontiguousarray(xs), np.ascontiguousarray(operand(b).reshape(-1, g.oc)), [0],
-                            out != F32)
-        return (dw.view(out) if out != F32 else dw).reshape(g.w_shape)
     return np.ascontiguousarray(gemm(xs.T, operand(b).reshape(-1, g.oc))).reshape(g.w_shape)
 
 

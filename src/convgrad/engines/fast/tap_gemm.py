@@ -1,22 +1,27 @@
-"""The bf16 weights gradient of stride 1 on AMX tiles: x transposed once, dy paired once, one
-GEMM per tap read from both at the tap's offset.
+"""The bf16 weights gradient on AMX tiles: x transposed once, dy paired once, one GEMM per tap
+read from both at the tap's offset.
 
 With x zero-padded and dy placed at the padded grid's origin (zeros elsewhere), both flattened
-over the positions f = (n, p0, p1, p2) of the padded grid, tap t (offset ``off_t = ((k0 D0) P1 +
-k1 D1) P2 + k2 D2``) is one deep GEMM:
+over the positions f = (n, p0, p1, p2) of the padded grid, a tap of stride 1 (offset ``off_t =
+((k0 D0) P1 + k1 D1) P2 + k2 D2``) is one deep GEMM:
 
     dw[t] = sum_f x[f + off_t] dy[f]^T     (ICg x F x OC; a junk position's dy is zero)
 
+Strides S split x into its S0 S1 S2 phases, ``x_a[n, i] = x[n, S i + a]`` on a grid of Q =
+ceil(P / S) positions per axis: the tap at ``e = k D`` reads phase ``a = e mod S`` at offset
+``e div S`` of that grid, with dy at its origin, a convolution of stride 1 again (the polyphase
+form: every tap of one phase shares that phase's A).
+
 A tile's rows hold 32 consecutive values of K (here positions) of one row of A, and B's tiles
-hold pairs of consecutive positions per lane: so x is transposed once into chunks of ``kc``
-positions (each chunk's rows run ``max(off_t)`` positions past it, the halo every tap reads),
-``xt[c, i, j] = x[c kc + j, i]``, and tap t's A for chunk c is ``xt[c, :, off_t:off_t + kc]``,
-read in place (a row-major A at any element offset: a pair is two adjacent values, whichever
-their parity); dy is packed into pairs once (:func:`.blis._packed`). Every tap, row strip and
-column panel of a chunk then runs one kernel call of ``kc/2`` pairs (:func:`.microkernel.run`
-on a tile block), the chunk's A and B in L2 across the taps. The threads share the chunks (a
-partial dw per thread, added at the end) where those partial sums stay small next to x and dy,
-else the (tap, panel) blocks of dw, each over every chunk.
+hold pairs of consecutive positions per lane: so x (each phase) is transposed once into chunks
+of ``kc`` positions (each chunk's rows run ``max(off_t)`` positions past it, the halo every tap
+reads), ``xt[c, i, j] = x[c kc + j, i]``, and tap t's A for chunk c is ``xt[c, :, off_t:off_t +
+kc]``, read in place (a row-major A at any element offset: a pair is two adjacent values,
+whichever their parity); dy is packed into pairs once (:func:`.blis._packed`). Every tap, row
+strip and column panel of a chunk then runs one kernel call of ``kc/2`` pairs
+(:func:`.microkernel.run` on a tile block), the chunk's A and B in L2 across the taps. The
+threads share the chunks (a partial dw per thread, added at the end) where those partial sums
+stay small next to x and dy, else the (tap, panel) blocks of dw, each over every chunk.
 
 Before this, each tap ran :func:`.blis.gemm` on the tap's shifted view of x, packing x^T and dy's
 pairs again for every tap (docs/engine-measurements.md, Xeon 2026-12-07).
@@ -25,6 +30,7 @@ pairs again for every tap (docs/engine-measurements.md, Xeon 2026-12-07).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -35,19 +41,27 @@ import numpy as np
 from ... import casts
 from ...problem import ConvGeometry
 from . import blis, isa, microkernel, pool, workspace
-from .geometry import padded, spatial
+from .geometry import padded, spatial, spatial3
 from .tuning import TUNING
 
-__all__ = ["offsets", "blocks", "workspace_bytes", "conv_workspace_bytes", "run", "gemms"]
+__all__ = ["phases", "blocks", "workspace_bytes", "conv_workspace_bytes", "run", "gemms"]
 
 U16 = np.dtype(np.uint16)
 
 
-def offsets(g: ConvGeometry) -> list[int]:
-    """Each tap's offset in the flattened padded grid, in the kernel's row-major order."""
-    size, d, kernel = spatial(g.padded_size, 1), spatial(g.dilations, 1), spatial(g.kernel, 1)
-    return [(k0 * d[0] * size[1] + k1 * d[1]) * size[2] + k2 * d[2]
-            for k0 in range(kernel[0]) for k1 in range(kernel[1]) for k2 in range(kernel[2])]
+def phases(g: ConvGeometry) -> tuple[tuple[int, int, int], dict[tuple[int, int, int], list[tuple[int, int]]]]:
+    """(the phase grid Q, per phase ``a`` the (tap index, offset in the flattened Q grid) of its
+    taps, in the kernel's row-major order): the module docstring's polyphase form (one phase,
+    Q = P, for stride 1)."""
+    size, s = spatial(g.padded_size, 1), spatial(g.strides, 1)
+    d, kernel = spatial(g.dilations, 1), spatial(g.kernel, 1)
+    q = tuple(-(-size[a] // s[a]) for a in range(3))
+    groups: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+    for t, k in enumerate(itertools.product(*(range(n) for n in kernel))):
+        e = [k[a] * d[a] for a in range(3)]
+        phase = tuple(e[a] % s[a] for a in range(3))
+        groups.setdefault(phase, []).append((t, ((e[0] // s[0]) * q[1] + e[1] // s[1]) * q[2] + e[2] // s[2]))
+    return q, groups
 
 
 class _Blocks(NamedTuple):
@@ -76,6 +90,10 @@ def blocks(positions: int, ic: int, oc: int, taps: int, halo: int) -> _Blocks:
     shares = min(pool.threads(), chunks)
     if shares < 2 or 4 * shares * taps * icpad * ocpad > TUNING.tap_gemm_partials * 2 * positions * (ic + oc):
         shares = 1
+    else:        # as many chunks to each share
+        chunks = -(-chunks // shares) * shares
+        kc = -(-(-(-positions // chunks)) // 32) * 32
+        chunks = -(-positions // kc)
     return _Blocks(rows, vecs, kc, shares, icpad, ocpad, chunks, -(-(kc + halo) // 32) * 32)
 
 
@@ -83,44 +101,56 @@ def workspace_bytes(positions: int, ic: int, oc: int, taps: int, halo: int) -> i
     """Extra bytes of :func:`gemms`: x transposed in chunks (with their halos and padded rows),
     dy's pairs, the f32 sums (per share) and the f32 dw (a caller's padded copies apart)."""
     bl = blocks(positions, ic, oc, taps, halo)
-    return 2 * (bl.chunks * bl.icpad * bl.span + (positions + 1) * bl.ocpad) \
+    return 2 * ((bl.shares if bl.shares > 1 else bl.chunks) * bl.icpad * bl.span + (positions + 1) * bl.ocpad) \
         + 4 * (bl.shares + 1) * taps * bl.icpad * bl.ocpad + (64 << 10)
 
 
 def conv_workspace_bytes(g: ConvGeometry) -> int:
-    """:func:`workspace_bytes` of :func:`run` with its padded copies of x and dy."""
-    positions = g.n * math.prod(spatial(g.padded_size, 1))
-    return 2 * positions * (g.ic + g.oc) + workspace_bytes(positions, g.ic, g.oc, math.prod(g.kernel),
-                                                            max(offsets(g)))
+    """:func:`workspace_bytes` of :func:`run` with its copy of dy on the phase grid."""
+    q, groups = phases(g)
+    positions = g.n * math.prod(q)
+    halo = max(off for taps in groups.values() for _, off in taps)
+    return 2 * positions * g.oc + workspace_bytes(positions, g.ic, g.oc, math.prod(g.kernel), halo)
 
 
 def run(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, rounded: bool) -> np.ndarray:
-    """dw (*K, ICg, OC) of a bf16 weights gradient of one group and stride 1 (the module
-    docstring): f32, or bf16 bits rounded once with ``rounded``. x must be finite where there
-    is padding (a junk position's zero times Inf is NaN: the caller checks)."""
-    size = spatial(g.padded_size, 1)
-    xp = padded(x.view(U16), spatial(g.pads_begin, 0), size, U16)
-    dyp = padded(dy.view(U16), (0, 0, 0), size, U16)
-    dw = gemms(xp.reshape(-1, g.ic), dyp.reshape(-1, g.oc), offsets(g), rounded)
+    """dw (*K, ICg, OC) of a bf16 weights gradient of one group (the module docstring): f32, or
+    bf16 bits rounded once with ``rounded``. x must be finite where there is padding (a junk
+    position's zero times Inf is NaN: the caller checks)."""
+    q, groups = phases(g)
+    s, pads, size = spatial(g.strides, 1), spatial(g.pads_begin, 0), spatial(g.in_size, 1)
+    x3 = np.ascontiguousarray(spatial3(x.view(U16)))
+    dy3 = spatial3(dy.view(U16))
+    dyq = dy3 if dy3.shape[1:4] == q and dy3.flags.c_contiguous else padded(dy3, (0, 0, 0), q, U16)
+    parts = [(np.array((g.n, *q, *s, *a, *pads, *size), np.int64), [off for _, off in taps])
+             for a, taps in groups.items()]
+    order = np.argsort([t for taps in groups.values() for t, _ in taps])
+    dw = gemms(x3.reshape(-1), g.ic, parts, dyq.reshape(-1, g.oc), rounded)[order]
     return dw.view(x.dtype).reshape(g.w_shape) if rounded else dw.reshape(g.w_shape)
 
 
-def gemms(x: np.ndarray, dy: np.ndarray, taps: list[int], rounded: bool) -> np.ndarray:
-    """``dw[t] = x[off_t:off_t + F]^T @ dy`` for every tap offset ``off_t`` of ``taps`` (x and
-    dy: C-contiguous bf16 bits, (F, IC) and (F, OC); x's rows past F read as zeros), as (taps,
-    IC, OC) f32, or bf16 bits rounded once with ``rounded``."""
-    positions, ic = x.shape
-    oc = dy.shape[1]
-    bl = blocks(positions, ic, oc, len(taps), max(taps))
-    xt = workspace.empty(bl.chunks * bl.icpad * bl.span, U16).reshape(bl.chunks, bl.icpad, bl.span)
-    _transposed_chunks(x.reshape(-1), positions, ic, bl.kc, xt)
+def gemms(x: np.ndarray, ic: int, parts: list[tuple[np.ndarray, list[int]]], dy: np.ndarray,
+          rounded: bool) -> np.ndarray:
+    """``a[off:off + F]^T @ dy`` for each (grid, offsets) of ``parts`` and each of its offsets,
+    ``a`` the (F, IC) positions of x (flat canonical bf16 bits, ``ic`` channels) that ``grid``
+    maps (:func:`_transposed_chunks`; rows past F zeros), dy (F, OC) C-contiguous bf16 bits: as
+    (offsets, IC, OC) f32 in the order given, or bf16 bits rounded once with ``rounded``."""
+    positions, oc = dy.shape
+    taps = sum(len(offs) for _, offs in parts)
+    bl = blocks(positions, ic, oc, taps, max(max(offs) for _, offs in parts))
     bp = blis._packed(dy, 16 * bl.vecs, 2)
     panels = bp.shape[0]
-    sums = np.zeros((bl.shares, len(taps), bl.icpad, bl.ocpad), np.float32)
-    _driver(bl.rows, bl.vecs, isa.bf16_kernel())(
-        bl.shares if bl.shares > 1 else len(taps) * panels, xt.reshape(-1), bl.span, bl.icpad * bl.span,
-        np.array(taps, np.int64), bp.reshape(-1), bp.shape[1], bp.shape[1] * bp.shape[2], sums, bl.kc, bl.chunks,
-        bl.shares, panels)
+    sums = np.zeros((bl.shares, taps, bl.icpad, bl.ocpad), np.float32)
+    held = bl.shares if bl.shares > 1 else bl.chunks      # chunks transposed at once: a share's, or all
+    xt = workspace.empty(held * bl.icpad * bl.span, U16).reshape(held, bl.icpad, bl.span)
+    first = 0
+    for grid, offs in parts:
+        if bl.shares == 1:
+            _transposed_chunks(x, ic, grid, bl.kc, xt)
+        _driver(bl.rows, bl.vecs, isa.bf16_kernel())(
+            bl.shares if bl.shares > 1 else len(offs) * panels, x, ic, grid, xt, bl.span, np.array(offs, np.int64),
+            first, bp.reshape(-1), bp.shape[1], bp.shape[1] * bp.shape[2], sums, bl.kc, bl.chunks, bl.shares, panels)
+        first += len(offs)
     dw = (np.add.reduce(sums, axis=0) if bl.shares > 1 else sums[0])[:, :ic, :oc]
     if rounded:
         return casts.from_f32(np.ascontiguousarray(dw), casts.BFLOAT16).view(U16)
@@ -128,45 +158,87 @@ def gemms(x: np.ndarray, dy: np.ndarray, taps: list[int], rounded: bool) -> np.n
 
 
 @microkernel.cached_njit(parallel=True)
-def _transposed_chunks(src, rows, ic, kc, out):  # pragma: no cover - compiled
-    """``out[c, i, j] = src[(c kc + j) ic + i]`` (16-bit bits; zero past ``rows`` positions and
-    ``ic`` channels): 16 channels x 32 positions at a time, each pair of positions joined into
-    32-bit units (:func:`.microkernel.pairs32`) and the 16 x 16 units transposed in registers
-    (:func:`.microkernel.transpose32`); the edges one value at a time; (chunk, 16 channels) items
-    in parallel."""
+def _transposed_chunks(src, ic, grid, kc, out):  # pragma: no cover - compiled
+    """:func:`_transpose_chunk` of every chunk c into ``out[c]``, items of a chunk and a group
+    of 16-channel blocks in parallel."""
     chunks, icpad, span = out.shape
-    flat = out.reshape(-1)
     blocks = -(-icpad // 16)
-    for item in numba.prange(chunks * blocks):
-        c, i0 = item // blocks, item % blocks * 16
-        units = np.empty(512, np.uint16)
-        base = (c * icpad + i0) * span
-        for j0 in range(0, span, 32):
-            r0 = c * kc + j0
-            if i0 + 16 <= ic and r0 + 32 <= rows and j0 + 32 <= span:
-                for p in range(16):
-                    microkernel.pairs32(16, src, (r0 + 2 * p) * ic + i0, (r0 + 2 * p + 1) * ic + i0, units, p * 32)
-                microkernel.transpose32(16, units, 0, 32, flat, base + j0, span)
+    groups = min(blocks, -(-16 // chunks))     # items of several channel blocks: the rows found once
+    flat = out.reshape(-1)
+    for item in numba.prange(chunks * groups):
+        c, group = item // groups, item % groups
+        _transpose_chunk(src, ic, grid, kc, c, flat, c * icpad * span, icpad, span, blocks * group // groups,
+                         blocks * (group + 1) // groups)
+
+
+@numba.njit(inline="always")
+def _transpose_chunk(src, ic, grid, kc, c, out, base, icpad, span, b0, b1):  # pragma: no cover - compiled
+    """``out[base + i span + j]`` (i of channel blocks ``b0 .. b1`` of 16, j < ``span``) =
+    channel i of the x position that grid position ``f = c kc + j`` maps (zero for padding, past
+    the grid and past ``ic``): ``grid`` = (N, Q0, Q1, Q2, S0, S1, S2, a0, a1, a2, pads_begin
+    0-2, X0, X1, X2): f = (n, e0, e1, e2) on the N x Q grid reads x[n, S e + a - pads] of ``src``
+    (flat canonical (N, X0, X1, X2, ic) 16-bit bits). 16 channels x 32 positions at a time,
+    their rows found once for all blocks: each pair of positions joined into 32-bit units
+    (:func:`.microkernel.pairs32`), the 16 x 16 units transposed in registers
+    (:func:`.microkernel.transpose32`); pairs at padding, and the edges, one value at a time."""
+    n_all, q0, q1, q2 = grid[0], grid[1], grid[2], grid[3]
+    units = np.empty(512, np.uint16)
+    at = np.empty(32, np.int64)
+    for j0 in range(0, span, 32):
+        r = c * kc + j0
+        e2, r = r % q2, r // q2
+        e1, r = r % q1, r // q1
+        e0, n = r % q0, r // q0
+        for j in range(32):       # each position's x row, or -1
+            p0, p1, p2 = (grid[4] * e0 + grid[7] - grid[10], grid[5] * e1 + grid[8] - grid[11],
+                          grid[6] * e2 + grid[9] - grid[12])
+            inside = n < n_all and 0 <= p0 < grid[13] and 0 <= p1 < grid[14] and 0 <= p2 < grid[15]
+            at[j] = ((n * grid[13] + p0) * grid[14] + p1) * grid[15] + p2 if inside else -1
+            e2 += 1
+            if e2 == q2:
+                e2, e1 = 0, e1 + 1
+                if e1 == q1:
+                    e1, e0 = 0, e0 + 1
+                    if e0 == q0:
+                        e0, n = 0, n + 1
+        for b in range(b0, b1):
+            i0 = b * 16
+            row = base + i0 * span
+            if j0 + 32 > span:
+                for j in range(j0, span):
+                    rj = at[j - j0]
+                    for i in range(16):
+                        out[row + i * span + j] = src[rj * ic + i0 + i] if rj >= 0 and i0 + i < ic else 0
                 continue
-            for i in range(min(16, icpad - i0)):
-                for j in range(j0, min(j0 + 32, span)):
-                    r = c * kc + j
-                    flat[base + i * span + j] = src[r * ic + i0 + i] if r < rows and i0 + i < ic else 0
+            for p in range(16):
+                ra, rb = at[2 * p], at[2 * p + 1]
+                if i0 + 16 <= ic and ra >= 0 and rb >= 0:
+                    microkernel.pairs32(16, src, ra * ic + i0, rb * ic + i0, units, p * 32)
+                    continue
+                for i in range(16):
+                    inside = i0 + i < ic
+                    units[p * 32 + 2 * i] = src[ra * ic + i0 + i] if ra >= 0 and inside else 0
+                    units[p * 32 + 2 * i + 1] = src[rb * ic + i0 + i] if rb >= 0 and inside else 0
+            microkernel.transpose32(16, units, 0, 32, out, row + j0, span)
 
 
 @functools.cache
 def _driver(rows: int, vecs: int, native: int) -> Callable:
     """The kernel calls of :func:`run` for one tile block, run per item in the pool (item: a
     share of the chunks, or one (tap, panel) block of dw over every chunk)."""
-    def body(item, xt, lda, chunk_stride, taps, bp, kd, panel_stride, sums, kc, chunks, shares,
+    def body(item, x, ic, grid, xt, lda, taps, first, bp, kd, panel_stride, sums, kc, chunks, shares,
              panels):  # pragma: no cover - compiled
-        """``sums[share, t, i, o] += sum_f xt[c, i, off_t + j] bp-pairs[f][o]`` over the item's chunks c
-        (f = c kc + j), taps and panels; ``sums`` zeroed, ``xt`` (chunks, rows of A, ``lda``), B's
-        panel p at ``bp[p panel_stride]`` as (``kd`` pairs, ``nr`` lanes, 2)."""
+        """``sums[share, first + t, i, o] += sum_f xt[c, i, off_t + j] bp-pairs[f][o]`` over the
+        item's chunks c (f = c kc + j), taps and panels; ``sums`` zeroed, B's panel p at ``bp[p
+        panel_stride]`` as (``kd`` pairs, ``nr`` lanes, 2). ``xt`` (chunks, rows of A, ``lda``)
+        transposed before (shared blocks), or (shares, ...): each share transposes its chunk
+        there just before its kernels (:func:`_transpose_chunk`: in its L2)."""
         nr = vecs * 16
         zero = np.zeros(1, np.int64)
         ntaps, strips, ldc = taps.shape[0], sums.shape[2] // rows, sums.shape[3]
+        total = sums.shape[1]
         flat = sums.reshape(-1)
+        xt_flat = xt.reshape(-1)
         if shares > 1:
             share, c0, c1 = item, chunks * item // shares, chunks * (item + 1) // shares
             t0, t1, p0, p1 = 0, ntaps, 0, panels
@@ -174,12 +246,17 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
             share, c0, c1 = 0, 0, chunks
             t0, p0 = item // panels, item % panels
             t1, p1 = t0 + 1, p0 + 1
+        chunk_stride = xt.shape[1] * lda
         for c in range(c0, c1):
+            at = c * chunk_stride
+            if shares > 1:
+                at = share * chunk_stride
+                _transpose_chunk(x, ic, grid, kc, c, xt_flat, at, xt.shape[1], lda, 0, xt.shape[1] // 16)
             pairs = min(kc // 2, kd - c * (kc // 2))
             for t in range(t0, t1):
                 for s in range(strips):
                     for p in range(p0, p1):
-                        microkernel.run(16, rows, vecs, native, flat, ((share * ntaps + t) * sums.shape[2] + s * rows)
-                                        * ldc + p * nr, ldc, xt, c * chunk_stride + s * rows * lda + taps[t], lda, 2,
+                        microkernel.run(16, rows, vecs, native, flat, ((share * total + first + t) * sums.shape[2] + s * rows)
+                                        * ldc + p * nr, ldc, xt_flat, at + s * rows * lda + taps[t], lda, 2,
                                         bp, p * panel_stride + c * (kc // 2) * nr * 2, nr * 2, zero, zero, 1, pairs, 1)
     return microkernel.parallel_items(body)
