@@ -54,6 +54,7 @@ class _Tiles:
             def fn(name: str, args: list) -> ir.Function:
                 return cgutils.get_or_insert_function(module, ir.FunctionType(ir.VoidType(), args), name)
             self._cfg = fn("llvm.x86.ldtilecfg", [i8p])
+            self._stcfg = fn("llvm.x86.sttilecfg", [i8p])
             self._load = fn("llvm.x86.tileloadd64", [self.i8, i8p, self.i64])
             self._store = fn("llvm.x86.tilestored64", [self.i8, i8p, self.i64])
             self._zero = fn("llvm.x86.tilezero", [self.i8])
@@ -73,7 +74,18 @@ class _Tiles:
                 [ROWS if t < 8 else 0 for t in range(16)]
             config = cgutils.global_constant(self.b.module, name, ir.Constant(ir.ArrayType(self.i8, 64), data))
             config.align = 64
-        self.b.call(self._cfg, [self.b.bitcast(config, self.i8.as_pointer())])
+        b = self.b
+        ours = b.bitcast(config, self.i8.as_pointer())
+        current = cgutils.alloca_once(b, ir.ArrayType(self.i8, 64))
+        current.align = 64
+        b.call(self._stcfg, [b.bitcast(current, self.i8.as_pointer())])
+        wide = ir.VectorType(self.i64, 8)
+        same = b.icmp_unsigned("==", b.load(b.bitcast(current, wide.as_pointer()), align=64),
+                               b.load(b.bitcast(config, wide.as_pointer()), align=64))
+        all_same = b.call(cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.IntType(1), [ir.VectorType(ir.IntType(1), 8)]),
+                                                         "llvm.vector.reduce.and.v8i1"), [same])
+        with b.if_then(b.not_(all_same)):
+            b.call(self._cfg, [ours])
 
     def _tile_row(self, t: int, r: ir.Value | int) -> ir.Value:
         b = self.b
