@@ -240,18 +240,38 @@ def emit(builder: ir.IRBuilder, rows: int, vecs: int, ptrs: dict, ints: dict, ro
                                      boff=b.add(ints["boff"], b.mul(k16, ints["bstep"])),
                                      k=b.sub(ints["k"], k16), accumulate=const(1)), False)
             if rounding:
-                _round_out(b, rows, vecs, target["c"], ptrs["c"], ints)
+                _round_out(b, rows, vecs, target["c"], ptrs["c"], ints, native)
         with otherwise:
             vectors(ptrs, ints, rounding)
 
 
-def _round_out(b: ir.IRBuilder, rows: int, vecs: int, sums: ir.Value, c: ir.Value, ints: dict) -> None:
-    """``c``'s block (bf16 bits, rows ``ldc`` apart from ``coff``) = the rounded f32 ``sums`` (packed rows)."""
+class _BFloat(ir.Type):
+    """LLVM's ``bfloat`` (llvmlite has no such type): the result of the native conversion."""
+
+    def _to_string(self) -> str:
+        return "bfloat"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _BFloat)
+
+    def __hash__(self) -> int:
+        return hash("bfloat")
+
+
+def _round_out(b: ir.IRBuilder, rows: int, vecs: int, sums: ir.Value, c: ir.Value, ints: dict,
+               native: bool) -> None:
+    """``c``'s block (bf16 bits, rows ``ldc`` apart from ``coff``) = the rounded f32 ``sums`` (packed
+    rows): natively by ``VCVTNEPS2BF16`` (round to nearest even, NaN made quiet; it reads denormal
+    inputs as zeros, and the tiles' and the dot instruction's sums hold none: both flush results
+    below 2^-126), else by :func:`.microkernel._rounded`'s integer steps (the same bits here)."""
     from .microkernel import _rounded
     i64 = ir.IntType(64)
     acc_t, out_t = ir.VectorType(ir.FloatType(), 16), ir.VectorType(ir.IntType(16), 16)
+    convert = cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.VectorType(_BFloat(), 16), [acc_t]),
+                                             "llvm.x86.avx512bf16.cvtneps2bf16.512") if native else None
     for r in range(rows):
         for v in range(vecs):
             value = b.load(b.bitcast(b.gep(sums, [ir.Constant(i64, (r * vecs + v) * 16)]), acc_t.as_pointer()), align=4)
             at = b.add(ints["coff"], b.add(b.mul(ints["ldc"], ir.Constant(i64, r)), ir.Constant(i64, v * 16)))
-            b.store(_rounded(b, value, 16), b.bitcast(b.gep(c, [at]), out_t.as_pointer()), align=2)
+            bits = b.bitcast(b.call(convert, [value]), out_t) if native else _rounded(b, value, 16)
+            b.store(bits, b.bitcast(b.gep(c, [at]), out_t.as_pointer()), align=2)
