@@ -97,20 +97,25 @@ def blocks(positions: int, ic: int, oc: int, taps: int, halo: int) -> _Blocks:
     return _Blocks(rows, vecs, kc, shares, icpad, ocpad, chunks, -(-(kc + halo) // 32) * 32)
 
 
-def workspace_bytes(positions: int, ic: int, oc: int, taps: int, halo: int) -> int:
-    """Extra bytes of :func:`gemms`: x transposed in chunks (with their halos and padded rows),
-    dy's pairs, the f32 sums (per share) and the f32 dw (a caller's padded copies apart)."""
+def workspace_bytes(positions: int, ic: int, oc: int, taps: int, halo: int, parts: int = 1) -> int:
+    """Extra bytes of :func:`gemms` over ``parts`` grids of ``positions``: x's chunks transposed
+    (with their halos and padded rows) and dy's pairs, per share or all of them (dy placed on
+    the grid first), the f32 sums (per share) and the f32 dw."""
     bl = blocks(positions, ic, oc, taps, halo)
-    return 2 * ((bl.shares if bl.shares > 1 else bl.chunks) * bl.icpad * bl.span + (positions + 1) * bl.ocpad) \
-        + 4 * (bl.shares + 1) * taps * bl.icpad * bl.ocpad + (64 << 10)
+    nr = 16 * bl.vecs
+    if bl.shares > 1:
+        copies = bl.shares * (bl.icpad * bl.span + -(-oc // nr) * nr * bl.kc)
+    else:
+        copies = parts * bl.chunks * bl.icpad * bl.span + positions * oc + (positions + 1) * bl.ocpad
+    return 2 * copies + 4 * (bl.shares + 1) * taps * bl.icpad * bl.ocpad + (64 << 10)
 
 
 def conv_workspace_bytes(g: ConvGeometry) -> int:
-    """:func:`workspace_bytes` of :func:`run` with its copy of dy on the phase grid."""
+    """:func:`workspace_bytes` of :func:`run` (x and dy as contiguous copies where they are not)."""
     q, groups = phases(g)
-    positions = g.n * math.prod(q)
     halo = max(off for taps in groups.values() for _, off in taps)
-    return 2 * positions * g.oc + workspace_bytes(positions, g.ic, g.oc, math.prod(g.kernel), halo)
+    return 2 * (math.prod(g.x_shape) + math.prod(g.y_shape)) + workspace_bytes(
+        g.n * math.prod(q), g.ic, g.oc, math.prod(g.kernel), halo, len(groups))
 
 
 def run(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, rounded: bool) -> np.ndarray:
@@ -120,41 +125,86 @@ def run(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, rounded: bool) -> np.nda
     q, groups = phases(g)
     s, pads, size = spatial(g.strides, 1), spatial(g.pads_begin, 0), spatial(g.in_size, 1)
     x3 = np.ascontiguousarray(spatial3(x.view(U16)))
-    dy3 = spatial3(dy.view(U16))
-    dyq = dy3 if dy3.shape[1:4] == q and dy3.flags.c_contiguous else padded(dy3, (0, 0, 0), q, U16)
     parts = [(np.array((g.n, *q, *s, *a, *pads, *size), np.int64), [off for _, off in taps])
              for a, taps in groups.items()]
     order = np.argsort([t for taps in groups.values() for t, _ in taps])
-    dw = gemms(x3.reshape(-1), g.ic, parts, dyq.reshape(-1, g.oc), rounded)[order]
+    dw = gemms(x3.reshape(-1), g.ic, parts, np.ascontiguousarray(spatial3(dy.view(U16))), q, rounded)[order]
     return dw.view(x.dtype).reshape(g.w_shape) if rounded else dw.reshape(g.w_shape)
 
 
 def gemms(x: np.ndarray, ic: int, parts: list[tuple[np.ndarray, list[int]]], dy: np.ndarray,
-          rounded: bool) -> np.ndarray:
-    """``a[off:off + F]^T @ dy`` for each (grid, offsets) of ``parts`` and each of its offsets,
+          q: tuple[int, int, int], rounded: bool) -> np.ndarray:
+    """``a[off:off + F]^T @ d`` for each (grid, offsets) of ``parts`` and each of its offsets,
     ``a`` the (F, IC) positions of x (flat canonical bf16 bits, ``ic`` channels) that ``grid``
-    maps (:func:`_transposed_chunks`; rows past F zeros), dy (F, OC) C-contiguous bf16 bits: as
-    (offsets, IC, OC) f32 in the order given, or bf16 bits rounded once with ``rounded``."""
-    positions, oc = dy.shape
-    taps = sum(len(offs) for _, offs in parts)
+    maps (:func:`_transpose_chunk`; rows past F zeros), ``d`` dy (canonical (N, O0, O1, O2, OC)
+    bf16 bits) at the origin of the N x ``q`` grid of F positions, zeros elsewhere: as (offsets,
+    IC, OC) f32 in the order given, or bf16 bits rounded once with ``rounded``."""
+    n, oc = dy.shape[0], dy.shape[-1]
+    positions, taps = n * math.prod(q), sum(len(offs) for _, offs in parts)
     bl = blocks(positions, ic, oc, taps, max(max(offs) for _, offs in parts))
-    bp = blis._packed(dy, 16 * bl.vecs, 2)
-    panels = bp.shape[0]
+    nr = 16 * bl.vecs
+    panels = -(-oc // nr)
+    if bl.shares > 1:    # each share transposes x's and pairs dy's chunks itself, into its own buffers
+        bp = workspace.empty(bl.shares * panels * bl.kc * nr, U16).reshape(bl.shares, panels, bl.kc // 2, 2 * nr)
+        xt = workspace.empty(bl.shares * bl.icpad * bl.span, U16).reshape(bl.shares, bl.icpad, bl.span)
+    else:                # every chunk at once: x transposed per part (below), dy placed on the grid and paired
+        dyq = dy if dy.shape[1:4] == q else padded(dy, (0, 0, 0), q, U16)
+        bp = blis._packed(dyq.reshape(-1, oc), nr, 2)
+    dgrid = np.array((n, *q, *dy.shape[1:4]), np.int64)
+    grids = np.stack([grid for grid, _ in parts])
+    offsets = np.array([off for _, offs in parts for off in offs], np.int64)
+    part_of = np.array([i for i, (_, offs) in enumerate(parts) for _ in offs], np.int64)
+    if bl.shares == 1:
+        xt = workspace.empty(len(parts) * bl.chunks * bl.icpad * bl.span, U16).reshape(
+            len(parts), bl.chunks, bl.icpad, bl.span)
+        for i, grid in enumerate(grids):
+            _transposed_chunks(x, ic, grid, bl.kc, xt[i])
     sums = np.zeros((bl.shares, taps, bl.icpad, bl.ocpad), np.float32)
-    held = bl.shares if bl.shares > 1 else bl.chunks      # chunks transposed at once: a share's, or all
-    xt = workspace.empty(held * bl.icpad * bl.span, U16).reshape(held, bl.icpad, bl.span)
-    first = 0
-    for grid, offs in parts:
-        if bl.shares == 1:
-            _transposed_chunks(x, ic, grid, bl.kc, xt)
-        _driver(bl.rows, bl.vecs, isa.bf16_kernel())(
-            bl.shares if bl.shares > 1 else len(offs) * panels, x, ic, grid, xt, bl.span, np.array(offs, np.int64),
-            first, bp.reshape(-1), bp.shape[1], bp.shape[1] * bp.shape[2], sums, bl.kc, bl.chunks, bl.shares, panels)
-        first += len(offs)
+    _driver(bl.rows, bl.vecs, isa.bf16_kernel())(
+        bl.shares if bl.shares > 1 else taps * panels, x, ic, grids, xt.reshape(-1), bl.icpad, bl.span, offsets,
+        part_of, dy.reshape(-1), oc, dgrid, bp.reshape(-1), -(-positions // 2), sums, bl.kc, bl.chunks, bl.shares,
+        panels)
     dw = (np.add.reduce(sums, axis=0) if bl.shares > 1 else sums[0])[:, :ic, :oc]
     if rounded:
         return casts.from_f32(np.ascontiguousarray(dw), casts.BFLOAT16).view(U16)
     return np.ascontiguousarray(dw)
+
+
+@numba.njit(inline="always")
+def _pair_chunk(dy, oc, dgrid, kc, c, out, base, panels, nr):  # pragma: no cover - compiled
+    """Grid positions ``c kc .. c kc + kc`` of dy in pairs, as (panels, kc/2, ``nr`` lanes, 2) from
+    ``out[base]``: ``dgrid`` = (N, Q0, Q1, Q2, O0, O1, O2), position (n, e) on the N x Q grid is
+    dy's (n, e) where e < O (zero elsewhere, past the grid and past ``oc``); 16 lanes of two
+    rows at a time (:func:`.microkernel.pairs32`)."""
+    r = c * kc
+    e2, r = r % dgrid[3], r // dgrid[3]
+    e1, r = r % dgrid[2], r // dgrid[2]
+    e0, n = r % dgrid[1], r // dgrid[1]
+    half = kc // 2
+    rows = np.empty(2, np.int64)
+    for i in range(half):
+        for h in range(2):
+            inside = n < dgrid[0] and e0 < dgrid[4] and e1 < dgrid[5] and e2 < dgrid[6]
+            rows[h] = ((n * dgrid[4] + e0) * dgrid[5] + e1) * dgrid[6] + e2 if inside else -1
+            e2 += 1
+            if e2 == dgrid[3]:
+                e2, e1 = 0, e1 + 1
+                if e1 == dgrid[2]:
+                    e1, e0 = 0, e0 + 1
+                    if e0 == dgrid[1]:
+                        e0, n = 0, n + 1
+        ra, rb = rows[0], rows[1]
+        for p in range(panels):
+            dst = base + (p * half + i) * 2 * nr
+            for l in range(0, nr, 16):
+                col = p * nr + l
+                if col + 16 <= oc and ra >= 0 and rb >= 0:
+                    microkernel.pairs32(16, dy, ra * oc + col, rb * oc + col, out, dst + 2 * l)
+                    continue
+                for j in range(16):
+                    inside = col + j < oc
+                    out[dst + 2 * (l + j)] = dy[ra * oc + col + j] if ra >= 0 and inside else 0
+                    out[dst + 2 * (l + j) + 1] = dy[rb * oc + col + j] if rb >= 0 and inside else 0
 
 
 @microkernel.cached_njit(parallel=True)
@@ -226,37 +276,46 @@ def _transpose_chunk(src, ic, grid, kc, c, out, base, icpad, span, b0, b1):  # p
 def _driver(rows: int, vecs: int, native: int) -> Callable:
     """The kernel calls of :func:`run` for one tile block, run per item in the pool (item: a
     share of the chunks, or one (tap, panel) block of dw over every chunk)."""
-    def body(item, x, ic, grid, xt, lda, taps, first, bp, kd, panel_stride, sums, kc, chunks, shares,
+    def body(item, x, ic, grids, xt, icpad, lda, taps, part_of, dy, oc, dgrid, bp, kd, sums, kc, chunks, shares,
              panels):  # pragma: no cover - compiled
-        """``sums[share, first + t, i, o] += sum_f xt[c, i, off_t + j] bp-pairs[f][o]`` over the
-        item's chunks c (f = c kc + j), taps and panels; ``sums`` zeroed, B's panel p at ``bp[p
-        panel_stride]`` as (``kd`` pairs, ``nr`` lanes, 2). ``xt`` (chunks, rows of A, ``lda``)
-        transposed before (shared blocks), or (shares, ...): each share transposes its chunk
-        there just before its kernels (:func:`_transpose_chunk`: in its L2)."""
+        """``sums[share, t, i, o] += sum_f A_t[c, i, off_t + j] B[f][o]`` over the item's chunks c
+        (f = c kc + j), taps t and panels, A_t x transposed on its part's grid (``grids[part_of[t]]``,
+        rows ``lda`` apart); ``sums`` zeroed; B as (panels, ``kd`` pairs, ``nr`` lanes, 2). Items
+        of (tap, panel) over every chunk: ``xt`` (parts, chunks, icpad, lda) and ``bp`` hold every
+        chunk, made before. Shares of the chunks: ``xt`` (shares, icpad, lda) and ``bp`` (shares,
+        ...), each share pairing dy's chunk and transposing x's for each part there just before
+        their kernels (:func:`_pair_chunk`, :func:`_transpose_chunk`: in its L2)."""
         nr = vecs * 16
         zero = np.zeros(1, np.int64)
-        ntaps, strips, ldc = taps.shape[0], sums.shape[2] // rows, sums.shape[3]
-        total = sums.shape[1]
+        strips, ldc = icpad // rows, sums.shape[3]
+        total = taps.shape[0]
         flat = sums.reshape(-1)
-        xt_flat = xt.reshape(-1)
+        half = kc // 2
+        panel_stride = (kd if shares == 1 else half) * nr * 2
+        chunk_stride = icpad * lda
         if shares > 1:
-            share, c0, c1 = item, chunks * item // shares, chunks * (item + 1) // shares
-            t0, t1, p0, p1 = 0, ntaps, 0, panels
+            share, c0, c1, t0, t1, p0, p1 = item, chunks * item // shares, chunks * (item + 1) // shares, 0, total, 0, panels
         else:
             share, c0, c1 = 0, 0, chunks
             t0, p0 = item // panels, item % panels
             t1, p1 = t0 + 1, p0 + 1
-        chunk_stride = xt.shape[1] * lda
         for c in range(c0, c1):
-            at = c * chunk_stride
+            pairs = min(half, kd - c * half)
+            bat = c * half * nr * 2
             if shares > 1:
-                at = share * chunk_stride
-                _transpose_chunk(x, ic, grid, kc, c, xt_flat, at, xt.shape[1], lda, 0, xt.shape[1] // 16)
-            pairs = min(kc // 2, kd - c * (kc // 2))
+                bat = share * panels * panel_stride
+                _pair_chunk(dy, oc, dgrid, kc, c, bp, bat, panels, nr)
+            part = -1
             for t in range(t0, t1):
+                if part_of[t] != part:
+                    part = part_of[t]
+                    at = (part * chunks + c) * chunk_stride
+                    if shares > 1:
+                        at = share * chunk_stride
+                        _transpose_chunk(x, ic, grids[part], kc, c, xt, at, icpad, lda, 0, icpad // 16)
                 for s in range(strips):
                     for p in range(p0, p1):
-                        microkernel.run(16, rows, vecs, native, flat, ((share * total + first + t) * sums.shape[2] + s * rows)
-                                        * ldc + p * nr, ldc, xt_flat, at + s * rows * lda + taps[t], lda, 2,
-                                        bp, p * panel_stride + c * (kc // 2) * nr * 2, nr * 2, zero, zero, 1, pairs, 1)
+                        microkernel.run(16, rows, vecs, native, flat, ((share * total + t) * icpad + s * rows) * ldc
+                                        + p * nr, ldc, xt, at + s * rows * lda + taps[t], lda, 2, bp,
+                                        bat + p * panel_stride, nr * 2, zero, zero, 1, pairs, 1)
     return microkernel.parallel_items(body)
