@@ -554,6 +554,7 @@ def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
         q0 = place // q1_ % q0_
         n = place // (q1_ * q0_)
         c = np.empty(rows * vw, np.float32)
+        c16 = np.empty(rows * vw, np.uint16)
         live = 0
         for t in range(ntaps):
             live += _reads_data(tap_rows, rows_in, t, q0, q1)
@@ -587,15 +588,24 @@ def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
                     microkernel.run(width, rows, vecs, native, out, at, out_steps[3], source, src_row + m * steps[3],
                                     steps[3], depth, wp, boff, vw * depth, ta, tb, live, kred, 0)
                 continue
-            microkernel.run(width, rows, vecs, native, c, 0, vw, source, src_row + m * steps[3], steps[3], depth, wp,
-                            boff, vw * depth, ta, tb, live, kred, 0)
+            bits = rounding and kind != F16_BITS     # bf16: rounded by the kernel into a tile of bits
+            if bits:
+                microkernel.run(width, rows, vecs, native, c16, 0, vw, source, src_row + m * steps[3], steps[3], depth,
+                                wp, boff, vw * depth, ta, tb, live, kred, 0)
+            else:
+                microkernel.run(width, rows, vecs, native, c, 0, vw, source, src_row + m * steps[3], steps[3], depth,
+                                wp, boff, vw * depth, ta, tb, live, kred, 0)
             for r in range(min(rows, m_ - m)):
                 a1 = (m + r) // pitch
                 a2 = m + r - a1 * pitch
                 if a2 < valid:
                     at = base + a1 * out_steps[2] + a2 * out_steps[3]
-                    cr = c[r * vw:r * vw + lanes]
-                    if rounding:                  # row slices: the copy vectorises
+                    cr, cr16 = c[r * vw:r * vw + lanes], c16[r * vw:r * vw + lanes]
+                    if bits:                      # row slices: the copies vectorise
+                        o16 = out16[at:at + lanes]
+                        for j in range(lanes):
+                            o16[j] = cr16[j]
+                    elif rounding:
                         o16 = out16[at:at + lanes]
                         for j in range(lanes):
                             o16[j] = narrowed(cr[j], kind)
@@ -645,7 +655,8 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray | _Staged, steps: np.ndar
     units = np.float32 if dtype == F32 else np.uint32               # padded 32 bits at a time where aligned
     if isinstance(src, _Staged):
         image = math.prod(src.shape[1:])
-        per = -(-(image + src.slack) // 2) * 2                        # whole 32-bit units
+        line = 64 // np.dtype(dtype).itemsize                          # each thread's image on a cache line:
+        per = -(-(image + src.slack) // line) * line                   # AMX tile rows 64-byte aligned
         stage = workspace.empty(pool.threads() * per, dtype).reshape(-1, per)
         stage[:, image:] = 0
         raw = spatial3(src.data)
