@@ -595,9 +595,11 @@ def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
             else:
                 microkernel.run(width, rows, vecs, native, c, 0, vw, source, src_row + m * steps[3], steps[3], depth,
                                 wp, boff, vw * depth, ta, tb, live, kred, 0)
-            for r in range(min(rows, m_ - m)):
-                a1 = (m + r) // pitch
-                a2 = m + r - a1 * pitch
+            for r in range(min(rows, m_ - m)):   # (a1, a2) = divmod(m + r, pitch), stepped
+                if r:
+                    a2 += 1
+                    if a2 == pitch:
+                        a1, a2 = a1 + 1, 0
                 if a2 < valid:
                     at = base + a1 * out_steps[2] + a2 * out_steps[3]
                     cr, cr16 = c[r * vw:r * vw + lanes], c16[r * vw:r * vw + lanes]
