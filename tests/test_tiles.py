@@ -315,34 +315,43 @@ def _geometry(n: int, ic: int, oc: int, size: tuple, kernel: tuple, strides: tup
 
 @pytest.mark.parametrize("shares", [1, 2])
 @pytest.mark.parametrize("g", [
-    _geometry(2, 24, 40, (9, 11), (3, 3), (2, 2), (1, 1), (1, 1), (1, 0)),                  # phases
+    _geometry(2, 24, 64, (9, 11), (3, 3), (2, 2), (1, 1), (1, 1), (1, 0)),                  # phases
     pytest.param(_geometry(3, 20, 17, (6, 5, 7), (2, 3, 2), (2, 1, 3), (1, 2, 1), (1, 0, 1), (0, 1, 1)),  # 3-D
                  marks=[] if NATIVE_TILES else [EXHAUSTIVE]),     # the stand-in: a driver compiled per block
     pytest.param(_geometry(12, 40, 48, (7, 9), (1, 1), (2, 3), (1, 1), (0, 0), (0, 0)),                  # 1x1
                  marks=[] if NATIVE_TILES else [EXHAUSTIVE]),
 ], ids=["2-D stride 2", "3-D strides 2x1x3", "1x1 strides 2x3"])
-def test_tap_gemm_on_every_stride_and_split(g, shares, amx_family, monkeypatch, rng):
+@pytest.mark.parametrize("standin", [pytest.param(False, id="native", marks=pytest.mark.skipif(not NATIVE_TILES,
+                                                                                                reason="no AMX")),
+                                     pytest.param(True, id="standin")])
+def test_tap_gemm_on_every_stride_and_split(g, shares, standin, monkeypatch, rng):
     """The weights gradient on tiles (engines/fast/tap_gemm.py) at strides (x's phases), 3-D,
     1x1, chunks of 32 positions (many chunks, a halo past each) shared by the threads (partial
-    sums, each share transposing its chunks) or dw's blocks shared (x transposed first): the
-    reference engine's sums (f32 result), and a rounded result their bf16 rounding."""
+    sums, each share transposing x's and pairing dy's chunks) or dw's blocks shared (x
+    transposed, dy paired first): the reference engine's sums (f32 result), and a rounded result
+    their bf16 rounding; on the tiles and on their stand-in (the emulated twin)."""
     from convgrad import casts
     from convgrad.engines.fast import TUNING, tap_gemm
     monkeypatch.setattr(tap_gemm, "TUNING", dataclasses.replace(TUNING, tap_gemm_l2=1e-9,
                                                                  tap_gemm_partials=1e9 if shares > 1 else 0.0))
     x, dy = (rng.uniform(-1, 1, s).astype(BF16) for s in (g.x_shape, g.y_shape))
-    f = Features.of(g, "backward_weights", np.dtype(BF16), False)
-    q, groups = tap_gemm.phases(g)
-    positions = g.n * math.prod(q)
-    bl = tap_gemm.blocks(positions, g.ic, g.oc, math.prod(g.kernel), max(o for t in groups.values() for _, o in t))
-    assert bl.kc == 32 and bl.chunks > 2 and bl.shares == (min(2, isa_threads()) if shares > 1 else 1)
-    assert 1 < len(groups) <= math.prod(g.strides) or g.kernel == (1, 1)
-    plan = Plan.of("jit", **jit.complete(f, {}))
-    assert jit.applies(f, plan)
     want = get_engine("reference").backward_weights(g, x.astype(np.float64), dy.astype(np.float64))
-    f32 = jit.run(plan, g, x, dy, "backward_weights")
+    before = isa.set_family("amx_bf16", allow_emulated=True, standin=standin)
+    try:
+        assert isa.bf16_kernel() == (microkernel.TILES_STANDIN if standin else microkernel.TILES)
+        f = Features.of(g, "backward_weights", np.dtype(BF16), False)
+        q, groups = tap_gemm.phases(g)
+        positions = g.n * math.prod(q)
+        bl = tap_gemm.blocks(positions, g.ic, g.oc, math.prod(g.kernel), max(o for t in groups.values() for _, o in t))
+        assert bl.kc == 32 and bl.chunks > 2 and bl.shares == (min(2, isa_threads()) if shares > 1 else 1)
+        assert 1 < len(groups) <= math.prod(g.strides) or g.kernel == (1, 1)
+        plan = Plan.of("jit", **jit.complete(f, {}))
+        assert jit.applies(f, plan)
+        f32 = jit.run(plan, g, x, dy, "backward_weights")
+        rounded = jit.run(plan, g, x, dy, "backward_weights", rounded=True)
+    finally:
+        isa.set_family(before)
     np.testing.assert_allclose(f32, want, atol=2e-5 * np.abs(want).max(), rtol=0)
-    rounded = jit.run(plan, g, x, dy, "backward_weights", rounded=True)
     np.testing.assert_array_equal(np.asarray(rounded).view(np.uint16),
                                   casts.from_f32(np.ascontiguousarray(f32), BF16).view(np.uint16))
 
