@@ -226,6 +226,21 @@ def test_one_pool_rule_on_avx512(case, task, dtype, want, family):
         isa.set_family(before)
 
 
+@pytest.mark.parametrize("family, want", [("avx512_bf16", "gemm"), ("amx_bf16", "jit")])
+def test_a_narrow_bf16_data_gradient_runs_on_tiles(family, want):
+    """ResNet-50's conv1 data gradient (3 input channels) in bf16: on AMX tiles the jit drivers
+    (0.74x the frame GEMMs' time in sequence on a Xeon, benchmarks/TUNED-xeon-amx.md), elsewhere
+    the narrow-input rule's GEMMs."""
+    conv1 = _geometry(2, 1, 3, 64, (32, 32), (7, 7), (2, 2), (1, 1), (3, 3), (2, 2))
+    before = isa.set_family(family, allow_emulated=True)
+    try:
+        f = Features.of(conv1, "backward_data", cg.dtypes.bfloat16, False, shared=True)
+        assert default_plan(f).strategy == want
+        assert default_plan(Features.of(conv1, "backward_data", np.float32, False, shared=True)).strategy == "gemm"
+    finally:
+        isa.set_family(before)
+
+
 @pytest.mark.parametrize("family", ["avx512", "avx512_bf16"])
 def test_without_pytorch_f32_ncx_keeps_the_channel_limits(family):
     """Without PyTorch's threads beside ours (``shared`` False), f32 wide layers of NCX data keep

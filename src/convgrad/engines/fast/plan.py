@@ -130,9 +130,10 @@ def jit_selected(f: Features) -> bool:
     if f.task == "backward_weights" and f.taps > 1 and f.out_size[-1] <= TUNING.jit_weights_short_rows.get(f.family, 0):
         return False
     rows = jit.input_rows(f) if f.task == "backward_weights" else f.icg
-    if rows < TUNING.jit_min_input_channels[f.task] or \
-            rows < TUNING.jit_min_input_channels["backward_data"] and \
-            jit.idle(f) > TUNING.jit_narrow_idle[isa.WIDTH[f.family], isa.halved_vectors()]:
+    narrow = rows < TUNING.jit_min_input_channels[f.task] or \
+        rows < TUNING.jit_min_input_channels["backward_data"] and \
+        jit.idle(f) > TUNING.jit_narrow_idle[isa.WIDTH[f.family], isa.halved_vectors()]
+    if narrow and not (jit.on_tiles(f) and f.task == "backward_data"):    # tiles: conv1's dx 0.74x the frame's
         return False
     one_pool = f.shared or f.dtype == "bfloat16" or not f.channels_first
     return one_pool or f.taps > 1 and max(f.icg, f.ocg) <= TUNING.jit_channels[f.task]
