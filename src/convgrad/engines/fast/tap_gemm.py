@@ -17,11 +17,12 @@ hold pairs of consecutive positions per lane: so x (each phase) is transposed on
 of ``kc`` positions (each chunk's rows run ``max(off_t)`` positions past it, the halo every tap
 reads), ``xt[c, i, j] = x[c kc + j, i]``, and tap t's A for chunk c is ``xt[c, :, off_t:off_t +
 kc]``, read in place (a row-major A at any element offset: a pair is two adjacent values,
-whichever their parity); dy is packed into pairs once (:func:`.blis._packed`). Every tap, row
-strip and column panel of a chunk then runs one kernel call of ``kc/2`` pairs
-(:func:`.microkernel.run` on a tile block), the chunk's A and B in L2 across the taps. The
-threads share the chunks (a partial dw per thread, added at the end) where those partial sums
-stay small next to x and dy, else the (tap, panel) blocks of dw, each over every chunk.
+whichever their parity); dy is paired once, a chunk at a time (zeros past the grid: every call
+whole tile steps). Every tap, row strip and column panel of a chunk then runs one kernel call
+of ``kc/2`` pairs (:func:`.microkernel.run` on a tile block), the chunk's A and B in L2 across
+the taps. The threads share the chunks (a partial dw per thread, added at the end; each thread
+transposes and pairs its chunk itself) where those partial sums stay small next to x and dy,
+else the (tap, panel) blocks of dw, each over every chunk (transposed and paired first).
 
 Before this, each tap ran :func:`.blis.gemm` on the tap's shifted view of x, packing x^T and dy's
 pairs again for every tap (docs/engine-measurements.md, Xeon 2026-12-07).
@@ -40,8 +41,8 @@ import numpy as np
 
 from ... import casts
 from ...problem import ConvGeometry
-from . import blis, isa, microkernel, pool, workspace
-from .geometry import padded, spatial, spatial3
+from . import isa, microkernel, pool, workspace
+from .geometry import spatial, spatial3
 from .tuning import TUNING
 
 __all__ = ["phases", "blocks", "workspace_bytes", "conv_workspace_bytes", "run", "gemms"]
@@ -99,14 +100,11 @@ def blocks(positions: int, ic: int, oc: int, taps: int, halo: int) -> _Blocks:
 
 def workspace_bytes(positions: int, ic: int, oc: int, taps: int, halo: int, parts: int = 1) -> int:
     """Extra bytes of :func:`gemms` over ``parts`` grids of ``positions``: x's chunks transposed
-    (with their halos and padded rows) and dy's pairs, per share or all of them (dy placed on
-    the grid first), the f32 sums (per share) and the f32 dw."""
+    (with their halos and padded rows) and dy's pairs, per share or all of them, the f32 sums
+    (per share) and the f32 dw."""
     bl = blocks(positions, ic, oc, taps, halo)
-    nr = 16 * bl.vecs
-    if bl.shares > 1:
-        copies = bl.shares * (bl.icpad * bl.span + -(-oc // nr) * nr * bl.kc)
-    else:
-        copies = parts * bl.chunks * bl.icpad * bl.span + positions * oc + (positions + 1) * bl.ocpad
+    held = bl.shares if bl.shares > 1 else bl.chunks
+    copies = held * bl.ocpad * bl.kc + (bl.shares if bl.shares > 1 else parts * bl.chunks) * bl.icpad * bl.span
     return 2 * copies + 4 * (bl.shares + 1) * taps * bl.icpad * bl.ocpad + (64 << 10)
 
 
@@ -144,13 +142,13 @@ def gemms(x: np.ndarray, ic: int, parts: list[tuple[np.ndarray, list[int]]], dy:
     bl = blocks(positions, ic, oc, taps, max(max(offs) for _, offs in parts))
     nr = 16 * bl.vecs
     panels = -(-oc // nr)
-    if bl.shares > 1:    # each share transposes x's and pairs dy's chunks itself, into its own buffers
-        bp = workspace.empty(bl.shares * panels * bl.kc * nr, U16).reshape(bl.shares, panels, bl.kc // 2, 2 * nr)
-        xt = workspace.empty(bl.shares * bl.icpad * bl.span, U16).reshape(bl.shares, bl.icpad, bl.span)
-    else:                # every chunk at once: x transposed per part (below), dy placed on the grid and paired
-        dyq = dy if dy.shape[1:4] == q else padded(dy, (0, 0, 0), q, U16)
-        bp = blis._packed(dyq.reshape(-1, oc), nr, 2)
     dgrid = np.array((n, *q, *dy.shape[1:4]), np.int64)
+    held = bl.shares if bl.shares > 1 else bl.chunks     # each share's chunk of dy's pairs (made by it), or all
+    bp = workspace.empty(held * panels * bl.kc * nr, U16).reshape(held, panels, bl.kc // 2, 2 * nr)
+    if bl.shares > 1:    # each share transposes x's and pairs dy's chunks itself, into its own buffers
+        xt = workspace.empty(bl.shares * bl.icpad * bl.span, U16).reshape(bl.shares, bl.icpad, bl.span)
+    else:                # every chunk at once: dy's pairs here, x transposed per part (below)
+        _paired_chunks(dy.reshape(-1), oc, dgrid, bl.kc, bp.reshape(bl.chunks, -1), nr)
     grids = np.stack([grid for grid, _ in parts])
     offsets = np.array([off for _, offs in parts for off in offs], np.int64)
     part_of = np.array([i for i, (_, offs) in enumerate(parts) for _ in offs], np.int64)
@@ -159,15 +157,23 @@ def gemms(x: np.ndarray, ic: int, parts: list[tuple[np.ndarray, list[int]]], dy:
             len(parts), bl.chunks, bl.icpad, bl.span)
         for i, grid in enumerate(grids):
             _transposed_chunks(x, ic, grid, bl.kc, xt[i])
-    sums = np.zeros((bl.shares, taps, bl.icpad, bl.ocpad), np.float32)
+    sums = workspace.empty(bl.shares * taps * bl.icpad * bl.ocpad, np.float32).reshape(
+        bl.shares, taps, bl.icpad, bl.ocpad)                  # each item's first chunk writes its sums
     _driver(bl.rows, bl.vecs, isa.bf16_kernel())(
         bl.shares if bl.shares > 1 else taps * panels, x, ic, grids, xt.reshape(-1), bl.icpad, bl.span, offsets,
-        part_of, dy.reshape(-1), oc, dgrid, bp.reshape(-1), -(-positions // 2), sums, bl.kc, bl.chunks, bl.shares,
-        panels)
+        part_of, dy.reshape(-1), oc, dgrid, bp.reshape(-1), sums, bl.kc, bl.chunks, bl.shares, panels)
     dw = (np.add.reduce(sums, axis=0) if bl.shares > 1 else sums[0])[:, :ic, :oc]
     if rounded:
         return casts.from_f32(np.ascontiguousarray(dw), casts.BFLOAT16).view(U16)
-    return np.ascontiguousarray(dw)
+    return dw.copy() if bl.shares == 1 else np.ascontiguousarray(dw)      # not a view of the workspace
+
+
+@microkernel.cached_njit(parallel=True)
+def _paired_chunks(dy, oc, dgrid, kc, out, nr):  # pragma: no cover - compiled
+    """:func:`_pair_chunk` of every chunk c into ``out[c]``, chunks in parallel."""
+    panels = out.shape[1] // (kc * nr)
+    for c in numba.prange(out.shape[0]):
+        _pair_chunk(dy, oc, dgrid, kc, c, out[c], 0, panels, nr)
 
 
 @numba.njit(inline="always")
@@ -276,13 +282,14 @@ def _transpose_chunk(src, ic, grid, kc, c, out, base, icpad, span, b0, b1):  # p
 def _driver(rows: int, vecs: int, native: int) -> Callable:
     """The kernel calls of :func:`run` for one tile block, run per item in the pool (item: a
     share of the chunks, or one (tap, panel) block of dw over every chunk)."""
-    def body(item, x, ic, grids, xt, icpad, lda, taps, part_of, dy, oc, dgrid, bp, kd, sums, kc, chunks, shares,
+    def body(item, x, ic, grids, xt, icpad, lda, taps, part_of, dy, oc, dgrid, bp, sums, kc, chunks, shares,
              panels):  # pragma: no cover - compiled
-        """``sums[share, t, i, o] += sum_f A_t[c, i, off_t + j] B[f][o]`` over the item's chunks c
-        (f = c kc + j), taps t and panels, A_t x transposed on its part's grid (``grids[part_of[t]]``,
-        rows ``lda`` apart); ``sums`` zeroed; B as (panels, ``kd`` pairs, ``nr`` lanes, 2). Items
-        of (tap, panel) over every chunk: ``xt`` (parts, chunks, icpad, lda) and ``bp`` hold every
-        chunk, made before. Shares of the chunks: ``xt`` (shares, icpad, lda) and ``bp`` (shares,
+        """``sums[share, t, i, o] = sum_f A_t[c, i, off_t + j] B[f][o]`` over the item's chunks c
+        (f = c kc + j; the first chunk's call writes, the others add), taps t and panels, A_t x
+        transposed on its part's grid (``grids[part_of[t]]``, rows ``lda`` apart); B per chunk as (panels, kc/2 pairs, ``nr`` lanes,
+        2), zeros past the grid (whole tile steps, no vector tail). Items of (tap, panel) over
+        every chunk: ``xt`` (parts, chunks, icpad, lda) and ``bp`` (chunks, ...) hold every chunk,
+        made before. Shares of the chunks: ``xt`` (shares, icpad, lda) and ``bp`` (shares,
         ...), each share pairing dy's chunk and transposing x's for each part there just before
         their kernels (:func:`_pair_chunk`, :func:`_transpose_chunk`: in its L2)."""
         nr = vecs * 16
@@ -291,7 +298,7 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
         total = taps.shape[0]
         flat = sums.reshape(-1)
         half = kc // 2
-        panel_stride = (kd if shares == 1 else half) * nr * 2
+        panel_stride = half * nr * 2
         chunk_stride = icpad * lda
         if shares > 1:
             share, c0, c1, t0, t1, p0, p1 = item, chunks * item // shares, chunks * (item + 1) // shares, 0, total, 0, panels
@@ -300,8 +307,7 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
             t0, p0 = item // panels, item % panels
             t1, p1 = t0 + 1, p0 + 1
         for c in range(c0, c1):
-            pairs = min(half, kd - c * half)
-            bat = c * half * nr * 2
+            bat = c * panels * panel_stride
             if shares > 1:
                 bat = share * panels * panel_stride
                 _pair_chunk(dy, oc, dgrid, kc, c, bp, bat, panels, nr)
@@ -317,5 +323,5 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
                     for p in range(p0, p1):
                         microkernel.run(16, rows, vecs, native, flat, ((share * total + t) * icpad + s * rows) * ldc
                                         + p * nr, ldc, xt, at + s * rows * lda + taps[t], lda, 2, bp,
-                                        bat + p * panel_stride, nr * 2, zero, zero, 1, pairs, 1)
+                                        bat + p * panel_stride, nr * 2, zero, zero, 1, half, int(c > c0))
     return microkernel.parallel_items(body)
