@@ -40,6 +40,7 @@ import numba
 import numpy as np
 
 from ... import casts
+from ...casts import narrowed
 from ...problem import ConvGeometry
 from . import isa, microkernel, pool, workspace
 from .geometry import spatial, spatial3
@@ -100,12 +101,13 @@ def blocks(positions: int, ic: int, oc: int, taps: int, halo: int) -> _Blocks:
 
 def workspace_bytes(positions: int, ic: int, oc: int, taps: int, halo: int, parts: int = 1) -> int:
     """Extra bytes of :func:`gemms` over ``parts`` grids of ``positions``: x's chunks transposed
-    (with their halos and padded rows) and dy's pairs, per share or all of them, the f32 sums
-    (per share) and the f32 dw."""
+    (with their halos and padded rows) and dy's pairs, per share or all of them; with shares,
+    the f32 sums per share and their total (the blocks of dw's items: one block per thread)."""
     bl = blocks(positions, ic, oc, taps, halo)
     held = bl.shares if bl.shares > 1 else bl.chunks
     copies = held * bl.ocpad * bl.kc + (bl.shares if bl.shares > 1 else parts * bl.chunks) * bl.icpad * bl.span
-    return 2 * copies + 4 * (bl.shares + 1) * taps * bl.icpad * bl.ocpad + (64 << 10)
+    sums = (bl.shares + 1) * taps * bl.icpad * bl.ocpad if bl.shares > 1 else pool.threads() * bl.icpad * 16 * bl.vecs
+    return 2 * copies + 4 * sums + (64 << 10)
 
 
 def conv_workspace_bytes(g: ConvGeometry) -> int:
@@ -125,18 +127,18 @@ def run(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, rounded: bool) -> np.nda
     x3 = np.ascontiguousarray(spatial3(x.view(U16)))
     parts = [(np.array((g.n, *q, *s, *a, *pads, *size), np.int64), [off for _, off in taps])
              for a, taps in groups.items()]
-    order = np.argsort([t for taps in groups.values() for t, _ in taps])
-    dw = gemms(x3.reshape(-1), g.ic, parts, np.ascontiguousarray(spatial3(dy.view(U16))), q, rounded)[order]
+    slots = [t for taps in groups.values() for t, _ in taps]
+    dw = gemms(x3.reshape(-1), g.ic, parts, np.ascontiguousarray(spatial3(dy.view(U16))), q, rounded, slots)
     return dw.view(x.dtype).reshape(g.w_shape) if rounded else dw.reshape(g.w_shape)
 
 
 def gemms(x: np.ndarray, ic: int, parts: list[tuple[np.ndarray, list[int]]], dy: np.ndarray,
-          q: tuple[int, int, int], rounded: bool) -> np.ndarray:
+          q: tuple[int, int, int], rounded: bool, slots: list[int]) -> np.ndarray:
     """``a[off:off + F]^T @ d`` for each (grid, offsets) of ``parts`` and each of its offsets,
     ``a`` the (F, IC) positions of x (flat canonical bf16 bits, ``ic`` channels) that ``grid``
     maps (:func:`_transpose_chunk`; rows past F zeros), ``d`` dy (canonical (N, O0, O1, O2, OC)
-    bf16 bits) at the origin of the N x ``q`` grid of F positions, zeros elsewhere: as (offsets,
-    IC, OC) f32 in the order given, or bf16 bits rounded once with ``rounded``."""
+    bf16 bits) at the origin of the N x ``q`` grid of F positions, zeros elsewhere: as (taps,
+    IC, OC) f32, or bf16 bits rounded once with ``rounded``, the i-th offset given at ``slots[i]``."""
     n, oc = dy.shape[0], dy.shape[-1]
     positions, taps = n * math.prod(q), sum(len(offs) for _, offs in parts)
     bl = blocks(positions, ic, oc, taps, max(max(offs) for _, offs in parts))
@@ -157,15 +159,21 @@ def gemms(x: np.ndarray, ic: int, parts: list[tuple[np.ndarray, list[int]]], dy:
             len(parts), bl.chunks, bl.icpad, bl.span)
         for i, grid in enumerate(grids):
             _transposed_chunks(x, ic, grid, bl.kc, xt[i])
-    sums = workspace.empty(bl.shares * taps * bl.icpad * bl.ocpad, np.float32).reshape(
-        bl.shares, taps, bl.icpad, bl.ocpad)                  # each item's first chunk writes its sums
+    shape = (bl.shares, taps, bl.icpad, bl.ocpad) if bl.shares > 1 else (0, 0, 0, 0)
+    sums = workspace.empty(math.prod(shape), np.float32).reshape(shape)   # each share's first chunk writes them
+    out = workspace.result((taps, ic, oc) if bl.shares == 1 else (0, 0, 0), U16 if rounded else np.float32)
+    kind = casts.bits_kind(casts.BFLOAT16) if rounded else casts.F32_VALUES
     _driver(bl.rows, bl.vecs, isa.bf16_kernel())(
         bl.shares if bl.shares > 1 else taps * panels, x, ic, grids, xt.reshape(-1), bl.icpad, bl.span, offsets,
-        part_of, dy.reshape(-1), oc, dgrid, bp.reshape(-1), sums, bl.kc, bl.chunks, bl.shares, panels)
-    dw = (np.add.reduce(sums, axis=0) if bl.shares > 1 else sums[0])[:, :ic, :oc]
-    if rounded:
-        return casts.from_f32(np.ascontiguousarray(dw), casts.BFLOAT16).view(U16)
-    return dw.copy() if bl.shares == 1 else np.ascontiguousarray(dw)      # not a view of the workspace
+        part_of, dy.reshape(-1), oc, dgrid, bp.reshape(-1), sums, bl.kc, bl.chunks, bl.shares, panels,
+        np.array(slots, np.int64), out.view(np.float32) if not rounded else np.empty((0, 0, 0), np.float32),
+        out if rounded else np.empty((0, 0, 0), U16), kind)
+    if bl.shares == 1:        # the items wrote dw, rounded, in place
+        return out
+    dw = np.empty((taps, ic, oc), U16 if rounded else np.float32)
+    sum_of = np.add.reduce(sums, axis=0)[:, :ic, :oc]
+    dw[slots] = casts.from_f32(np.ascontiguousarray(sum_of), casts.BFLOAT16).view(U16) if rounded else sum_of
+    return dw
 
 
 @microkernel.cached_njit(parallel=True)
@@ -283,20 +291,24 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
     """The kernel calls of :func:`run` for one tile block, run per item in the pool (item: a
     share of the chunks, or one (tap, panel) block of dw over every chunk)."""
     def body(item, x, ic, grids, xt, icpad, lda, taps, part_of, dy, oc, dgrid, bp, sums, kc, chunks, shares,
-             panels):  # pragma: no cover - compiled
+             panels, slots, out, out16, kind):  # pragma: no cover - compiled
         """``sums[share, t, i, o] = sum_f A_t[c, i, off_t + j] B[f][o]`` over the item's chunks c
         (f = c kc + j; the first chunk's call writes, the others add), taps t and panels, A_t x
         transposed on its part's grid (``grids[part_of[t]]``, rows ``lda`` apart); B per chunk as (panels, kc/2 pairs, ``nr`` lanes,
         2), zeros past the grid (whole tile steps, no vector tail). Items of (tap, panel) over
         every chunk: ``xt`` (parts, chunks, icpad, lda) and ``bp`` (chunks, ...) hold every chunk,
-        made before. Shares of the chunks: ``xt`` (shares, icpad, lda) and ``bp`` (shares,
-        ...), each share pairing dy's chunk and transposing x's for each part there just before
-        their kernels (:func:`_pair_chunk`, :func:`_transpose_chunk`: in its L2)."""
+        made before; each item's sums in a block of its own, written at its end into dw
+        (``out`` f32 or ``out16`` bf16 bits of ``kind``, tap t at ``slots[t]``). Shares of the
+        chunks: ``xt`` (shares, icpad, lda) and ``bp`` (shares, ...), each share pairing dy's
+        chunk and transposing x's for each part there just before their kernels
+        (:func:`_pair_chunk`, :func:`_transpose_chunk`: in its L2), into ``sums``."""
         nr = vecs * 16
         zero = np.zeros(1, np.int64)
-        strips, ldc = icpad // rows, sums.shape[3]
+        strips = icpad // rows
         total = taps.shape[0]
-        flat = sums.reshape(-1)
+        own = shares == 1                       # the item's (tap, panel) block: sums of its own
+        flat = np.empty(icpad * nr, np.float32) if own else sums.reshape(-1)
+        ldc = nr if own else sums.shape[3]
         half = kc // 2
         panel_stride = half * nr * 2
         chunk_stride = icpad * lda
@@ -321,7 +333,19 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
                         _transpose_chunk(x, ic, grids[part], kc, c, xt, at, icpad, lda, 0, icpad // 16)
                 for s in range(strips):
                     for p in range(p0, p1):
-                        microkernel.run(16, rows, vecs, native, flat, ((share * total + t) * icpad + s * rows) * ldc
-                                        + p * nr, ldc, xt, at + s * rows * lda + taps[t], lda, 2, bp,
-                                        bat + p * panel_stride, nr * 2, zero, zero, 1, half, int(c > c0))
+                        coff = s * rows * ldc if own else ((share * total + t) * icpad + s * rows) * ldc + p * nr
+                        microkernel.run(16, rows, vecs, native, flat, coff, ldc, xt, at + s * rows * lda + taps[t],
+                                        lda, 2, bp, bat + p * panel_stride, nr * 2, zero, zero, 1, half, int(c > c0))
+        if own:                                  # the block into dw, rounded once for bf16
+            lanes = min(nr, oc - p0 * nr)
+            for i in range(ic):
+                row = flat[i * nr:i * nr + lanes]
+                if out16.shape[0] > 0:
+                    o16 = out16[slots[t0], i, p0 * nr:p0 * nr + lanes]
+                    for j in range(lanes):
+                        o16[j] = narrowed(row[j], kind)
+                else:
+                    o = out[slots[t0], i, p0 * nr:p0 * nr + lanes]
+                    for j in range(lanes):
+                        o[j] = row[j]
     return microkernel.parallel_items(body)
