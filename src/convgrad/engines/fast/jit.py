@@ -602,6 +602,15 @@ def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
                         a1, a2 = a1 + 1, 0
                 if a2 < valid:
                     at = base + a1 * out_steps[2] + a2 * out_steps[3]
+                    if bits and lanes == vw and vw % 32 == 0:    # whole vectors (no slices: they cost
+                        for u in range(0, vw, 32):                    # as much as the kernel here)
+                            microkernel.copy32(16, c16, r * vw + u, out16, at + u)
+                        continue
+                    if not rounding and lanes == vw and vw % 8 == 0:
+                        unit = 16 if vw % 16 == 0 else 8
+                        for u in range(0, vw, unit):
+                            microkernel.copy_units(unit, c, r * vw + u, out, at + u)
+                        continue
                     cr, cr16 = c[r * vw:r * vw + lanes], c16[r * vw:r * vw + lanes]
                     if bits:                      # row slices: the copies vectorise
                         o16 = out16[at:at + lanes]
