@@ -343,7 +343,7 @@ def test_tap_gemm_on_every_stride_and_split(g, shares, standin, monkeypatch, rng
         q, groups = tap_gemm.phases(g)
         positions = g.n * math.prod(q)
         bl = tap_gemm.blocks(positions, g.ic, g.oc, math.prod(g.kernel), max(o for t in groups.values() for _, o in t))
-        assert bl.kc == 32 and bl.chunks > 2 and bl.shares == (min(2, isa_threads()) if shares > 1 else 1)
+        assert bl.kc == 32 and bl.chunks > 2 and bl.shares == (min(2, _threads()) if shares > 1 else 1)
         assert 1 < len(groups) <= math.prod(g.strides) or g.kernel == (1, 1)
         plan = Plan.of("jit", **jit.complete(f, {}))
         assert jit.applies(f, plan)
@@ -356,7 +356,7 @@ def test_tap_gemm_on_every_stride_and_split(g, shares, standin, monkeypatch, rng
                                   casts.from_f32(np.ascontiguousarray(f32), BF16).view(np.uint16))
 
 
-def isa_threads() -> int:
+def _threads() -> int:
     from convgrad.engines.fast import pool
     return pool.threads()
 

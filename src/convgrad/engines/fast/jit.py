@@ -359,8 +359,7 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
         k, n = {"forward": (g.ic, g.oc), "backward_data": (g.oc, g.ic), "backward_weights": (m, g.oc)}[task]
         rows_ = g.ic if task == "backward_weights" else m
         dy_copy = m * g.oc if task == "backward_weights" and f.channels_first else 0
-        tap = tap_gemm.workspace_bytes(m, g.ic, g.oc, 1, 0) + 2 * m * g.ic \
-            if task == "backward_weights" and f.family == "amx_bf16" and f.dtype == "bfloat16" else 0
+        tap = tap_gemm.workspace_bytes(m, g.ic, g.oc, 1, 0) + 2 * m * g.ic if taps_on_tiles(f) else 0
         return max(tap, blis.workspace_bytes(rows_, k, n, 4)) + 4 * (m * g.ic + math.prod(g.x_shape) + dy_copy
                                                                      + math.prod(f.result_shape)) + (64 << 10)
     if task == "backward_weights" and plan.param("split") == "taps":    # padded x and dy, their tiles, dw in f32

@@ -94,7 +94,8 @@ def blocks(positions: int, ic: int, oc: int, taps: int, halo: int) -> _Blocks:
         shares = 1
     else:        # as many chunks to each share
         chunks = -(-chunks // shares) * shares
-        kc = -(-(-(-positions // chunks)) // 32) * 32
+        per = -(-positions // chunks)
+        kc = -(-per // 32) * 32
         chunks = -(-positions // kc)
     return _Blocks(rows, vecs, kc, shares, icpad, ocpad, chunks, -(-(kc + halo) // 32) * 32)
 
@@ -145,18 +146,15 @@ def gemms(x: np.ndarray, ic: int, parts: list[tuple[np.ndarray, list[int]]], dy:
     nr = 16 * bl.vecs
     panels = -(-oc // nr)
     dgrid = np.array((n, *q, *dy.shape[1:4]), np.int64)
-    held = bl.shares if bl.shares > 1 else bl.chunks     # each share's chunk of dy's pairs (made by it), or all
-    bp = workspace.empty(held * panels * bl.kc * nr, U16).reshape(held, panels, bl.kc // 2, 2 * nr)
-    if bl.shares > 1:    # each share transposes x's and pairs dy's chunks itself, into its own buffers
-        xt = workspace.empty(bl.shares * bl.icpad * bl.span, U16).reshape(bl.shares, bl.icpad, bl.span)
-    else:                # every chunk at once: dy's pairs here, x transposed per part (below)
-        _paired_chunks(dy.reshape(-1), oc, dgrid, bl.kc, bp.reshape(bl.chunks, -1), nr)
     grids = np.stack([grid for grid, _ in parts])
     offsets = np.array([off for _, offs in parts for off in offs], np.int64)
     part_of = np.array([i for i, (_, offs) in enumerate(parts) for _ in offs], np.int64)
-    if bl.shares == 1:
-        xt = workspace.empty(len(parts) * bl.chunks * bl.icpad * bl.span, U16).reshape(
-            len(parts), bl.chunks, bl.icpad, bl.span)
+    held = bl.shares if bl.shares > 1 else bl.chunks   # shares make their chunk's copies themselves
+    bp = workspace.empty(held * panels * bl.kc * nr, U16).reshape(held, panels, bl.kc // 2, 2 * nr)
+    xt = workspace.empty(held * (1 if bl.shares > 1 else len(parts)) * bl.icpad * bl.span, U16).reshape(
+        -1, held, bl.icpad, bl.span)
+    if bl.shares == 1:                                 # every chunk, before the kernels
+        _paired_chunks(dy.reshape(-1), oc, dgrid, bl.kc, bp.reshape(bl.chunks, -1), nr)
         for i, grid in enumerate(grids):
             _transposed_chunks(x, ic, grid, bl.kc, xt[i])
     shape = (bl.shares, taps, bl.icpad, bl.ocpad) if bl.shares > 1 else (0, 0, 0, 0)
@@ -176,6 +174,27 @@ def gemms(x: np.ndarray, ic: int, parts: list[tuple[np.ndarray, list[int]]], dy:
     return dw
 
 
+@numba.njit(inline="always")
+def _grid_at(r, q0, q1, q2):  # pragma: no cover - compiled
+    """Position ``r`` of an N x Q grid (flattened) as (n, e0, e1, e2)."""
+    e2, r = r % q2, r // q2
+    e1, r = r % q1, r // q1
+    return r // q0, r % q0, e1, e2
+
+
+@numba.njit(inline="always")
+def _grid_next(n, e0, e1, e2, q0, q1, q2):  # pragma: no cover - compiled
+    """The grid position after (n, e0, e1, e2)."""
+    e2 += 1
+    if e2 == q2:
+        e2, e1 = 0, e1 + 1
+        if e1 == q1:
+            e1, e0 = 0, e0 + 1
+            if e0 == q0:
+                e0, n = 0, n + 1
+    return n, e0, e1, e2
+
+
 @microkernel.cached_njit(parallel=True)
 def _paired_chunks(dy, oc, dgrid, kc, out, nr):  # pragma: no cover - compiled
     """:func:`_pair_chunk` of every chunk c into ``out[c]``, chunks in parallel."""
@@ -190,23 +209,14 @@ def _pair_chunk(dy, oc, dgrid, kc, c, out, base, panels, nr):  # pragma: no cove
     ``out[base]``: ``dgrid`` = (N, Q0, Q1, Q2, O0, O1, O2), position (n, e) on the N x Q grid is
     dy's (n, e) where e < O (zero elsewhere, past the grid and past ``oc``); 16 lanes of two
     rows at a time (:func:`.microkernel.pairs32`)."""
-    r = c * kc
-    e2, r = r % dgrid[3], r // dgrid[3]
-    e1, r = r % dgrid[2], r // dgrid[2]
-    e0, n = r % dgrid[1], r // dgrid[1]
+    n, e0, e1, e2 = _grid_at(c * kc, dgrid[1], dgrid[2], dgrid[3])
     half = kc // 2
     rows = np.empty(2, np.int64)
     for i in range(half):
         for h in range(2):
             inside = n < dgrid[0] and e0 < dgrid[4] and e1 < dgrid[5] and e2 < dgrid[6]
             rows[h] = ((n * dgrid[4] + e0) * dgrid[5] + e1) * dgrid[6] + e2 if inside else -1
-            e2 += 1
-            if e2 == dgrid[3]:
-                e2, e1 = 0, e1 + 1
-                if e1 == dgrid[2]:
-                    e1, e0 = 0, e0 + 1
-                    if e0 == dgrid[1]:
-                        e0, n = 0, n + 1
+            n, e0, e1, e2 = _grid_next(n, e0, e1, e2, dgrid[1], dgrid[2], dgrid[3])
         ra, rb = rows[0], rows[1]
         for p in range(panels):
             dst = base + (p * half + i) * 2 * nr
@@ -245,26 +255,16 @@ def _transpose_chunk(src, ic, grid, kc, c, out, base, icpad, span, b0, b1):  # p
     their rows found once for all blocks: each pair of positions joined into 32-bit units
     (:func:`.microkernel.pairs32`), the 16 x 16 units transposed in registers
     (:func:`.microkernel.transpose32`); pairs at padding, and the edges, one value at a time."""
-    n_all, q0, q1, q2 = grid[0], grid[1], grid[2], grid[3]
     units = np.empty(512, np.uint16)
     at = np.empty(32, np.int64)
     for j0 in range(0, span, 32):
-        r = c * kc + j0
-        e2, r = r % q2, r // q2
-        e1, r = r % q1, r // q1
-        e0, n = r % q0, r // q0
+        n, e0, e1, e2 = _grid_at(c * kc + j0, grid[1], grid[2], grid[3])
         for j in range(32):       # each position's x row, or -1
             p0, p1, p2 = (grid[4] * e0 + grid[7] - grid[10], grid[5] * e1 + grid[8] - grid[11],
                           grid[6] * e2 + grid[9] - grid[12])
-            inside = n < n_all and 0 <= p0 < grid[13] and 0 <= p1 < grid[14] and 0 <= p2 < grid[15]
+            inside = n < grid[0] and 0 <= p0 < grid[13] and 0 <= p1 < grid[14] and 0 <= p2 < grid[15]
             at[j] = ((n * grid[13] + p0) * grid[14] + p1) * grid[15] + p2 if inside else -1
-            e2 += 1
-            if e2 == q2:
-                e2, e1 = 0, e1 + 1
-                if e1 == q1:
-                    e1, e0 = 0, e0 + 1
-                    if e0 == q0:
-                        e0, n = 0, n + 1
+            n, e0, e1, e2 = _grid_next(n, e0, e1, e2, grid[1], grid[2], grid[3])
         for b in range(b0, b1):
             i0 = b * 16
             row = base + i0 * span
@@ -294,10 +294,10 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
              panels, slots, out, out16, kind):  # pragma: no cover - compiled
         """``sums[share, t, i, o] = sum_f A_t[c, i, off_t + j] B[f][o]`` over the item's chunks c
         (f = c kc + j; the first chunk's call writes, the others add), taps t and panels, A_t x
-        transposed on its part's grid (``grids[part_of[t]]``, rows ``lda`` apart); B per chunk as (panels, kc/2 pairs, ``nr`` lanes,
-        2), zeros past the grid (whole tile steps, no vector tail). Items of (tap, panel) over
-        every chunk: ``xt`` (parts, chunks, icpad, lda) and ``bp`` (chunks, ...) hold every chunk,
-        made before; each item's sums in a block of its own, written at its end into dw
+        transposed on its part's grid (``grids[part_of[t]]``, rows ``lda`` apart); B per chunk as
+        (panels, kc/2 pairs, ``nr`` lanes, 2), zeros past the grid (whole tile steps, no vector
+        tail). Items of (tap, panel) over every chunk: ``xt`` (parts, chunks, icpad, lda) and
+        ``bp`` (chunks, ...) hold every chunk, made before; each item's sums in a block of its own, written at its end into dw
         (``out`` f32 or ``out16`` bf16 bits of ``kind``, tap t at ``slots[t]``). Shares of the
         chunks: ``xt`` (shares, icpad, lda) and ``bp`` (shares, ...), each share pairing dy's
         chunk and transposing x's for each part there just before their kernels
@@ -313,7 +313,8 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
         panel_stride = half * nr * 2
         chunk_stride = icpad * lda
         if shares > 1:
-            share, c0, c1, t0, t1, p0, p1 = item, chunks * item // shares, chunks * (item + 1) // shares, 0, total, 0, panels
+            share, c0, c1 = item, chunks * item // shares, chunks * (item + 1) // shares
+            t0, t1, p0, p1 = 0, total, 0, panels
         else:
             share, c0, c1 = 0, 0, chunks
             t0, p0 = item // panels, item % panels

@@ -82,8 +82,9 @@ class _Tiles:
         wide = ir.VectorType(self.i64, 8)
         same = b.icmp_unsigned("==", b.load(b.bitcast(current, wide.as_pointer()), align=64),
                                b.load(b.bitcast(config, wide.as_pointer()), align=64))
-        all_same = b.call(cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.IntType(1), [ir.VectorType(ir.IntType(1), 8)]),
-                                                         "llvm.vector.reduce.and.v8i1"), [same])
+        reduce_and = cgutils.get_or_insert_function(
+            b.module, ir.FunctionType(ir.IntType(1), [ir.VectorType(ir.IntType(1), 8)]), "llvm.vector.reduce.and.v8i1")
+        all_same = b.call(reduce_and, [same])
         with b.if_then(b.not_(all_same)):
             b.call(self._cfg, [ours])
 
