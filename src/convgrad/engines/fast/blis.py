@@ -10,6 +10,11 @@ with the kernel's roles: ``A`` broadcast (``mr`` rows), ``B`` loaded as vectors 
             for jr over the share's panels: for ir over the mr-panels:
                 C[ir, jr] += A[ir] . Bp[pc, jr]                     (the kernel, kc deep)
 
+Where K is one kc step the two inner loops swap (ir outer): each mr-panel's tiles are written
+across the share's panels in turn, so C is written row by row as it streams out to memory (the
+BLIS order wrote it a column panel at a time, each row's line apart from its neighbour's: a
+bf16 1x1 forward of 50176 x 64 x 256 on AMX 2.33 -> 1.47 ms, docs/engine-measurements.md).
+
 ``kc``: a B micro-panel (``kc x nr``) fills ``TUNING.gemm_panel_l1[width, halved]`` L1 data caches (it streams
 from L2: longer kernel calls cost fewer C tile loads and restart fewer A streams; a deep
 reduction's, ``TUNING.gemm_deep_panel_l1``, leaves room for its packed A's lines); ``mc``: an A
@@ -311,40 +316,42 @@ def _driver(width: int, rows: int, vecs: int, native: int) -> Callable:
             pf_k = (s0 + steps) * depth                        # the next step's rows of a transposed A,
             pf_n = min(steps * depth, k_hi * depth - pf_k, k - pf_k) if pack_a and lda == 1 else 0
             calls, call = (last - first) * row_panels, 0       # prefetched while the kernels run
-            for jp in range(first, last):
+            n_cols = last - first
+            for idx in range(n_cols * row_panels):        # one K step: row panels outer (module docstring)
+                jp, rp = (first + idx % n_cols, idx // n_cols) if one_step else \
+                    (first + idx // row_panels, idx % row_panels)
                 boff = (jp - first) * steps * bstep if pack_b else jp * poff + s0 * bstep
-                for rp in range(row_panels):
-                    row0 = m0 + rp * rows
-                    if pf_n > 0:
-                        for kk in range(pf_k + call * pf_n // calls, pf_k + (call + 1) * pf_n // calls):
-                            for e in range(0, block, line):
-                                microkernel.prefetch(a, kk * astep + m0 + e)
-                        call += 1
-                    if copy_a:                                # A: the thread's copied rows
-                        src, aoff, alda, astp = (apack[numba.get_thread_id()].view(a.dtype), rp * rows * copy_lda,
-                                                 copy_lda, depth)
-                    elif pack_a and on_tiles:                 # A: the thread's packed block, row-major
-                        src, aoff, alda, astp = (apack[numba.get_thread_id()].view(a.dtype), rp * rows * ks * depth,
-                                                 ks * depth, depth)
-                    elif pack_a:                              # A: the thread's packed block
-                        src, aoff, alda, astp = (apack[numba.get_thread_id()].view(a.dtype), rp * rows * depth,
-                                                 depth, mp * depth)
-                    elif rp == tail and on_tiles:             # A: the packed tail panel, row-major
-                        src, aoff, alda, astp = ap, 0, ks * depth, depth
-                    elif rp == tail:                          # A: the packed tail panel
-                        src, aoff, alda, astp = ap, 0, depth, rows * depth
-                    else:                                     # A where it lies
-                        src, aoff, alda, astp = a, row0 * lda + s0 * depth * astep, lda, astep * depth
-                    if rounding and one_step and row0 + rows <= out.shape[0] and (jp + 1) * nr <= out.shape[1]:
-                        microkernel.run(width, rows, vecs, native, out, row0 * out.shape[1] + jp * nr,
-                                        out.shape[1], src, aoff, alda, astp, bsrc, boff, bstep, zero, zero, 1, ks,
-                                        0)                    # a whole tile, rounded in registers
-                        continue
-                    coff = 0 if rounding and one_step else t0 + (row0 - t_row) * ldc + jp * nr - t_col
-                    microkernel.run(width, rows, vecs, native, tiles, coff, ldc, src, aoff, alda, astp, bsrc, boff,
-                                    bstep, zero, zero, 1, ks, s0 - k_lo)
-                    if rounding and one_step:
-                        _round_into(out, tiles, row0, jp * nr, rows, nr)
+                row0 = m0 + rp * rows
+                if pf_n > 0:
+                    for kk in range(pf_k + call * pf_n // calls, pf_k + (call + 1) * pf_n // calls):
+                        for e in range(0, block, line):
+                            microkernel.prefetch(a, kk * astep + m0 + e)
+                    call += 1
+                if copy_a:                                # A: the thread's copied rows
+                    src, aoff, alda, astp = (apack[numba.get_thread_id()].view(a.dtype), rp * rows * copy_lda,
+                                             copy_lda, depth)
+                elif pack_a and on_tiles:                 # A: the thread's packed block, row-major
+                    src, aoff, alda, astp = (apack[numba.get_thread_id()].view(a.dtype), rp * rows * ks * depth,
+                                             ks * depth, depth)
+                elif pack_a:                              # A: the thread's packed block
+                    src, aoff, alda, astp = (apack[numba.get_thread_id()].view(a.dtype), rp * rows * depth,
+                                             depth, mp * depth)
+                elif rp == tail and on_tiles:             # A: the packed tail panel, row-major
+                    src, aoff, alda, astp = ap, 0, ks * depth, depth
+                elif rp == tail:                          # A: the packed tail panel
+                    src, aoff, alda, astp = ap, 0, depth, rows * depth
+                else:                                     # A where it lies
+                    src, aoff, alda, astp = a, row0 * lda + s0 * depth * astep, lda, astep * depth
+                if rounding and one_step and row0 + rows <= out.shape[0] and (jp + 1) * nr <= out.shape[1]:
+                    microkernel.run(width, rows, vecs, native, out, row0 * out.shape[1] + jp * nr,
+                                    out.shape[1], src, aoff, alda, astp, bsrc, boff, bstep, zero, zero, 1, ks,
+                                    0)                    # a whole tile, rounded in registers
+                    continue
+                coff = 0 if rounding and one_step else t0 + (row0 - t_row) * ldc + jp * nr - t_col
+                microkernel.run(width, rows, vecs, native, tiles, coff, ldc, src, aoff, alda, astp, bsrc, boff,
+                                bstep, zero, zero, 1, ks, s0 - k_lo)
+                if rounding and one_step:
+                    _round_into(out, tiles, row0, jp * nr, rows, nr)
         if rounding and not one_step:
             _round_into(out, tiles, m0, first * nr, block, (last - first) * nr)
     return microkernel.parallel_items(run)
