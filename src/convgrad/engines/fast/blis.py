@@ -164,7 +164,7 @@ def _blocks_for(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | 
     l1, l2, _ = isa.cache_sizes()
     nr = vecs * width
     reduction = deep(m, k, n)
-    share = TUNING.gemm_deep_panel_l1[width] if reduction else TUNING.gemm_panel_l1[width, isa.halved_vectors()]
+    share = TUNING.gemm_deep_panel_l1[isa.family()] if reduction else TUNING.gemm_panel_l1[width, isa.halved_vectors()]
     on_tiles = itemsize == 2 and isa.bf16_kernel() >= microkernel.TILES_STANDIN and (rows, vecs) in tiles.TILE_BLOCKS
     unit = 2 * tiles.PAIRS if on_tiles else 16      # tiles: whole tile steps
     kc = max(unit, min(-(-k // 2) * 2, int(share * l1) // (nr * itemsize) // unit * unit))
@@ -579,7 +579,7 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     flat, lda, astep = _flat(a)
     # bf16 pairs not adjacent, or an f32 deep reduction's A far apart along K (x^T of many channels): packed per block
     pack_a = not (astep == 1 and k % 2 == 0) if bf16 else \
-        astep >= TUNING.gemm_pack_stride[bl.width] and lda == 1
+        astep >= TUNING.gemm_pack_stride[isa.family()] and lda == 1
     copy_lda = _copy_lda(bl, lda, a.dtype.itemsize, panels) if not pack_a and astep == 1 else 0
     per_thread = -(-bl.mc * copy_lda * a.dtype.itemsize // 4) if copy_lda else (bl.kc // depth) * bl.mc
     apack = workspace.empty(pool.threads() * per_thread if pack_a or copy_lda else 0, np.uint32)

@@ -232,8 +232,11 @@ class Tuning:
     #: (x^T or dy^T) is packed per K step with one cache line of a block's rows per step: kc
     #: such lines and the B micro-panel share the L1 (docs/engine-measurements.md, "Zen 3,
     #: 2026-11-27, sixth session"; 16 lanes: a Zen 5's 48 KiB L1, 2026-11-28, f32 x^T @ dy of
-    #: 256 x 50176 x 64 at 1 / 2 L1s: 405 / 276 GFLOP/s, bf16 the same or better at 1).
-    gemm_deep_panel_l1: dict[int, float] = field(default_factory=lambda: {8: 0.25, 16: 1.0})
+    #: 256 x 50176 x 64 at 1 / 2 L1s: 405 / 276 GFLOP/s, bf16 the same or better at 1). Per
+    #: family: on the Xeon with AMX (48 KiB L1, 2026-12-07) A packed (``gemm_pack_stride``) and
+    #: 3/8 of the L1 (kc 64): ResNet-50's f32 1x1 weights GEMMs 172-269 -> 251-280 GFLOP/s.
+    gemm_deep_panel_l1: dict[str, float] = field(default_factory=lambda: {
+        "avx2": 0.25, "avx512": 1.0, "avx512_bf16": 1.0, "amx_bf16": 0.375})
     #: A GEMM reducing over K > this times (M + N) (a weights gradient) splits K among the threads.
     gemm_deep: float = 4.0
     #: A B stored along K (a data gradient's transposed weights) with at least this many times
@@ -242,10 +245,12 @@ class Tuning:
     gemm_swap_ratio: int = 4
     #: An f32 A that steps at least this many values per K step (x^T of as many channels: 2 KB, a
     #: K step's values in two L1 sets) is packed per block of rows and K step, as bf16 is; nearer
-    #: ones are read as they lie: per vector width (16: packing cost 10-25 % at 64-256 channels,
-    #: Zen 4, 2026-11-26; 8: always packed, ResNet-50's 1x1 weights gradients 313 -> 215 ms on
-    #: two threads of a Zen 3, 2026-11-27).
-    gemm_pack_stride: dict[int, int] = field(default_factory=lambda: {8: 1, 16: 512})
+    #: ones are read as they lie: per family (AVX-512 on a Zen 4: packing cost 10-25 % at 64-256
+    #: channels, 2026-11-26; AVX2 always packed, ResNet-50's 1x1 weights gradients 313 -> 215 ms on
+    #: two threads of a Zen 3, 2026-11-27; AMX, the Xeon: always packed, see ``gemm_deep_panel_l1``:
+    #: read in place, a kernel call's A lines and B panel passed the L1).
+    gemm_pack_stride: dict[str, int] = field(default_factory=lambda: {
+        "avx2": 1, "avx512": 512, "avx512_bf16": 512, "amx_bf16": 1})
     #: A deep reduction split along K among the threads reads an f32 B of whole panels in place,
     #: per vector width (16: packing it was a pass over the larger operand, Zen 4; 8: packed,
     #: ResNet-50's 1x1 weights gradients 344 -> 265 ms on two threads of a Zen 3, 2026-11-27).
