@@ -10,10 +10,12 @@ with the kernel's roles: ``A`` broadcast (``mr`` rows), ``B`` loaded as vectors 
             for jr over the share's panels: for ir over the mr-panels:
                 C[ir, jr] += A[ir] . Bp[pc, jr]                     (the kernel, kc deep)
 
-Where K is one kc step the two inner loops swap (ir outer): each mr-panel's tiles are written
-across the share's panels in turn, so C is written row by row as it streams out to memory (the
-BLIS order wrote it a column panel at a time, each row's line apart from its neighbour's: a
-bf16 1x1 forward of 50176 x 64 x 256 on AMX 2.33 -> 1.47 ms, docs/engine-measurements.md).
+Where K is one kc step and a share's B panels of it fit half the L2, the two inner loops swap
+(ir outer): each mr-panel's tiles are written across the share's panels in turn, so C is
+written row by row as it streams out to memory (the BLIS order wrote it a column panel at a
+time, each row's line apart from its neighbour's: a bf16 1x1 forward of 50176 x 64 x 256 on AMX
+2.33 -> 1.47 ms; with B past the L2, 784 x 512 x 2048 in f32, twice as slow: B then streamed
+from memory for every row panel; docs/engine-measurements.md).
 
 ``kc``: a B micro-panel (``kc x nr``) fills ``TUNING.gemm_panel_l1[width, halved]`` L1 data caches (it streams
 from L2: longer kernel calls cost fewer C tile loads and restart fewer A streams; a deep
@@ -195,7 +197,7 @@ def _driver(width: int, rows: int, vecs: int, native: int) -> Callable:
     on_tiles = native >= microkernel.TILES_STANDIN and (rows, vecs) in tiles.TILE_BLOCKS   # packed A row-major
 
     def run(item, a, lda, astep, m, k, bp, panels, kd, poff, bstep, c, kc, mc, m_blocks, depth, n_shares, by_share,
-            k_chunks, out, scratch, apack, copy_lda, bpack, ldb, n):  # pragma: no cover
+            k_chunks, out, scratch, apack, copy_lda, bpack, ldb, n, rows_outer):  # pragma: no cover
         """``c[:m, :] = A @ B``, A's value (row, kk) at ``a[row*lda + kk*astep]`` (flat; for
         ``depth`` 2 the kernel reads pairs ``kk``, ``kk+1`` adjacent and steps ``astep*depth``),
         B's panel ``jp`` at ``bp[jp*poff + kk*bstep]`` for its ``kd`` steps of K (pairs for depth
@@ -216,7 +218,9 @@ def _driver(width: int, rows: int, vecs: int, native: int) -> Callable:
         A non-empty ``bpack`` (threads, panels * kc/2 * nr pairs as uint32): ``bp`` is B itself
         (bf16 bits, rows ``ldb`` apart, ``n`` columns), each K step's pairs of rows packed into
         the thread's (panels, kc/2, nr) just before its kernels, a vector of pairs at a time
-        (an item per chunk of K: each step packed once), not all of B before the GEMM."""
+        (an item per chunk of K: each step packed once), not all of B before the GEMM.
+        ``rows_outer``: a K step's row panels outermost, each across the share's panels, where
+        the share's packed B of a step fits half the L2 (the module docstring)."""
         nr = vecs * width
         line = 64 // a.itemsize
         pack_a = apack.shape[0] > 0 and copy_lda == 0
@@ -317,8 +321,8 @@ def _driver(width: int, rows: int, vecs: int, native: int) -> Callable:
             pf_n = min(steps * depth, k_hi * depth - pf_k, k - pf_k) if pack_a and lda == 1 else 0
             calls, call = (last - first) * row_panels, 0       # prefetched while the kernels run
             n_cols = last - first
-            for idx in range(n_cols * row_panels):        # one K step: row panels outer (module docstring)
-                jp, rp = (first + idx % n_cols, idx // n_cols) if one_step else \
+            for idx in range(n_cols * row_panels):        # row panels outer: see ``rows_outer``
+                jp, rp = (first + idx % n_cols, idx // n_cols) if one_step and rows_outer else \
                     (first + idx // row_panels, idx % row_panels)
                 boff = (jp - first) * steps * bstep if pack_b else jp * poff + s0 * bstep
                 row0 = m0 + rp * rows
@@ -587,7 +591,8 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
         bl.k_chunks * bl.m_blocks * bl.shares, flat, lda, astep, m, k, bp, panels, kd, poff, bstep, c, bl.kc, bl.mc,
         bl.m_blocks, depth, bl.shares, bl.by_share, bl.k_chunks, out, scratch,
         apack.reshape(-1, per_thread) if pack_a or copy_lda else apack.reshape(0, 0), copy_lda,
-        bpack.reshape(pool.threads(), -1) if steps_b else bpack.reshape(0, 0), ldb, n)
+        bpack.reshape(pool.threads(), -1) if steps_b else bpack.reshape(0, 0), ldb, n,
+        -(-panels // bl.shares) * min(bl.kc, k) * bl.nr * a.dtype.itemsize <= isa.cache_sizes()[1] // 2)
     if rounding:
         return out
     if bl.k_chunks > 1:
