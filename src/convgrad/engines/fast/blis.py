@@ -552,7 +552,9 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     bf16 = a.dtype == np.uint16
     m, k = a.shape
     n = b.shape[1]
-    if n > m and deep(m, k, n) or m and n >= TUNING.gemm_swap_ratio * m and b.strides[0] < b.strides[1]:
+    swap = m and n >= TUNING.gemm_swap_ratio * m and b.strides[0] < b.strides[1] and \
+        (not bf16 or k >= TUNING.gemm_swap_ratio * m)     # bf16: its M x N result transposed by NumPy
+    if n > m and deep(m, k, n) or swap:
         # a deep reduction (a weights gradient): pack the smaller operand; or B stored along K,
         # far larger than A: read B in place. Either way (b^T a^T)^T, transposed in tiles.
         return _transposed(gemm(b.T, a.T, rounded=rounded))

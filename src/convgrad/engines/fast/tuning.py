@@ -241,7 +241,9 @@ class Tuning:
     gemm_deep: float = 4.0
     #: A B stored along K (a data gradient's transposed weights) with at least this many times
     #: A's rows as columns runs as ``(B^T A^T)^T``: B read in place, A packed (Zen 4, ResNet-50's
-    #: res5 1x1 data gradients at mb 1).
+    #: res5 1x1 data gradients at mb 1); bf16 also only with this many times A's rows along K,
+    #: its result's transpose being NumPy's (the Xeon with AMX, mb 1: 1024 -> 256 channels at
+    #: 14x14 280 -> 174 µs unswapped, 2048 -> 512 at 7x7 304 swapped against 388).
     gemm_swap_ratio: int = 4
     #: An f32 A that steps at least this many values per K step (x^T of as many channels: 2 KB, a
     #: K step's values in two L1 sets) is packed per block of rows and K step, as bf16 is; nearer
