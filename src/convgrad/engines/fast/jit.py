@@ -1142,10 +1142,12 @@ def _fill_dy_pairs(d3, out, groups, ocg):  # pragma: no cover - compiled
 def _lanes(dy: np.ndarray, groups: int, ocg: int, lanes: int) -> np.ndarray:
     """f32 dy (N, *O, G, ``lanes``): each group's channels padded with zeros to ``lanes`` (the
     f32 weights gradient's vectors). C-contiguous f32 dy whose groups fill their lanes already
-    is that array (a view: copying it was a tenth of a 64-channel 3x3 gradient); else a copy,
-    f32 data by a parallel loop writing every value once."""
+    and that starts on a cache line is that array (a view: copying it was a tenth of a 64-channel
+    3x3 gradient); else a copy, f32 data by a parallel loop writing every value once (NumPy's
+    large arrays start 16 bytes past a line: every vector load of dy then touched two, the
+    64-channel 3x3 gradient 16.0 ms against 13.2 aligned on the Xeon with AMX)."""
     shape = (*dy.shape[:-1], groups, lanes)
-    if dy.dtype == F32 and ocg == lanes and dy.flags.c_contiguous:
+    if dy.dtype == F32 and ocg == lanes and dy.flags.c_contiguous and workspace.address(dy) % workspace.ALIGN == 0:
         return dy.reshape(shape)
     out = workspace.empty(math.prod(shape), F32).reshape(shape)
     if dy.dtype == F32:

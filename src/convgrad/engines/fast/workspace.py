@@ -30,7 +30,7 @@ from ... import kernel_cache
 
 from .tuning import TUNING
 
-__all__ = ["call", "part", "empty", "zeros", "result", "cached_bytes", "clear"]
+__all__ = ["call", "part", "empty", "zeros", "result", "cached_bytes", "clear", "address", "ALIGN"]
 
 _state = threading.local()   # this thread's call depth and blocks taken
 _free: list[np.ndarray] = []  # uint8 blocks, free between calls (shared: calls hold the pool's lock)
@@ -43,7 +43,7 @@ ALIGN = 64
 
 
 @kernel_cache.njit()
-def _address(a):  # pragma: no cover - compiled
+def address(a):  # pragma: no cover - compiled
     """Where ``a``'s data starts (0.5 µs; NumPy's ``a.ctypes.data`` 2.8)."""
     return a.ctypes.data
 
@@ -54,7 +54,7 @@ def _aligned(nbytes: int) -> np.ndarray:
     if nbytes < 4096:
         return np.empty(nbytes, np.uint8)
     raw = np.empty(nbytes + ALIGN, np.uint8)
-    start = -_address(raw) % ALIGN
+    start = -address(raw) % ALIGN
     return raw[start:start + nbytes]
 
 
