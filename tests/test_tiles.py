@@ -356,6 +356,44 @@ def test_tap_gemm_on_every_stride_and_split(g, shares, standin, monkeypatch, rng
                                   casts.from_f32(np.ascontiguousarray(f32), BF16).view(np.uint16))
 
 
+@pytest.mark.parametrize("g", [
+    _geometry(2, 3, 40, (23, 21), (7, 7), (2, 2), (1, 1), (3, 3), (2, 2)),             # conv1-like
+    _geometry(1, 5, 24, (9, 13), (3, 5), (2, 2), (1, 2), (1, 1), (1, 2)),              # dilated last axis
+], ids=["7x7 stride 2", "3x5 dilated"])
+@pytest.mark.parametrize("standin", [pytest.param(False, id="native", marks=pytest.mark.skipif(not NATIVE_TILES,
+                                                                                                reason="no AMX")),
+                                     pytest.param(True, id="standin")])
+def test_tap_gemm_folds_the_last_kernel_axis_of_few_channels(g, standin, rng):
+    import tracemalloc
+    """Few input channels: the weights gradient on tiles folds the last kernel axis into the
+    channels (``tap_gemm.folded``: an im2col along that axis, then K2 x ICg channels): the
+    reference engine's sums (f32), their bf16 rounding (rounded), within the plan's memory bound."""
+    from convgrad import casts
+    from convgrad.engines.fast import tap_gemm
+    fg = tap_gemm.folded(g)
+    assert fg is not None and fg.ic == g.ic * g.kernel[-1] and fg.kernel[-1] == 1
+    x, dy = (rng.uniform(-1, 1, s).astype(BF16) for s in (g.x_shape, g.y_shape))
+    want = get_engine("reference").backward_weights(g, x.astype(np.float64), dy.astype(np.float64))
+    before = isa.set_family("amx_bf16", allow_emulated=True, standin=standin)
+    try:
+        f = Features.of(g, "backward_weights", np.dtype(BF16), False)
+        plan = Plan.of("jit", **jit.complete(f, {}))
+        assert plan.param("split") == "taps"
+        f32 = jit.run(plan, g, x, dy, "backward_weights")
+        jit.run(plan, g, x, dy, "backward_weights", rounded=True)        # compiled outside the measure
+        tracemalloc.start()
+        rounded = jit.run(plan, g, x, dy, "backward_weights", rounded=True)
+        peak = tracemalloc.get_traced_memory()[1] - rounded.nbytes
+        tracemalloc.stop()
+        bound = jit.workspace_bytes(f, plan)
+    finally:
+        isa.set_family(before)
+    np.testing.assert_allclose(f32, want, atol=2e-5 * np.abs(want).max(), rtol=0)
+    np.testing.assert_array_equal(np.asarray(rounded).view(np.uint16),
+                                  casts.from_f32(np.ascontiguousarray(f32), BF16).view(np.uint16))
+    assert peak <= bound, (peak, bound)
+
+
 def _threads() -> int:
     from convgrad.engines.fast import pool
     return pool.threads()

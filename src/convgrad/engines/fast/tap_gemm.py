@@ -24,6 +24,11 @@ the taps. The threads share the chunks (a partial dw per thread, added at the en
 transposes and pairs its chunk itself) where those partial sums stay small next to x and dy,
 else the (tap, panel) blocks of dw, each over every chunk (transposed and paired first).
 
+Few input channels (a first layer's 3) would fill few of a tile's 16 rows: there the last
+kernel axis is folded into the channels first (:func:`folded`: ``x_f[.., p, k C + c] = x[.., p
+S2 + k D2 - P2, c]``, an im2col along that axis alone, then a convolution of ``K2 C`` channels,
+kernel 1 and stride 1 along it).
+
 Before this, each tap ran :func:`.blis.gemm` on the tap's shifted view of x, packing x^T and dy's
 pairs again for every tap (docs/engine-measurements.md, Xeon 2026-12-07).
 """
@@ -46,7 +51,7 @@ from . import isa, microkernel, pool, workspace
 from .geometry import spatial, spatial3
 from .tuning import TUNING
 
-__all__ = ["phases", "blocks", "workspace_bytes", "conv_workspace_bytes", "run", "gemms"]
+__all__ = ["phases", "blocks", "workspace_bytes", "conv_workspace_bytes", "run", "gemms", "folded"]
 
 U16 = np.dtype(np.uint16)
 
@@ -111,8 +116,25 @@ def workspace_bytes(positions: int, ic: int, oc: int, taps: int, halo: int, part
     return 2 * copies + 4 * sums + (64 << 10)
 
 
+def folded(g: ConvGeometry) -> ConvGeometry | None:
+    """The geometry of ``g`` with its last kernel axis folded into the channels (the module
+    docstring), where that fills at least ``TUNING.tap_gemm_fold`` times the tile rows the
+    unfolded channels do (``ICg K2`` channels padded to 16 against ``K2`` taps of ICg padded to
+    16 each); else None."""
+    k2 = g.kernel[-1]
+    if k2 == 1 or g.groups != 1 or -(-g.ic * k2 // 16) * TUNING.tap_gemm_fold > k2 * -(-g.ic // 16):
+        return None
+    last = lambda v, one: (*v[:-1], one)  # noqa: E731
+    return ConvGeometry(g.n, 1, g.ic * k2, g.oc, last(g.in_size, g.out_size[-1]), g.out_size, last(g.kernel, 1),
+                        last(g.strides, 1), last(g.dilations, 1), last(g.pads_begin, 0), last(g.pads_end, 0))
+
+
 def conv_workspace_bytes(g: ConvGeometry) -> int:
-    """:func:`workspace_bytes` of :func:`run` (x and dy as contiguous copies where they are not)."""
+    """:func:`workspace_bytes` of :func:`run` (x and dy as contiguous copies where they are not;
+    a folded x, :func:`folded`)."""
+    fg = folded(g)
+    if fg is not None:
+        return 2 * math.prod(fg.x_shape) + conv_workspace_bytes(fg)
     q, groups = phases(g)
     halo = max(off for taps in groups.values() for _, off in taps)
     return 2 * (math.prod(g.x_shape) + math.prod(g.y_shape)) + workspace_bytes(
@@ -123,6 +145,13 @@ def run(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, rounded: bool) -> np.nda
     """dw (*K, ICg, OC) of a bf16 weights gradient of one group (the module docstring): f32, or
     bf16 bits rounded once with ``rounded``. x must be finite where there is padding (a junk
     position's zero times Inf is NaN: the caller checks)."""
+    fg = folded(g)
+    if fg is not None:       # the last kernel axis as channels (:func:`folded`)
+        x3 = spatial3(x.view(U16))
+        xf = workspace.empty(math.prod(fg.x_shape), U16).reshape(*x3.shape[:3], g.out_size[-1], fg.ic)
+        _fold_last_axis(x3.reshape(-1, *x3.shape[3:]), xf.reshape(-1, *xf.shape[3:]), g.strides[-1],
+                        g.dilations[-1], g.pads_begin[-1])
+        return run(fg, xf.view(x.dtype).reshape(fg.x_shape), dy, rounded).reshape(g.w_shape)
     q, groups = phases(g)
     s, pads, size = spatial(g.strides, 1), spatial(g.pads_begin, 0), spatial(g.in_size, 1)
     x3 = np.ascontiguousarray(spatial3(x.view(U16)))
@@ -131,6 +160,26 @@ def run(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, rounded: bool) -> np.nda
     slots = [t for taps in groups.values() for t, _ in taps]
     dw = gemms(x3.reshape(-1), g.ic, parts, np.ascontiguousarray(spatial3(dy.view(U16))), q, rounded, slots)
     return dw.view(x.dtype).reshape(g.w_shape) if rounded else dw.reshape(g.w_shape)
+
+
+@microkernel.cached_njit(parallel=True)
+def _fold_last_axis(x, out, stride, dilation, pad):  # pragma: no cover - compiled
+    """``out[r, p, k C + c] = x[r, p stride + k dilation - pad, c]`` (zero outside x's ``W``) for
+    ``x`` (rows, W, C) and ``out`` (rows, P, K C) of 16-bit bits, rows in parallel."""
+    rows, w, c = x.shape
+    positions, kc = out.shape[1], out.shape[2]
+    for r in numba.prange(rows):
+        for p in range(positions):
+            for k in range(kc // c):
+                col = p * stride + k * dilation - pad
+                dst = out[r, p, k * c:(k + 1) * c]
+                if 0 <= col < w:
+                    src = x[r, col]
+                    for i in range(c):
+                        dst[i] = src[i]
+                else:
+                    for i in range(c):
+                        dst[i] = 0
 
 
 def gemms(x: np.ndarray, ic: int, parts: list[tuple[np.ndarray, list[int]]], dy: np.ndarray,

@@ -135,6 +135,10 @@ class Tuning:
     #: ... and the threads keep partial sums of dw each (sharing the chunks) while these take at
     #: most this times the bf16 x and dy (else they share dw's blocks).
     tap_gemm_partials: float = 1.0
+    #: ... folding the last kernel axis into the channels where that fills at least this many
+    #: times the tile rows (:func:`.tap_gemm.folded`; ResNet-50's conv1, 3 channels, 7x7: see
+    #: docs/engine-measurements.md, Xeon 2026-12-07, second session).
+    tap_gemm_fold: float = 2.0
     #: ... and for our GEMM's blocks (:func:`.blis.register_block`) and the weights gradient's on
     #: every width: on the Zen 3 the 1x1 layers of 256 output channels ran 25 % slower on 4x3 than
     #: on 6x2, the 3x3 weights gradients were within noise at 256 channels and 0-20 % slower at 512.
