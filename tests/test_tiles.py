@@ -394,6 +394,42 @@ def test_tap_gemm_folds_the_last_kernel_axis_of_few_channels(g, standin, rng):
     assert peak <= bound, (peak, bound)
 
 
+@pytest.mark.parametrize("g", [
+    _geometry(2, 3, 64, (23, 21), (7, 7), (2, 2), (1, 1), (3, 3), (2, 2)),      # conv1-like: an image a chunk
+    _geometry(2, 3, 96, (11, 10), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),      # one chunk
+], ids=["7x7 stride 2", "3x3"])
+@pytest.mark.parametrize("standin", [pytest.param(False, id="native", marks=pytest.mark.skipif(not NATIVE_TILES,
+                                                                                                reason="no AMX")),
+                                     pytest.param(True, id="standin")])
+def test_bf16_data_gradient_of_few_channels_folds_the_last_kernel_axis(g, standin, rng):
+    """Few input channels (dx's lanes): the data gradient on tiles runs the folded geometry (K2
+    x ICg lanes) in chunks of images and sums its f32 dx along the last axis: the reference
+    engine's sums (f32), their bf16 rounding once (rounded), within the plan's memory bound."""
+    import tracemalloc
+
+    from convgrad import casts
+    w, dy = (rng.uniform(-1, 1, s).astype(BF16) for s in (g.w_shape, g.y_shape))
+    want = get_engine("reference").backward_data(g, dy.astype(np.float64), w.astype(np.float64))
+    before = isa.set_family("amx_bf16", allow_emulated=True, standin=standin)
+    try:
+        assert jit._folded_data(g, np.dtype(BF16)) is not None
+        f = Features.of(g, "backward_data", np.dtype(BF16), False)
+        plan = Plan.of("jit", **jit.complete(f, {}))
+        f32 = jit.run(plan, g, dy, w, "backward_data")
+        jit.run(plan, g, dy, w, "backward_data", rounded=True)        # compiled outside the measure
+        tracemalloc.start()
+        rounded = jit.run(plan, g, dy, w, "backward_data", rounded=True)
+        peak = tracemalloc.get_traced_memory()[1] - rounded.nbytes
+        tracemalloc.stop()
+        bound = jit.workspace_bytes(f, plan)
+    finally:
+        isa.set_family(before)
+    np.testing.assert_allclose(f32, want, atol=2e-5 * np.abs(want).max(), rtol=0)
+    np.testing.assert_array_equal(np.asarray(rounded).view(np.uint16),
+                                  casts.from_f32(np.ascontiguousarray(f32), BF16).view(np.uint16))
+    assert peak <= bound, (peak, bound)
+
+
 def _threads() -> int:
     from convgrad.engines.fast import pool
     return pool.threads()
