@@ -633,6 +633,26 @@ def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
     return microkernel.parallel_items(outputs)
 
 
+def _per_tuning(fn: Callable) -> Callable:
+    """``fn`` remembered per its (hashable) arguments and the tuning table in force (a replaced
+    table is another key: the sizes read it); at most 1024 entries, then forgotten at once."""
+    memo: dict[tuple, tuple[object, object]] = {}
+
+    @functools.wraps(fn)
+    def remembered(*args: object) -> object:
+        key = (*args, id(TUNING))
+        hit = memo.get(key)
+        if hit is not None and hit[0] is TUNING:
+            return hit[1]
+        if len(memo) >= 1024:
+            memo.clear()
+        value = fn(*args)
+        memo[key] = (TUNING, value)
+        return value
+    remembered.cache_clear = memo.clear  # type: ignore[attr-defined]
+    return remembered
+
+
 def _run_outputs(rows: int, vecs: int, src: np.ndarray | _Staged, steps: np.ndarray, taps_a: np.ndarray,
                  out: np.ndarray, out_base: int, out_steps: np.ndarray, grid: tuple[int, ...], wp: np.ndarray, taps: int,
                  taps_b: np.ndarray, groups: int, kred: int, channels: int, cache_bytes: int, tap_rows: np.ndarray,
@@ -652,23 +672,12 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray | _Staged, steps: np.ndar
         src = src.padded()
     dtype = src.data.dtype if isinstance(src, _Staged) else src.dtype
     vw, depth = vecs * width, 2 if dtype == np.uint16 else 1
-    n, q0, q1, q2 = grid
-    pitch = src.shape[3]
-    along1 = np.arange(q1)[:, None] * tap_rows[:, 2] + tap_rows[:, 3]
-    live = int(((along1 >= rows_in[2]) & (along1 < rows_in[3])).sum())       # taps x rows computed when cut
-    flat = (q1 - 1) * pitch + q2
-    tap_rows = np.array(tap_rows, np.int64)                                # a copy: changed below
-    if steps[2] == pitch * steps[3] and steps[3] == src.shape[4] and \
-            -(-flat // rows) * rows * len(tap_rows) < -(-q2 // rows) * rows * live:
-        shape, pitch = (n, q0, 1, flat), pitch
-        tap_rows[:, 2], tap_rows[:, 3] = 0, rows_in[2]                    # one flattened row: no skipping
-    else:
-        shape, pitch = (n, q0, q1, q2), q2
-    items = max(1, math.prod(shape[:3]) * groups * -(-channels // vw))  # a flattened image: few items,
-    parts = min(-(-shape[3] // rows), -(-TUNING.items_per_thread * pool.threads() // items))  # so cut its rows
-    flat_out, none = out.reshape(-1), np.empty(0, np.uint16 if out.dtype == F32 else F32)
-    f32_out, bits_out = (flat_out, none) if out.dtype == F32 else (none, flat_out)
-    parts = max(1, parts)
+    flattens = bool(steps[2] == src.shape[3] * steps[3] and steps[3] == src.shape[4])
+    shape, pitch, tap_rows, items, parts, rows_in_a = _row_layout(
+        rows, tuple(grid), src.shape[3], flattens, tap_rows.tobytes(), tuple(rows_in),
+        groups * -(-channels // vw), pool.threads())
+    flat_out = out.reshape(-1)
+    f32_out, bits_out = (flat_out, _NONE[np.uint16]) if out.dtype == F32 else (_NONE[np.float32], flat_out)
     units = np.float32 if dtype == F32 else np.uint32               # padded 32 bits at a time where aligned
     if isinstance(src, _Staged):
         image = math.prod(src.shape[1:])
@@ -680,16 +689,48 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray | _Staged, steps: np.ndar
         if raw.dtype.itemsize == 2 and raw.strides[-1] == 2 and all(s % 4 == 0 for s in raw.strides[:-1]) and \
                 raw.ctypes.data % 4 == 0:
             raw = raw.view(units)
-        flat_src = np.empty(0, dtype)
+        flat_src = _NONE[dtype.type]
         stage_dims = np.array([*src.size, raw.shape[-1], *src.lo], np.int64)
+        staged = np.full(stage.shape[0], -1, np.int64)
     else:
-        stage, raw, flat_src = np.empty((0, 0), dtype), np.empty((0,) * 5, units), geometry.flat(src)
-        stage_dims = np.zeros(7, np.int64)
+        stage, raw, flat_src = _NO_STAGE[dtype.type], _NO_RAW[units], geometry.flat(src)
+        stage_dims, staged = _NO_STAGE_DIMS, _NONE[np.int64]
     _outputs(width, rows, vecs, isa.bf16_kernel() if depth == 2 else 0)(
-        math.prod(shape[:3]) * parts * groups * -(-channels // vw), flat_src, steps, taps_a, f32_out,
-        bits_out, kind, out_base, out_steps, np.array(shape, np.int64), pitch, q2, wp, taps * kred * depth * vw, taps_b,
-        groups, kred, depth, channels, blocks_outer, parts, tap_rows, np.array(rows_in, np.int64), raw, stage,
-        np.full(stage.shape[0], -1, np.int64), stage_dims)
+        items * parts, flat_src, steps, taps_a, f32_out, bits_out, kind, out_base, out_steps, shape, pitch, grid[3], wp,
+        taps * kred * depth * vw, taps_b, groups, kred, depth, channels, blocks_outer, parts, tap_rows, rows_in_a, raw,
+        stage, staged, stage_dims)
+
+
+#: Empty arrays for a driver's unused arguments (never written), per dtype: no allocation a call.
+_NONE = {t: np.empty(0, t) for t in (np.float32, np.uint16, np.int64)}
+_NO_STAGE = {t: np.empty((0, 0), t) for t in (np.float32, np.uint16)}
+_NO_RAW = {t: np.empty((0,) * 5, t) for t in (np.float32, np.uint32)}
+_NO_STAGE_DIMS = np.zeros(7, np.int64)
+
+
+@_per_tuning
+def _row_layout(rows: int, grid: tuple[int, ...], src_pitch: int, flattens: bool, tap_rows: bytes,
+                rows_in: tuple[int, int, int, int], per_row: int, threads: int
+                ) -> tuple[np.ndarray, int, np.ndarray, int, int, np.ndarray]:
+    """:func:`_run_outputs`' layout of the output ``grid`` (N, Q0, Q1, Q2) for blocks of ``rows``
+    positions: (the grid the driver runs, its pitch, the taps' rows, items of one part, parts of
+    each row, ``rows_in``), the last two axes flattened into rows of the source's width
+    ``src_pitch`` where the source steps by one position along both (``flattens``) and that
+    computes fewer tap-positions than rows cut at every output row; ``per_row`` items (groups x
+    channel blocks) per grid row. Remembered: 15-25 µs of NumPy a call."""
+    n, q0, q1, q2 = grid
+    taps = np.frombuffer(tap_rows, np.int64).reshape(-1, 4).copy()
+    along1 = np.arange(q1)[:, None] * taps[:, 2] + taps[:, 3]
+    live = int(((along1 >= rows_in[2]) & (along1 < rows_in[3])).sum())       # taps x rows computed when cut
+    flat = (q1 - 1) * src_pitch + q2
+    if flattens and -(-flat // rows) * rows * len(taps) < -(-q2 // rows) * rows * live:
+        shape, pitch = (n, q0, 1, flat), src_pitch
+        taps[:, 2], taps[:, 3] = 0, rows_in[2]                            # one flattened row: no skipping
+    else:
+        shape, pitch = (n, q0, q1, q2), q2
+    items = max(1, math.prod(shape[:3]) * per_row)                # a flattened image: few items, so cut its rows
+    parts = max(1, min(-(-shape[3] // rows), -(-TUNING.items_per_thread * threads // items)))
+    return np.array(shape, np.int64), pitch, taps, math.prod(shape[:3]) * per_row, parts, np.array(rows_in, np.int64)
 
 
 def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, depth: int = 1,
@@ -815,34 +856,46 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = N
     with ``rounded``, 16-bit data gives y in its dtype, each value rounded once as it is stored
     (:func:`_rounding`)."""
     plan = _plan(g, "forward", plan)
-    rows, vecs, vw = _block(plan)
-    depth = _depth(x.dtype)
-    s, kernel = spatial(g.strides, 1), spatial(g.kernel, 1)
-    size, pb, i_size = spatial(g.padded_size, 1), spatial(g.pads_begin, 0), spatial(g.in_size, 1)
-    icg = -(-g.icg // depth) * depth                               # bf16: channels padded to pairs
-    kind = _rounding(x.dtype, rounded)
+    rows, vecs, icg, kind, images, channels, stage, pb, size, slack, rows_in = _forward_setup(
+        g, x.dtype, plan, rounded, pool.threads(), isa.family())
+    depth, taps, vw = _depth(x.dtype), math.prod(g.kernel), vecs * _width()
     y = workspace.result(g.y_shape, np.uint16 if kind else F32)
-    o = spatial(g.out_size, 1)
-    taps, taps_b = math.prod(kernel), np.arange(math.prod(kernel), dtype=np.int64) * icg * vw
-    ys = _strides((g.n, *o, g.oc))
-    images, channels = _chunks(g, x.dtype, depth, 4 * math.prod(size) * g.ic, 4 * taps * g.icg, g.ocg, vw)
-    slack = _tail(rows, s[2] * g.groups * icg)
-    stage = _stages(g, "forward", x.dtype, depth)
-    if stage:
-        images = [(0, g.n)]                                    # padded an image at a time: no chunks
+    s, o = spatial(g.strides, 1), spatial(g.out_size, 1)
+    taps_b, (ys, ys4) = _taps_b(taps, icg * vw), _element_steps((g.n, *o, g.oc))
     for n0, n1 in images:
         with workspace.part():
             xp = _source(x[n0:n1], pb, size, slack, g.groups, depth, stage)
-            xs = _strides(xp.shape)
-            taps_a, tap_rows = _tap_tables(g, tuple(xs.tolist()))
+            xs, _ = _element_steps(xp.shape)
+            taps_a, tap_rows = _tap_tables(g, xs)
+            steps = np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64)
             for c0, c1 in channels:
                 with workspace.part():
                     wp = _packed_weights(g, w, vw, False, depth, slice(c0, c1)).reshape(-1)
-                    _run_outputs(rows, vecs, xp, np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64),
-                                 taps_a, y, n0 * ys[0] + c0, ys[:4], (n1 - n0, *o), wp, taps, taps_b, g.groups,
-                                 icg // depth, c1 - c0, plan.param("cache_bytes"), tap_rows,
-                                 (pb[0], pb[0] + i_size[0], pb[1], pb[1] + i_size[1]), kind)
+                    _run_outputs(rows, vecs, xp, steps, taps_a, y, n0 * ys[0] + c0, ys4, (n1 - n0, *o), wp, taps,
+                                 taps_b, g.groups, icg // depth, c1 - c0, plan.param("cache_bytes"), tap_rows, rows_in,
+                                 kind)
     return y.view(x.dtype) if kind else y
+
+
+@_per_tuning
+def _forward_setup(g: ConvGeometry, dtype: np.dtype, plan: Plan, rounded: bool, threads: int, family: str) -> tuple:
+    """:func:`forward`'s sizes for ``plan`` on ``g`` (under ``threads`` and the kernel ``family``):
+    :func:`_data_setup`'s, for x. Remembered."""
+    rows, vecs, vw = _block(plan)
+    depth = _depth(dtype)
+    s, kernel = spatial(g.strides, 1), spatial(g.kernel, 1)
+    size, pb, i_size = spatial(g.padded_size, 1), spatial(g.pads_begin, 0), spatial(g.in_size, 1)
+    icg = -(-g.icg // depth) * depth                               # bf16: channels padded to pairs
+    images, channels = _chunks(g, dtype, depth, 4 * math.prod(size) * g.ic, 4 * math.prod(kernel) * g.icg, g.ocg, vw)
+    stage = _stages(g, "forward", dtype, depth)                    # padded an image at a time: no chunks
+    return (rows, vecs, icg, _rounding(dtype, rounded), [(0, g.n)] if stage else images, channels, stage, pb, size,
+            _tail(rows, s[2] * g.groups * icg), (pb[0], pb[0] + i_size[0], pb[1], pb[1] + i_size[1]))
+
+
+@functools.lru_cache(maxsize=256)
+def _taps_b(taps: int, step: int) -> np.ndarray:
+    """The packed weights' offsets of ``taps`` taps, ``step`` apart."""
+    return np.arange(taps, dtype=np.int64) * step
 
 
 @functools.lru_cache(maxsize=1024)
@@ -911,33 +964,47 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | N
                                   g.dilations[-1], g.pads_begin[-1], kind)
         return dx.view(dy.dtype) if kind else dx
     plan = _plan(g, "backward_data", plan)
-    rows, vecs, vw = _block(plan)
-    depth = _depth(dy.dtype)
-    _, lo, size = _data_phases(g)
-    o_size, kernel = spatial(g.out_size, 1), spatial(g.kernel, 1)
-    ocg = -(-g.ocg // depth) * depth                               # bf16: channels padded to pairs
-    kind = _rounding(dy.dtype, rounded)
+    rows, vecs, ocg, kind, out_steps, images, channels, stage, lo, size, slack, rows_in = _data_setup(
+        g, dy.dtype, plan, rounded, pool.threads(), isa.family())
+    depth, taps, vw = _depth(dy.dtype), math.prod(g.kernel), vecs * _width()
     dx = workspace.result(g.x_shape, np.uint16 if kind else F32)
-    out_steps = _out_steps(g)
-    images, channels = _chunks(g, dy.dtype, depth, 4 * math.prod(size) * g.oc, 4 * math.prod(kernel) * g.ocg, g.icg,
-                               vw)
-    stage = _stages(g, "backward_data", dy.dtype, depth)
-    if stage:
-        images = [(0, g.n)]
     for n0, n1 in images:                                  # f32 chunks of 16-bit data (:func:`_chunks`)
         with workspace.part():
-            dyp = _source(dy[n0:n1], lo, size, _tail(rows, g.groups * ocg), g.groups, depth, stage)
-            ds = tuple(_strides(dyp.shape).tolist())
-            steps = np.array(ds[:4], np.int64)
+            dyp = _source(dy[n0:n1], lo, size, slack, g.groups, depth, stage)
+            ds, steps = _element_steps(dyp.shape)
             for c0, c1 in channels:
                 with workspace.part():
                     wp = _packed_weights(g, w, vw, True, depth, slice(c0, c1)).reshape(-1)
                     for base, grid, taps_a, taps_b, tap_rows in _phase_tables(g, ocg * vw, ds):
                         _run_outputs(rows, vecs, dyp, steps, taps_a, dx, int(n0 * out_steps[0]) + base + c0, out_steps,
-                                     (n1 - n0, *grid), wp, math.prod(kernel), taps_b, g.groups, ocg // depth, c1 - c0,
-                                     plan.param("cache_bytes"), tap_rows,
-                                     (lo[0], lo[0] + o_size[0], lo[1], lo[1] + o_size[1]), kind)
+                                     (n1 - n0, *grid), wp, taps, taps_b, g.groups, ocg // depth, c1 - c0,
+                                     plan.param("cache_bytes"), tap_rows, rows_in, kind)
     return dx.view(dy.dtype) if kind else dx
+
+
+@_per_tuning
+def _data_setup(g: ConvGeometry, dtype: np.dtype, plan: Plan, rounded: bool, threads: int, family: str) -> tuple:
+    """:func:`backward_data`'s sizes and tables for ``plan`` on ``g`` (under ``threads`` and the
+    kernel ``family``, which they depend on): the block's rows and vectors, dy's channels padded to
+    pairs, the rounding kind, dx's steps, the chunks of images and channels (:func:`_chunks`),
+    whether the driver stages images (:func:`_stages`), the padded dy's lead, size and slack, and
+    the rows of data within it. Remembered: 20-30 µs of Python a call."""
+    rows, vecs, vw = _block(plan)
+    depth = _depth(dtype)
+    _, lo, size = _data_phases(g)
+    o_size, kernel = spatial(g.out_size, 1), spatial(g.kernel, 1)
+    ocg = -(-g.ocg // depth) * depth                               # bf16: channels padded to pairs
+    images, channels = _chunks(g, dtype, depth, 4 * math.prod(size) * g.oc, 4 * math.prod(kernel) * g.ocg, g.icg, vw)
+    stage = _stages(g, "backward_data", dtype, depth)
+    return (rows, vecs, ocg, _rounding(dtype, rounded), _out_steps(g), [(0, g.n)] if stage else images, channels,
+            stage, lo, size, _tail(rows, g.groups * ocg), (lo[0], lo[0] + o_size[0], lo[1], lo[1] + o_size[1]))
+
+
+@functools.lru_cache(maxsize=256)
+def _element_steps(shape: tuple[int, ...]) -> tuple[tuple[int, ...], np.ndarray]:
+    """Element strides of a C-contiguous array of ``shape``, as a tuple and the first four as an array."""
+    ds = tuple(_strides(shape).tolist())
+    return ds, np.array(ds[:4], np.int64)
 
 
 @kernel_cache.njit(parallel=True)
