@@ -48,7 +48,7 @@ from . import blis, direct, geometry, isa, microkernel, pool, tap_gemm, tiles, w
 from .features import Features
 from .frame import empty_like_data
 from .geometry import padded, phase_taps, spatial, spatial3, tap_weights
-from .tuning import TUNING
+from .tuning import TUNING, remembered
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -57,6 +57,8 @@ __all__ = ["applies", "complete", "options", "run", "workspace_bytes", "forward"
            "backward_weights"]
 
 F32 = np.dtype(np.float32)
+#: Remembered per arguments and this module's tuning table (:func:`.tuning.remembered`).
+_remembered = remembered(lambda: TUNING)
 #: Plan parameters: ``block`` the register block "RxV" (:data:`.microkernel.BLOCKS` of the
 #: family's width), ``cache_bytes`` (see :class:`.tuning.Tuning`), and for the weights gradient
 #: ``split``: the threads share the output positions ("rows") or dw's blocks ("blocks"), or, bf16
@@ -633,26 +635,6 @@ def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
     return microkernel.parallel_items(outputs)
 
 
-def _per_tuning(fn: Callable) -> Callable:
-    """``fn`` remembered per its (hashable) arguments and the tuning table in force (a replaced
-    table is another key: the sizes read it); at most 1024 entries, then forgotten at once."""
-    memo: dict[tuple, tuple[object, object]] = {}
-
-    @functools.wraps(fn)
-    def remembered(*args: object) -> object:
-        key = (*args, id(TUNING))
-        hit = memo.get(key)
-        if hit is not None and hit[0] is TUNING:
-            return hit[1]
-        if len(memo) >= 1024:
-            memo.clear()
-        value = fn(*args)
-        memo[key] = (TUNING, value)
-        return value
-    remembered.cache_clear = memo.clear  # type: ignore[attr-defined]
-    return remembered
-
-
 def _run_outputs(rows: int, vecs: int, src: np.ndarray | _Staged, steps: np.ndarray, taps_a: np.ndarray,
                  out: np.ndarray, out_base: int, out_steps: np.ndarray, grid: tuple[int, ...], wp: np.ndarray, taps: int,
                  taps_b: np.ndarray, groups: int, kred: int, channels: int, cache_bytes: int, tap_rows: np.ndarray,
@@ -708,7 +690,7 @@ _NO_RAW = {t: np.empty((0,) * 5, t) for t in (np.float32, np.uint32)}
 _NO_STAGE_DIMS = np.zeros(7, np.int64)
 
 
-@_per_tuning
+@_remembered
 def _row_layout(rows: int, grid: tuple[int, ...], src_pitch: int, flattens: bool, tap_rows: bytes,
                 rows_in: tuple[int, int, int, int], per_row: int, threads: int
                 ) -> tuple[np.ndarray, int, np.ndarray, int, int, np.ndarray]:
@@ -877,7 +859,7 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = N
     return y.view(x.dtype) if kind else y
 
 
-@_per_tuning
+@_remembered
 def _forward_setup(g: ConvGeometry, dtype: np.dtype, plan: Plan, rounded: bool, threads: int, family: str) -> tuple:
     """:func:`forward`'s sizes for ``plan`` on ``g`` (under ``threads`` and the kernel ``family``):
     :func:`_data_setup`'s, for x. Remembered."""
@@ -982,7 +964,7 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | N
     return dx.view(dy.dtype) if kind else dx
 
 
-@_per_tuning
+@_remembered
 def _data_setup(g: ConvGeometry, dtype: np.dtype, plan: Plan, rounded: bool, threads: int, family: str) -> tuple:
     """:func:`backward_data`'s sizes and tables for ``plan`` on ``g`` (under ``threads`` and the
     kernel ``family``, which they depend on): the block's rows and vectors, dy's channels padded to

@@ -49,7 +49,7 @@ from ...casts import narrowed
 from ...problem import ConvGeometry
 from . import isa, microkernel, pool, workspace
 from .geometry import spatial, spatial3
-from .tuning import TUNING
+from .tuning import TUNING, remembered
 
 __all__ = ["phases", "blocks", "workspace_bytes", "conv_workspace_bytes", "run", "gemms", "folded"]
 
@@ -152,14 +152,36 @@ def run(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, rounded: bool) -> np.nda
         _fold_last_axis(x3.reshape(-1, *x3.shape[3:]), xf.reshape(-1, *xf.shape[3:]), g.strides[-1],
                         g.dilations[-1], g.pads_begin[-1])
         return run(fg, xf.view(x.dtype).reshape(fg.x_shape), dy, rounded).reshape(g.w_shape)
+    x3 = np.ascontiguousarray(spatial3(x.view(U16)))
+    dw = gemms(x3.reshape(-1), g.ic, _layout(g, pool.threads(), isa.family()),
+               np.ascontiguousarray(spatial3(dy.view(U16))), rounded)
+    return dw.view(x.dtype).reshape(g.w_shape) if rounded else dw.reshape(g.w_shape)
+
+
+class Layout(NamedTuple):
+    """What :func:`gemms` runs for a geometry: its blocks, per phase part the grid of x it maps
+    (N, Q, strides, phase, pads, size), each offset's part and its slot in dw, and dy's grid."""
+    blocks: _Blocks
+    grids: np.ndarray
+    offsets: np.ndarray
+    part_of: np.ndarray
+    slots: np.ndarray
+    dgrid: np.ndarray
+
+
+@remembered(lambda: TUNING)
+def _layout(g: ConvGeometry, threads: int, family: str) -> Layout:
+    """:func:`run`'s :class:`Layout` for ``g`` (under ``threads`` and the kernel ``family``, which
+    the blocks depend on); remembered: 40-60 µs of Python an mb-1 call."""
     q, groups = phases(g)
     s, pads, size = spatial(g.strides, 1), spatial(g.pads_begin, 0), spatial(g.in_size, 1)
-    x3 = np.ascontiguousarray(spatial3(x.view(U16)))
-    parts = [(np.array((g.n, *q, *s, *a, *pads, *size), np.int64), [off for _, off in taps])
-             for a, taps in groups.items()]
-    slots = [t for taps in groups.values() for t, _ in taps]
-    dw = gemms(x3.reshape(-1), g.ic, parts, np.ascontiguousarray(spatial3(dy.view(U16))), q, rounded, slots)
-    return dw.view(x.dtype).reshape(g.w_shape) if rounded else dw.reshape(g.w_shape)
+    grids = np.array([(g.n, *q, *s, *a, *pads, *size) for a in groups], np.int64)
+    offsets = [off for taps in groups.values() for _, off in taps]
+    part_of = [i for i, taps in enumerate(groups.values()) for _ in taps]
+    bl = blocks(g.n * math.prod(q), g.ic, g.oc, len(offsets), max(offsets))
+    return Layout(bl, grids, np.array(offsets, np.int64), np.array(part_of, np.int64),
+                  np.array([t for taps in groups.values() for t, _ in taps], np.int64),
+                  np.array((g.n, *q, *spatial(g.out_size, 1)), np.int64))
 
 
 @microkernel.cached_njit(parallel=True)
@@ -182,45 +204,42 @@ def _fold_last_axis(x, out, stride, dilation, pad):  # pragma: no cover - compil
                         dst[i] = 0
 
 
-def gemms(x: np.ndarray, ic: int, parts: list[tuple[np.ndarray, list[int]]], dy: np.ndarray,
-          q: tuple[int, int, int], rounded: bool, slots: list[int]) -> np.ndarray:
-    """``a[off:off + F]^T @ d`` for each (grid, offsets) of ``parts`` and each of its offsets,
-    ``a`` the (F, IC) positions of x (flat canonical bf16 bits, ``ic`` channels) that ``grid``
-    maps (:func:`_transpose_chunk`; rows past F zeros), ``d`` dy (canonical (N, O0, O1, O2, OC)
-    bf16 bits) at the origin of the N x ``q`` grid of F positions, zeros elsewhere: as (taps,
-    IC, OC) f32, or bf16 bits rounded once with ``rounded``, the i-th offset given at ``slots[i]``."""
-    n, oc = dy.shape[0], dy.shape[-1]
-    positions, taps = n * math.prod(q), sum(len(offs) for _, offs in parts)
-    bl = blocks(positions, ic, oc, taps, max(max(offs) for _, offs in parts))
+def gemms(x: np.ndarray, ic: int, layout: Layout, dy: np.ndarray, rounded: bool) -> np.ndarray:
+    """``a[off:off + F]^T @ d`` for each grid of ``layout`` and each of its offsets, ``a`` the
+    (F, IC) positions of x (flat canonical bf16 bits, ``ic`` channels) that the grid maps
+    (:func:`_transpose_chunk`; rows past F zeros), ``d`` dy (canonical (N, O0, O1, O2, OC) bf16
+    bits) at the origin of the grid of F positions, zeros elsewhere: as (taps, IC, OC) f32, or
+    bf16 bits rounded once with ``rounded``, the i-th offset's at its slot."""
+    oc, bl, taps = dy.shape[-1], layout.blocks, len(layout.offsets)
     nr = 16 * bl.vecs
     panels = -(-oc // nr)
-    dgrid = np.array((n, *q, *dy.shape[1:4]), np.int64)
-    grids = np.stack([grid for grid, _ in parts])
-    offsets = np.array([off for _, offs in parts for off in offs], np.int64)
-    part_of = np.array([i for i, (_, offs) in enumerate(parts) for _ in offs], np.int64)
     held = bl.shares if bl.shares > 1 else bl.chunks   # shares make their chunk's copies themselves
     bp = workspace.empty(held * panels * bl.kc * nr, U16).reshape(held, panels, bl.kc // 2, 2 * nr)
-    xt = workspace.empty(held * (1 if bl.shares > 1 else len(parts)) * bl.icpad * bl.span, U16).reshape(
+    xt = workspace.empty(held * (1 if bl.shares > 1 else len(layout.grids)) * bl.icpad * bl.span, U16).reshape(
         -1, held, bl.icpad, bl.span)
     if bl.shares == 1:                                 # every chunk, before the kernels
-        _paired_chunks(dy.reshape(-1), oc, dgrid, bl.kc, bp.reshape(bl.chunks, -1), nr)
-        for i, grid in enumerate(grids):
+        _paired_chunks(dy.reshape(-1), oc, layout.dgrid, bl.kc, bp.reshape(bl.chunks, -1), nr)
+        for i, grid in enumerate(layout.grids):
             _transposed_chunks(x, ic, grid, bl.kc, xt[i])
     shape = (bl.shares, taps, bl.icpad, bl.ocpad) if bl.shares > 1 else (0, 0, 0, 0)
     sums = workspace.empty(math.prod(shape), np.float32).reshape(shape)   # each share's first chunk writes them
     out = workspace.result((taps, ic, oc) if bl.shares == 1 else (0, 0, 0), U16 if rounded else np.float32)
     kind = casts.bits_kind(casts.BFLOAT16) if rounded else casts.F32_VALUES
     _driver(bl.rows, bl.vecs, isa.bf16_kernel())(
-        bl.shares if bl.shares > 1 else taps * panels, x, ic, grids, xt.reshape(-1), bl.icpad, bl.span, offsets,
-        part_of, dy.reshape(-1), oc, dgrid, bp.reshape(-1), sums, bl.kc, bl.chunks, bl.shares, panels,
-        np.array(slots, np.int64), out.view(np.float32) if not rounded else np.empty((0, 0, 0), np.float32),
-        out if rounded else np.empty((0, 0, 0), U16), kind)
+        bl.shares if bl.shares > 1 else taps * panels, x, ic, layout.grids, xt.reshape(-1), bl.icpad, bl.span,
+        layout.offsets, layout.part_of, dy.reshape(-1), oc, layout.dgrid, bp.reshape(-1), sums, bl.kc, bl.chunks,
+        bl.shares, panels, layout.slots, out.view(np.float32) if not rounded else _NO_F32, out if rounded else _NO_U16,
+        kind)
     if bl.shares == 1:        # the items wrote dw, rounded, in place
         return out
     dw = np.empty((taps, ic, oc), U16 if rounded else np.float32)
     sum_of = np.add.reduce(sums, axis=0)[:, :ic, :oc]
-    dw[slots] = casts.from_f32(np.ascontiguousarray(sum_of), casts.BFLOAT16).view(U16) if rounded else sum_of
+    dw[layout.slots] = casts.from_f32(np.ascontiguousarray(sum_of), casts.BFLOAT16).view(U16) if rounded else sum_of
     return dw
+
+
+#: The driver's unused result (never written).
+_NO_F32, _NO_U16 = np.empty((0, 0, 0), np.float32), np.empty((0, 0, 0), U16)
 
 
 @numba.njit(inline="always")

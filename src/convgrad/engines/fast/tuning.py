@@ -8,10 +8,12 @@ the values are in docs/engine-measurements.md ("Measurements behind the tuning t
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Tuning", "TUNING"]
+__all__ = ["Tuning", "TUNING", "remembered"]
 
 
 def _per_task(forward: float, data: float, weights: float) -> dict[str, float]:
@@ -290,3 +292,27 @@ class Tuning:
 
 
 TUNING = Tuning()
+
+
+def remembered(table: Callable[[], Tuning]) -> Callable[[Callable], Callable]:
+    """A decorator: the function remembered per its (hashable) arguments and the tuning table
+    ``table()`` returns at the call (a module's ``TUNING``: a test's replaced table is another
+    key, since the sizes read it); at most 1024 entries, then all forgotten. What a small call's
+    Python would compute again each time (``cache_clear`` forgets)."""
+    def decorate(fn: Callable) -> Callable:
+        memo: dict[tuple, tuple[Tuning, object]] = {}
+
+        @functools.wraps(fn)
+        def remember(*args: object) -> object:
+            now = table()
+            hit = memo.get((*args, id(now)))
+            if hit is not None and hit[0] is now:
+                return hit[1]
+            if len(memo) >= 1024:
+                memo.clear()
+            value = fn(*args)
+            memo[(*args, id(now))] = (now, value)
+            return value
+        remember.cache_clear = memo.clear  # type: ignore[attr-defined]
+        return remember
+    return decorate
