@@ -579,6 +579,24 @@ def test_finite_reads_every_value_whatever_the_alignment(dtype):
     assert not direct.finite(m) and not direct.finite(m[:, ::2]) and direct.finite(m[:, 3:])
 
 
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)])
+def test_finite_scans_large_arrays_in_parallel_parts(dtype):
+    """``direct.finite`` of an array past two parts of ``_SCAN_WORDS`` words scans the parts in
+    the pool: a NaN or +-Inf in the first, a middle, the last (short) part or the tail after the
+    last whole word is seen; the finite array is finite (in the pool and off it)."""
+    from convgrad.engines.fast import direct, pool
+    words = direct._SCAN_WORDS
+    per = 8 // dtype.itemsize
+    size = (3 * words + 123) * per + 1                   # a short last part and a value past the words
+    base = np.random.default_rng().standard_normal(size).astype(dtype)
+    assert pool.run(direct.finite, base) and direct.finite(base)
+    for pos in (0, words * per - 1, words * per, 2 * words * per + 17, 3 * words * per + 5, size - 1):
+        for bad in (np.nan, np.inf, -np.inf):
+            spoiled = base.copy()
+            spoiled[pos] = bad
+            assert not pool.run(direct.finite, spoiled), (pos, bad)
+
+
 def test_nonfinite_padding_check_reads_the_smaller_array_first(monkeypatch):
     """``jit._nonfinite``: both arrays must hold a NaN/Inf for padding to matter; the smaller one
     is read first and, finite, settles it (the result of a large layer is never read)."""

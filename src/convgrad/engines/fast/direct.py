@@ -28,13 +28,14 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import numba
 import numpy as np
 
 from ... import casts, kernel_cache
 from ...casts import narrowed, widened
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
-from . import depthwise, direct_flat, microkernel
+from . import depthwise, direct_flat, microkernel, pool
 from .depthwise import FASTMATH
 from .features import Features
 from .geometry import params, spatial, tap, tap_weights
@@ -256,6 +257,18 @@ def _exponents_full(words, field, carry):  # pragma: no cover - compiled
     return acc
 
 
+#: 64-bit words per part of :func:`_exponents_parts` (256 KiB): a larger array's scan in parallel.
+_SCAN_WORDS = 1 << 15
+
+
+@kernel_cache.njit(parallel=True)
+def _exponents_parts(words, field, carry, out):  # pragma: no cover - compiled
+    """:func:`_exponents_full` of each :data:`_SCAN_WORDS` part of ``words`` into ``out``, the
+    parts in parallel."""
+    for p in numba.prange(out.shape[0]):
+        out[p] = _exponents_full(words[p * _SCAN_WORDS:(p + 1) * _SCAN_WORDS], field, carry)
+
+
 def finite(values: np.ndarray, acc: np.dtype = np.dtype(np.float32)) -> bool:
     """Whether every value is finite. The GEMM-based paths multiply zeros of padding (and junk
     rows) with the weights, or a weights gradient's dy with x's padding: a NaN or Inf there would
@@ -274,8 +287,14 @@ def finite(values: np.ndarray, acc: np.dtype = np.dtype(np.float32)) -> bool:
     body = (flat.size - head) // per * per
     ends = np.concatenate((flat[:head], flat[head + body:]))
     field, carry, sign = words
-    return bool(np.isfinite(ends.astype(np.float32)).all()) and \
-        not (_exponents_full(flat[head:head + body].view(np.uint64), field, carry) & sign)
+    scan = flat[head:head + body].view(np.uint64)
+    if scan.size > 2 * _SCAN_WORDS and pool.threads() > 1:   # 6.4 MB of bf16 x: 0.2 -> 0.1 ms
+        parts = np.empty(-(-scan.size // _SCAN_WORDS), np.uint64)
+        _exponents_parts(scan, field, carry, parts)
+        full = np.bitwise_or.reduce(parts)
+    else:
+        full = _exponents_full(scan, field, carry)
+    return bool(np.isfinite(ends.astype(np.float32)).all()) and not (full & sign)
 
 
 def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, dtype: np.dtype, rounded: bool = False) -> np.ndarray:

@@ -343,7 +343,13 @@ def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, pla
 
 def _block(plan: Plan) -> tuple[int, int, int]:
     """(rows R, vectors V, lanes V*W) of ``plan``'s register block."""
-    rows, vecs = _block_of(plan.param("block"))
+    return _block_on(plan.param("block"), isa.family())
+
+
+@_remembered
+def _block_on(name: str, family: str) -> tuple[int, int, int]:
+    """:func:`_block` of the block ``name`` on the kernel ``family`` (remembered: a call's Python)."""
+    rows, vecs = _block_of(name)
     return rows, vecs, vecs * _width()
 
 
