@@ -441,7 +441,8 @@ def test_packed_weights_against_their_definition(groups, icg, ocg, kernel, vw, c
         w = np.ascontiguousarray(np.moveaxis(w, (-1, -2), (0, 1))).transpose(*range(2, w.ndim), 1, 0)
     elif memory == "flipped":                            # every axis read backwards
         w = np.ascontiguousarray(w[(slice(None, None, -1),) * w.ndim])[(slice(None, None, -1),) * w.ndim]
-    got = jit._packed_weights(g, w, vw, transpose, depth, columns)
+    got, finite = jit._packed_weights(g, w, vw, transpose, depth, columns)
+    assert finite is True                                # what the compiled packing saw
     bits = (w.view(np.uint16) if depth == 2 else w).reshape(-1, icg, groups, ocg)  # (T, ICg, G, OCg)
     cols = np.arange(icg if transpose else ocg)[columns]
     red, blocks, rows = (ocg if transpose else icg), got.shape[1], got.shape[3] * depth
@@ -453,7 +454,9 @@ def test_packed_weights_against_their_definition(groups, icg, ocg, kernel, vw, c
     got_values = got.view(np.uint16) if depth == 2 else got
     np.testing.assert_array_equal(got_values, want.reshape(*want.shape[:3], rows // depth, depth, vw).swapaxes(4, 5))
     if depth == 1:
-        np.testing.assert_array_equal(got, jit._packed_weights(g, w.astype(np.float64), vw, transpose, 1, columns))
+        widened, seen = jit._packed_weights(g, w.astype(np.float64), vw, transpose, 1, columns)
+        np.testing.assert_array_equal(got, widened)
+        assert seen is None                              # NumPy's assignment: not looked at
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.uint16])
@@ -652,3 +655,47 @@ def test_weights_gradient_reads_the_last_kernel_axis_as_channels(ic, in_size, ke
     for rows, vecs in microkernel.BLOCKS[isa.WIDTH[isa.family()]]:
         got = jit.backward_weights(g, x, dy, Plan.of("jit", **jit.complete(f, {"block": f"{rows}x{vecs}"})))
         _close(got, want, TOLERANCE["f32"], f"{kernel} {rows}x{vecs}")
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_packed_weights_say_whether_every_value_is_finite(transpose, dtype, rng) -> None:
+    """``_packed_weights`` reports whether its compiled packing saw only finite values (both
+    packings: rows read in turn for XIO taps, tiles for the transposed ones; bf16 pairs and
+    f32; channels past the vectors and a pair's odd row): a NaN or +-Inf at any of the tried
+    positions is seen, finite weights are finite (their values:
+    test_packed_weights_against_their_definition)."""
+    depth, vw = (2, 32) if dtype == "bf16" else (1, 16)
+    g = _geometry(1, 2, 37, 21, (5, 4), (3, 2), pb=(1, 0), pe=(1, 0))
+    w = (rng.uniform(0.5, 1.5, g.w_shape) * rng.choice([-1, 1], g.w_shape)).astype(DATA_DTYPES[dtype])
+    assert jit._packed_weights(g, w, vw, transpose, depth)[1] is True
+    flat = w.reshape(-1)
+    for at in (0, 1, flat.size // 2, flat.size - 2, flat.size - 1):
+        for bad in (np.nan, np.inf, -np.inf):
+            spoiled = flat.copy()
+            spoiled[at] = bad
+            assert jit._packed_weights(g, spoiled.reshape(w.shape), vw, transpose, depth)[1] is False, (at, bad)
+
+
+def test_padded_problems_with_finite_weights_read_them_once(monkeypatch, rng) -> None:
+    """A padded forward and data gradient on ``jit`` take the weights' finiteness from their
+    packing: no pass of ``direct.finite`` over w (or the result) when w is finite; with a NaN
+    weight next to padding they still give the exact loops' result (padding is not part of
+    the sums)."""
+    from convgrad.engines.fast import direct
+    g = _geometry(2, 1, 8, 16, (6, 5), (3, 3), pb=(1, 1), pe=(1, 1))
+    plan = Plan.of("jit", **jit.complete(Features.of(g, "forward", np.float32, False), {}))
+    args = _inputs(g, rng, np.float32)
+    read: list[int] = []
+    real = direct.finite
+    monkeypatch.setattr(direct, "finite", lambda a, *rest: read.append(a.size) or real(a, *rest))
+    for task in ("forward", "backward_data"):
+        jit.run(plan, g, *args[task], task)
+        assert read == [], task
+        w = args[task][1].copy()
+        w[0, 0, 0, 0] = np.nan                  # a corner tap: it meets the padding
+        a = args[task][0]
+        got = jit.run(plan, g, a, w, task)
+        want = getattr(direct, task)(g, a, w, np.dtype(np.float32))
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), task)
+        read.clear()

@@ -195,14 +195,19 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, ro
     data gradient of several taps (:func:`_rounding`), and a bf16 weights gradient run a few
     taps at a time (:func:`_tap_slab`). Padded problems with a NaN or Inf weight (forward, data
     gradient) or in dy (weights gradient), where the result is not finite either (the smaller of
-    the two looked at first: 0.74 ms for ResNet-50's largest weights was 30 % of an mb-1 call),
-    run again on :mod:`.direct`'s exact loops: padding is not part of the sums
+    the two looked at first: 0.74 ms for ResNet-50's largest weights was 30 % of an mb-1 call;
+    the weights as the packing of forward and data gradient saw them: 18-24 µs of an mb-1 3x3
+    call), run again on :mod:`.direct`'s exact loops: padding is not part of the sums
     (docs/guarantees.md)."""
     if geometry.pointwise(g):
         return pointwise(g, a, b, task, plan, rounded)
-    result = {"forward": forward, "backward_data": backward_data, "backward_weights": backward_weights}[task](
-        g, a, b, plan, rounded)
-    if not (geometry.has_padding(g) and _nonfinite(result, b)):
+    if task == "backward_weights":
+        result, checked = backward_weights(g, a, b, plan, rounded), []
+    else:           # each packing of w says whether its values were finite: then no pass over w
+        checked = []
+        result = (forward if task == "forward" else backward_data)(g, a, b, plan, rounded, checked)
+    if not geometry.has_padding(g) or checked and all(finite is True for finite in checked) \
+            or not _nonfinite(result, b):
         return result
     if task == "backward_weights":                  # padding zeros times NaN/Inf: the exact loops
         return direct.backward_weights(g, a, b, F32)
@@ -722,11 +727,13 @@ def _row_layout(rows: int, grid: tuple[int, ...], src_pitch: int, flattens: bool
 
 
 def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, depth: int = 1,
-                    columns: slice = slice(None)) -> np.ndarray:
+                    columns: slice = slice(None)) -> tuple[np.ndarray, bool | None]:
     """Canonical (*K, ICg, OC) weights as f32 ``(G, blocks, T, red, vw)``: red = ICg and blocks
     of OCg (forward), or with ``transpose`` red = OCg and blocks of ICg (those of ``columns``
     only); zero past the channels. ``depth`` 2: bf16 bits (uint16) ``(G, blocks, T, red/2, vw,
-    2)``, red padded to pairs, each pair of reduction values interleaved per lane."""
+    2)``, red padded to pairs, each pair of reduction values interleaved per lane. With it,
+    whether every value packed is finite, as the compiled packing saw it (None: not looked at,
+    16-bit data widened by NumPy): :func:`run`'s padding check then needs no pass over w."""
     t = math.prod(g.kernel)
     taps = tap_weights(g, w, transpose).transpose(1, 0, 2, 3)[..., columns]  # (G, T, red, width), a view
     if depth == 2:
@@ -736,27 +743,41 @@ def _packed_weights(g: ConvGeometry, w: np.ndarray, vw: int, transpose: bool, de
     shape = (g.groups, blocks, t, rpad // depth, vw, depth)
     if taps.dtype == (np.uint16 if depth == 2 else F32):   # every value written once, in parallel
         out = workspace.empty(math.prod(shape), taps.dtype).reshape(shape)
-        if abs(taps.strides[3]) <= abs(taps.strides[2]):      # lanes closer than rows: rows read in turn
-            _pack_rows(g.groups * t * -(-rpad // _PACK_ROWS), taps, out, out.reshape(-1), _width())
-        else:
-            _pack(math.prod(out.shape[:3]), taps, out, _width())
-        return out
+        rows = abs(taps.strides[3]) <= abs(taps.strides[2])      # lanes closer than rows: rows read in turn
+        items = g.groups * t * -(-rpad // _PACK_ROWS) if rows else math.prod(out.shape[:3])
+        field, carry, sign = direct.EXPONENT_WORDS[bfloat16 if depth == 2 else F32]
+        full = np.empty(items, np.uint64)                         # per item: any exponent field all ones
+        (_pack_rows if rows else _pack)(items, taps, out, out.reshape(-1), out.reshape(-1).view(np.uint64), full,
+                                        field, carry, _width())
+        return out, not np.bitwise_or.reduce(full) & sign
     out = workspace.zeros(math.prod(shape), np.uint16 if depth == 2 else F32).reshape(shape)   # aligned: vector loads
     for block in range(blocks):        # written in place (converted as assigned): no second copy
         cols = slice(block * vw, min(width, (block + 1) * vw))
         for d in range(depth):
             out[:, block, :, :len(range(d, red, depth)), :cols.stop - cols.start, d] = taps[:, :, d::depth, cols]
-    return out
+    return out, None
 
 
-def _pack_item(item, taps, out, width):  # pragma: no cover - compiled
+@kernel_cache.njit(inline="always")
+def _words_full(words, start, nbytes, field, carry):  # pragma: no cover - compiled
+    """:func:`.direct.finite`'s OR of ``(word & field) + carry`` over the 64-bit ``words`` of
+    ``nbytes`` bytes from byte ``start`` (both multiples of 8): where a value's exponent field is
+    all ones (NaN or Inf), its sign bit set."""
+    acc = np.uint64(0)
+    for i in range(start // 8, (start + nbytes) // 8):
+        acc |= (words[i] & field) + carry
+    return acc
+
+
+def _pack_item(item, taps, out, flat, words, full, field, carry, width):  # pragma: no cover - compiled
     """out[g, b, t, r // D, c, r % D] = taps[g, t, r, b*VW + c] (zero past taps' reduction and
     width) for out (G, blocks, T, R/D, VW, D) and item (g, b, t) (:data:`_pack` runs the items in
     parallel), for taps whose rows lie closer than their lanes (:func:`_pack_rows_item` takes the
     others). A transposed view contiguous along r (the data gradient's weights) is transposed in
     ``width`` x ``width`` tiles of 32-bit units in registers (:func:`.microkernel.transpose32`;
     bf16: a unit is a pair along r), the edges (and other strides) one value at a time (a scalar
-    transpose took 2 ms of a 3.6 ms data gradient at mb 1)."""
+    transpose took 2 ms of a 3.6 ms data gradient at mb 1). ``full[item]``: :func:`_words_full`
+    of what the item wrote (``words``: ``out`` as 64-bit words; ``flat`` unused)."""
     g_, t_, red, width_ = taps.shape
     blocks, vw, depth = out.shape[1], out.shape[4], out.shape[5]
     rpad = out.shape[3] * depth
@@ -783,6 +804,7 @@ def _pack_item(item, taps, out, width):  # pragma: no cover - compiled
             dst = o[r // depth, :, r % depth]
             for c in range(first, vw):
                 dst[c] = taps[g, t, r, b * vw + c] if r < red and c < lanes else 0
+    full[item] = _words_full(words, obase * item_o, out.shape[3] * vw * depth * item_o, field, carry)
 
 
 _pack = microkernel.parallel_items(_pack_item)
@@ -791,13 +813,14 @@ _pack = microkernel.parallel_items(_pack_item)
 _PACK_ROWS = 64
 
 
-def _pack_rows_item(item, taps, out, flat, width):  # pragma: no cover - compiled
+def _pack_rows_item(item, taps, out, flat, words, full, field, carry, width):  # pragma: no cover - compiled
     """:func:`_pack_item`'s ``out`` (``flat``: the same, 1-D) from taps whose lanes lie closer
     than their rows (the forward's XIO weights): item (g, t, chunk of :data:`_PACK_ROWS` rows)
     reads each row once, in order, into every block, ``width`` lanes a vector where they are
     adjacent (:func:`.microkernel.copy32`; bf16 row pairs :func:`.microkernel.pairs32`). Items of
     one block and tap, reading a row's 64 bytes 2 KB apart, took 7-16 ms for 3x3 x 512 x 512
-    f32 channels on a Zen 3 (past the TLB's reach), this 3-9, a copy 1.4."""
+    f32 channels on a Zen 3 (past the TLB's reach), this 3-9, a copy 1.4. ``full[item]``:
+    :func:`_words_full` of the rows it wrote (``words``: ``out`` as 64-bit words)."""
     g_, t_, red, width_ = taps.shape
     blocks, vw, depth = out.shape[1], out.shape[4], out.shape[5]
     rpad = out.shape[3] * depth
@@ -829,6 +852,12 @@ def _pack_rows_item(item, taps, out, flat, width):  # pragma: no cover - compile
                 flat[o + c * depth] = taps[g, t, r, b * vw + c]
             for c in range(lanes, vw):
                 flat[o + c * depth] = 0
+    seen = np.uint64(0)
+    r0, r1 = ch * _PACK_ROWS, min(rpad, (ch + 1) * _PACK_ROWS)          # whole pairs: _PACK_ROWS and rpad even
+    for b in range(blocks):
+        seen |= _words_full(words, (first_row + (r0 // depth) * od + b * per_block) * item_o,
+                            (r1 - r0) // depth * od * item_o, field, carry)
+    full[item] = seen
 
 
 _pack_rows = microkernel.parallel_items(_pack_rows_item)
@@ -839,10 +868,12 @@ def _strides(shape: tuple[int, ...]) -> np.ndarray:
     return np.array([math.prod(shape[j + 1:]) for j in range(len(shape))], np.int64)
 
 
-def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = None, rounded: bool = False) -> np.ndarray:
+def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = None, rounded: bool = False,
+            checked: list[bool | None] | None = None) -> np.ndarray:
     """y (N, *O, OC) in f32 (see the module docstring), by ``plan`` (default: :func:`complete`'s);
     with ``rounded``, 16-bit data gives y in its dtype, each value rounded once as it is stored
-    (:func:`_rounding`)."""
+    (:func:`_rounding`). ``checked``: each packing of w appends whether its values were finite
+    (:func:`_packed_weights`)."""
     plan = _plan(g, "forward", plan)
     rows, vecs, icg, kind, images, channels, stage, pb, size, slack, rows_in = _forward_setup(
         g, x.dtype, plan, rounded, pool.threads(), isa.family())
@@ -858,7 +889,10 @@ def forward(g: ConvGeometry, x: np.ndarray, w: np.ndarray, plan: Plan | None = N
             steps = np.array([xs[0], s[0] * xs[1], s[1] * xs[2], s[2] * xs[3]], np.int64)
             for c0, c1 in channels:
                 with workspace.part():
-                    wp = _packed_weights(g, w, vw, False, depth, slice(c0, c1)).reshape(-1)
+                    wp, finite = _packed_weights(g, w, vw, False, depth, slice(c0, c1))
+                    wp = wp.reshape(-1)
+                    if checked is not None:
+                        checked.append(finite)
                     _run_outputs(rows, vecs, xp, steps, taps_a, y, n0 * ys[0] + c0, ys4, (n1 - n0, *o), wp, taps,
                                  taps_b, g.groups, icg // depth, c1 - c0, plan.param("cache_bytes"), tap_rows, rows_in,
                                  kind)
@@ -929,13 +963,13 @@ def _folded_data(g: ConvGeometry, dtype: np.dtype) -> tuple[ConvGeometry, int] |
 
 
 def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | None = None,
-                  rounded: bool = False) -> np.ndarray:
+                  rounded: bool = False, checked: list[bool | None] | None = None) -> np.ndarray:
     """dx (N, *I, IC) in f32: one stride-1 convolution of padded dy per stride phase (each value
     written once: with ``rounded``, 16-bit data gives dx in its dtype, rounded as it is stored,
     :func:`_rounding`). bf16 on tiles with few input channels: the folded geometry's dx (K2 x
     ICg lanes, :func:`_folded_data`) in f32, summed into dx along the last axis (col2im along it
     alone: :func:`_unfold_last_axis`), each value rounded once (ResNet-50's conv1: 3 of a tile's
-    16 lanes used, 42 -> 17 ms on the Xeon with AMX)."""
+    16 lanes used, 42 -> 17 ms on the Xeon with AMX). ``checked``: as :func:`forward`'s."""
     folded = _folded_data(g, dy.dtype)
     if folded is not None:
         from .plan import Plan
@@ -946,7 +980,7 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | N
             gc = dataclasses.replace(fg, n=min(per, g.n - n0))
             with workspace.part():
                 fplan = Plan.of("jit", **complete(Features.of(gc, "backward_data", dy.dtype, False), {}))
-                f3 = spatial3(backward_data(gc, dy[n0:n0 + gc.n], w.reshape(fg.w_shape), fplan))
+                f3 = spatial3(backward_data(gc, dy[n0:n0 + gc.n], w.reshape(fg.w_shape), fplan, False, checked))
                 dx3 = spatial3(dx[n0:n0 + gc.n])
                 _unfold_last_axis(f3.reshape(-1, *f3.shape[3:]), dx3.reshape(-1, *dx3.shape[3:]), g.strides[-1],
                                   g.dilations[-1], g.pads_begin[-1], kind)
@@ -962,7 +996,10 @@ def backward_data(g: ConvGeometry, dy: np.ndarray, w: np.ndarray, plan: Plan | N
             ds, steps = _element_steps(dyp.shape)
             for c0, c1 in channels:
                 with workspace.part():
-                    wp = _packed_weights(g, w, vw, True, depth, slice(c0, c1)).reshape(-1)
+                    wp, finite = _packed_weights(g, w, vw, True, depth, slice(c0, c1))
+                    wp = wp.reshape(-1)
+                    if checked is not None:
+                        checked.append(finite)
                     for base, grid, taps_a, taps_b, tap_rows in _phase_tables(g, ocg * vw, ds):
                         _run_outputs(rows, vecs, dyp, steps, taps_a, dx, int(n0 * out_steps[0]) + base + c0, out_steps,
                                      (n1 - n0, *grid), wp, taps, taps_b, g.groups, ocg // depth, c1 - c0,
