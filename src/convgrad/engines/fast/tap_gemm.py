@@ -218,7 +218,8 @@ def gemms(x: np.ndarray, ic: int, layout: Layout, dy: np.ndarray, rounded: bool)
     xt = workspace.empty(held * (1 if bl.shares > 1 else len(layout.grids)) * bl.icpad * bl.span, U16).reshape(
         -1, held, bl.icpad, bl.span)
     if bl.shares == 1:                                 # every chunk, before the kernels
-        _paired_chunks(dy.reshape(-1), oc, layout.dgrid, bl.kc, bp.reshape(bl.chunks, -1), nr)
+        _paired_chunks(dy.reshape(-1), oc, layout.dgrid, bl.kc, bp.reshape(bl.chunks, -1), nr,
+                       max(1, -(-2 * pool.threads() // bl.chunks)))
         for i, grid in enumerate(layout.grids):
             _transposed_chunks(x, ic, grid, bl.kc, xt[i])
     shape = (bl.shares, taps, bl.icpad, bl.ocpad) if bl.shares > 1 else (0, 0, 0, 0)
@@ -264,23 +265,26 @@ def _grid_next(n, e0, e1, e2, q0, q1, q2):  # pragma: no cover - compiled
 
 
 @microkernel.cached_njit(parallel=True)
-def _paired_chunks(dy, oc, dgrid, kc, out, nr):  # pragma: no cover - compiled
-    """:func:`_pair_chunk` of every chunk c into ``out[c]``, chunks in parallel."""
+def _paired_chunks(dy, oc, dgrid, kc, out, nr, parts):  # pragma: no cover - compiled
+    """:func:`_pair_chunk` of every chunk c into ``out[c]``, each chunk's pairs in ``parts``
+    ranges, all in parallel (one chunk, at mb 1: 28 -> 15 µs for 64 channels at 56x56)."""
     panels = out.shape[1] // (kc * nr)
-    for c in numba.prange(out.shape[0]):
-        _pair_chunk(dy, oc, dgrid, kc, c, out[c], 0, panels, nr)
+    half = kc // 2
+    for item in numba.prange(out.shape[0] * parts):
+        c, part = item // parts, item % parts
+        _pair_chunk(dy, oc, dgrid, kc, c, out[c], 0, panels, nr, half * part // parts, half * (part + 1) // parts)
 
 
 @numba.njit(inline="always")
-def _pair_chunk(dy, oc, dgrid, kc, c, out, base, panels, nr):  # pragma: no cover - compiled
-    """Grid positions ``c kc .. c kc + kc`` of dy in pairs, as (panels, kc/2, ``nr`` lanes, 2) from
-    ``out[base]``: ``dgrid`` = (N, Q0, Q1, Q2, O0, O1, O2), position (n, e) on the N x Q grid is
-    dy's (n, e) where e < O (zero elsewhere, past the grid and past ``oc``); 16 lanes of two
-    rows at a time (:func:`.microkernel.pairs32`)."""
-    n, e0, e1, e2 = _grid_at(c * kc, dgrid[1], dgrid[2], dgrid[3])
+def _pair_chunk(dy, oc, dgrid, kc, c, out, base, panels, nr, i0, i1):  # pragma: no cover - compiled
+    """Pairs ``i0 .. i1`` of grid positions ``c kc .. c kc + kc`` of dy, as (panels, kc/2, ``nr``
+    lanes, 2) from ``out[base]``: ``dgrid`` = (N, Q0, Q1, Q2, O0, O1, O2), position (n, e) on the
+    N x Q grid is dy's (n, e) where e < O (zero elsewhere, past the grid and past ``oc``); 16
+    lanes of two rows at a time (:func:`.microkernel.pairs32`)."""
+    n, e0, e1, e2 = _grid_at(c * kc + 2 * i0, dgrid[1], dgrid[2], dgrid[3])
     half = kc // 2
     rows = np.empty(2, np.int64)
-    for i in range(half):
+    for i in range(i0, i1):
         for h in range(2):
             inside = n < dgrid[0] and e0 < dgrid[4] and e1 < dgrid[5] and e2 < dgrid[6]
             rows[h] = ((n * dgrid[4] + e0) * dgrid[5] + e1) * dgrid[6] + e2 if inside else -1
@@ -391,7 +395,7 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
             bat = c * panels * panel_stride
             if shares > 1:
                 bat = share * panels * panel_stride
-                _pair_chunk(dy, oc, dgrid, kc, c, bp, bat, panels, nr)
+                _pair_chunk(dy, oc, dgrid, kc, c, bp, bat, panels, nr, 0, half)
             part = -1
             for t in range(t0, t1):
                 if part_of[t] != part:
