@@ -255,7 +255,7 @@ def pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Pl
         return geometry.spread(rows.reshape(g.y_shape[:-1] + (g.ic,)), g.strides,
                                empty_like_data(g.x_shape, out, a))
     if task == "backward_weights" and _depth(a.dtype) == 2 and isa.bf16_kernel() >= microkernel.TILES_STANDIN:
-        return tap_gemm.run(g, a, b, out != F32)       # AMX: x^T in tile rows, the strides' positions read there
+        return tap_gemm.run(g, a, b, out != F32)[0]    # AMX: x^T in tile rows (no junk positions: 1x1, unpadded)
     xs = _positions(operand(a), g)
     if task == "forward":
         return np.ascontiguousarray(gemm(xs, operand(b).reshape(g.ic, g.oc))).reshape(g.y_shape)
@@ -1409,9 +1409,10 @@ def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan 
     slab of dw rounded to bf16 once its sums are done (:func:`_tap_slab`)."""
     plan = _plan(g, "backward_weights", plan)
     if plan.param("split") == "taps":
-        if direct.finite(x):
-            return tap_gemm.run(g, x, dy, rounded)
-        plan = type(plan).of("jit", **dict(plan.params, split="rows"))   # Inf/NaN in x would meet junk zeros
+        dw, finite = tap_gemm.run(g, x, dy, rounded)
+        if finite:                         # x as its transposition saw it: no pass of its own
+            return dw
+        plan = type(plan).of("jit", **dict(plan.params, split="rows"))   # Inf/NaN in x may have met junk zeros
     taps = math.prod(g.kernel)
     slab = _tap_slab(g, x, dy, plan, rounded)
     if slab >= taps:

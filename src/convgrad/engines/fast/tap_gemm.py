@@ -141,21 +141,23 @@ def conv_workspace_bytes(g: ConvGeometry) -> int:
         g.n * math.prod(q), g.ic, g.oc, math.prod(g.kernel), halo, len(groups))
 
 
-def run(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, rounded: bool) -> np.ndarray:
+def run(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, rounded: bool) -> tuple[np.ndarray, bool]:
     """dw (*K, ICg, OC) of a bf16 weights gradient of one group (the module docstring): f32, or
-    bf16 bits rounded once with ``rounded``. x must be finite where there is padding (a junk
-    position's zero times Inf is NaN: the caller checks)."""
+    bf16 bits rounded once with ``rounded``; and whether every value of x the grids read was
+    finite (where not, a junk position's zero times Inf may have made a NaN: the caller runs
+    another path)."""
     fg = folded(g)
     if fg is not None:       # the last kernel axis as channels (:func:`folded`)
         x3 = spatial3(x.view(U16))
         xf = workspace.empty(math.prod(fg.x_shape), U16).reshape(*x3.shape[:3], g.out_size[-1], fg.ic)
         _fold_last_axis(x3.reshape(-1, *x3.shape[3:]), xf.reshape(-1, *xf.shape[3:]), g.strides[-1],
                         g.dilations[-1], g.pads_begin[-1])
-        return run(fg, xf.view(x.dtype).reshape(fg.x_shape), dy, rounded).reshape(g.w_shape)
+        dw, finite = run(fg, xf.view(x.dtype).reshape(fg.x_shape), dy, rounded)
+        return dw.reshape(g.w_shape), finite
     x3 = np.ascontiguousarray(spatial3(x.view(U16)))
-    dw = gemms(x3.reshape(-1), g.ic, _layout(g, pool.threads(), isa.family()),
-               np.ascontiguousarray(spatial3(dy.view(U16))), rounded)
-    return dw.view(x.dtype).reshape(g.w_shape) if rounded else dw.reshape(g.w_shape)
+    dw, finite = gemms(x3.reshape(-1), g.ic, _layout(g, pool.threads(), isa.family()),
+                       np.ascontiguousarray(spatial3(dy.view(U16))), rounded)
+    return (dw.view(x.dtype) if rounded else dw).reshape(g.w_shape), finite
 
 
 class Layout(NamedTuple):
@@ -204,12 +206,13 @@ def _fold_last_axis(x, out, stride, dilation, pad):  # pragma: no cover - compil
                         dst[i] = 0
 
 
-def gemms(x: np.ndarray, ic: int, layout: Layout, dy: np.ndarray, rounded: bool) -> np.ndarray:
+def gemms(x: np.ndarray, ic: int, layout: Layout, dy: np.ndarray, rounded: bool) -> tuple[np.ndarray, bool]:
     """``a[off:off + F]^T @ d`` for each grid of ``layout`` and each of its offsets, ``a`` the
     (F, IC) positions of x (flat canonical bf16 bits, ``ic`` channels) that the grid maps
     (:func:`_transpose_chunk`; rows past F zeros), ``d`` dy (canonical (N, O0, O1, O2, OC) bf16
     bits) at the origin of the grid of F positions, zeros elsewhere: as (taps, IC, OC) f32, or
-    bf16 bits rounded once with ``rounded``, the i-th offset's at its slot."""
+    bf16 bits rounded once with ``rounded``, the i-th offset's at its slot; and whether every x
+    value transposed (those the grids read) was finite."""
     oc, bl, taps = dy.shape[-1], layout.blocks, len(layout.offsets)
     nr = 16 * bl.vecs
     panels = -(-oc // nr)
@@ -217,11 +220,12 @@ def gemms(x: np.ndarray, ic: int, layout: Layout, dy: np.ndarray, rounded: bool)
     bp = workspace.empty(held * panels * bl.kc * nr, U16).reshape(held, panels, bl.kc // 2, 2 * nr)
     xt = workspace.empty(held * (1 if bl.shares > 1 else len(layout.grids)) * bl.icpad * bl.span, U16).reshape(
         -1, held, bl.icpad, bl.span)
+    xfull = np.zeros(bl.shares, np.uint64)             # x's exponent checks, per share
     if bl.shares == 1:                                 # every chunk, before the kernels
         _paired_chunks(dy.reshape(-1), oc, layout.dgrid, bl.kc, bp.reshape(bl.chunks, -1), nr,
                        max(1, -(-2 * pool.threads() // bl.chunks)))
         for i, grid in enumerate(layout.grids):
-            _transposed_chunks(x, ic, grid, bl.kc, xt[i])
+            _transposed_chunks(x, ic, grid, bl.kc, xt[i], xfull)
     shape = (bl.shares, taps, bl.icpad, bl.ocpad) if bl.shares > 1 else (0, 0, 0, 0)
     sums = workspace.empty(math.prod(shape), np.float32).reshape(shape)   # each share's first chunk writes them
     out = workspace.result((taps, ic, oc) if bl.shares == 1 else (0, 0, 0), U16 if rounded else np.float32)
@@ -230,13 +234,14 @@ def gemms(x: np.ndarray, ic: int, layout: Layout, dy: np.ndarray, rounded: bool)
         bl.shares if bl.shares > 1 else taps * panels, x, ic, layout.grids, xt.reshape(-1), bl.icpad, bl.span,
         layout.offsets, layout.part_of, dy.reshape(-1), oc, layout.dgrid, bp.reshape(-1), sums, bl.kc, bl.chunks,
         bl.shares, panels, layout.slots, out.view(np.float32) if not rounded else _NO_F32, out if rounded else _NO_U16,
-        kind)
+        kind, xfull)
+    finite = not np.bitwise_or.reduce(xfull) & np.uint64(0x8000800080008000)
     if bl.shares == 1:        # the items wrote dw, rounded, in place
-        return out
+        return out, finite
     dw = np.empty((taps, ic, oc), U16 if rounded else np.float32)
     sum_of = np.add.reduce(sums, axis=0)[:, :ic, :oc]
     dw[layout.slots] = casts.from_f32(np.ascontiguousarray(sum_of), casts.BFLOAT16).view(U16) if rounded else sum_of
-    return dw
+    return dw, finite
 
 
 #: The driver's unused result (never written).
@@ -304,17 +309,20 @@ def _pair_chunk(dy, oc, dgrid, kc, c, out, base, panels, nr, i0, i1):  # pragma:
 
 
 @microkernel.cached_njit(parallel=True)
-def _transposed_chunks(src, ic, grid, kc, out):  # pragma: no cover - compiled
+def _transposed_chunks(src, ic, grid, kc, out, full):  # pragma: no cover - compiled
     """:func:`_transpose_chunk` of every chunk c into ``out[c]``, items of a chunk and a group
-    of 16-channel blocks in parallel."""
+    of 16-channel blocks in parallel; ``full[0]`` ORed with their exponent checks."""
     chunks, icpad, span = out.shape
     blocks = -(-icpad // 16)
     groups = min(blocks, -(-16 // chunks))     # items of several channel blocks: the rows found once
     flat = out.reshape(-1)
+    seen = np.zeros(chunks * groups, np.uint64)
     for item in numba.prange(chunks * groups):
         c, group = item // groups, item % groups
-        _transpose_chunk(src, ic, grid, kc, c, flat, c * icpad * span, icpad, span, blocks * group // groups,
-                         blocks * (group + 1) // groups)
+        seen[item] = _transpose_chunk(src, ic, grid, kc, c, flat, c * icpad * span, icpad, span,
+                                      blocks * group // groups, blocks * (group + 1) // groups)
+    for item in range(chunks * groups):
+        full[0] |= seen[item]
 
 
 @numba.njit(inline="always")
@@ -326,9 +334,14 @@ def _transpose_chunk(src, ic, grid, kc, c, out, base, icpad, span, b0, b1):  # p
     (flat canonical (N, X0, X1, X2, ic) 16-bit bits). 16 channels x 32 positions at a time,
     their rows found once for all blocks: each pair of positions joined into 32-bit units
     (:func:`.microkernel.pairs32`), the 16 x 16 units transposed in registers
-    (:func:`.microkernel.transpose32`); pairs at padding, and the edges, one value at a time."""
+    (:func:`.microkernel.transpose32`); pairs at padding, and the edges, one value at a time.
+    Returns the OR of ``(v & 0x7F80) + 0x80`` over the values it wrote, four to a 64-bit word:
+    bit 15 of a word's quarter set where one was NaN or Inf (:data:`.direct.EXPONENT_WORDS`)."""
     units = np.empty(512, np.uint16)
+    words = units.view(np.uint64)
     at = np.empty(32, np.int64)
+    seen = np.uint64(0)
+    field, carry = np.uint64(0x7F807F807F807F80), np.uint64(0x0080008000800080)
     for j0 in range(0, span, 32):
         n, e0, e1, e2 = _grid_at(c * kc + j0, grid[1], grid[2], grid[3])
         for j in range(32):       # each position's x row, or -1
@@ -344,7 +357,9 @@ def _transpose_chunk(src, ic, grid, kc, c, out, base, icpad, span, b0, b1):  # p
                 for j in range(j0, span):
                     rj = at[j - j0]
                     for i in range(16):
-                        out[row + i * span + j] = src[rj * ic + i0 + i] if rj >= 0 and i0 + i < ic else 0
+                        v = src[rj * ic + i0 + i] if rj >= 0 and i0 + i < ic else np.uint16(0)
+                        out[row + i * span + j] = v
+                        seen |= (np.uint64(v) & field) + carry
                 continue
             for p in range(16):
                 ra, rb = at[2 * p], at[2 * p + 1]
@@ -355,7 +370,10 @@ def _transpose_chunk(src, ic, grid, kc, c, out, base, icpad, span, b0, b1):  # p
                     inside = i0 + i < ic
                     units[p * 32 + 2 * i] = src[ra * ic + i0 + i] if ra >= 0 and inside else 0
                     units[p * 32 + 2 * i + 1] = src[rb * ic + i0 + i] if rb >= 0 and inside else 0
+            for q in range(128):
+                seen |= (words[q] & field) + carry
             microkernel.transpose32(16, units, 0, 32, out, row + j0, span)
+    return seen
 
 
 @functools.cache
@@ -363,7 +381,7 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
     """The kernel calls of :func:`run` for one tile block, run per item in the pool (item: a
     share of the chunks, or one (tap, panel) block of dw over every chunk)."""
     def body(item, x, ic, grids, xt, icpad, lda, taps, part_of, dy, oc, dgrid, bp, sums, kc, chunks, shares,
-             panels, slots, out, out16, kind):  # pragma: no cover - compiled
+             panels, slots, out, out16, kind, xfull):  # pragma: no cover - compiled
         """``sums[share, t, i, o] = sum_f A_t[c, i, off_t + j] B[f][o]`` over the item's chunks c
         (f = c kc + j; the first chunk's call writes, the others add), taps t and panels, A_t x
         transposed on its part's grid (``grids[part_of[t]]``, rows ``lda`` apart); B per chunk as
@@ -373,7 +391,8 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
         (``out`` f32 or ``out16`` bf16 bits of ``kind``, tap t at ``slots[t]``). Shares of the
         chunks: ``xt`` (shares, icpad, lda) and ``bp`` (shares, ...), each share pairing dy's
         chunk and transposing x's for each part there just before their kernels
-        (:func:`_pair_chunk`, :func:`_transpose_chunk`: in its L2), into ``sums``."""
+        (:func:`_pair_chunk`, :func:`_transpose_chunk`: in its L2), into ``sums``; ``xfull[item]``
+        ORed with the exponent checks of the x they transposed."""
         nr = vecs * 16
         zero = np.zeros(1, np.int64)
         strips = icpad // rows
@@ -403,7 +422,8 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
                     at = (part * chunks + c) * chunk_stride
                     if shares > 1:
                         at = share * chunk_stride
-                        _transpose_chunk(x, ic, grids[part], kc, c, xt, at, icpad, lda, 0, icpad // 16)
+                        xfull[item] |= _transpose_chunk(x, ic, grids[part], kc, c, xt, at, icpad, lda, 0,
+                                                        icpad // 16)
                 for s in range(strips):
                     for p in range(p0, p1):
                         coff = s * rows * ldc if own else ((share * total + t) * icpad + s * rows) * ldc + p * nr
