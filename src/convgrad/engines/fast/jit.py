@@ -201,9 +201,11 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, ro
     (docs/guarantees.md)."""
     if geometry.pointwise(g):
         return pointwise(g, a, b, task, plan, rounded)
-    checked: list[bool | None] = []    # each packing of w (or pairing of dy) says whether its values were finite
-    result = {"forward": forward, "backward_data": backward_data, "backward_weights": backward_weights}[task](
-        g, a, b, plan, rounded, checked)
+    if task == "backward_weights":
+        result, checked = backward_weights(g, a, b, plan, rounded), []
+    else:           # each packing of w says whether its values were finite: then no pass over w
+        checked = []
+        result = (forward if task == "forward" else backward_data)(g, a, b, plan, rounded, checked)
     if not geometry.has_padding(g) or checked and all(finite is True for finite in checked) \
             or not _nonfinite(result, b):
         return result
@@ -1398,20 +1400,17 @@ def _pairs_exact(g: ConvGeometry, x: np.ndarray) -> bool:
 
 
 def backward_weights(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan | None = None,
-                     rounded: bool = False, checked: list[bool | None] | None = None) -> np.ndarray:
+                     rounded: bool = False) -> np.ndarray:
     """dw (*K, ICg, OC) in f32: the reduction over output positions split among the threads
     (partial sums per thread, then added; ``split`` "rows") or the dw blocks split among them
     (every thread over all positions; "blocks"). bf16 data on the ``avx512_bf16`` family runs
     the dot instruction on pairs of output positions (:func:`_pair_blocks`, :func:`_dy_pairs`);
     with ``rounded``, where its f32 sums would outweigh x and dy, a few taps at a time, each
-    slab of dw rounded to bf16 once its sums are done (:func:`_tap_slab`). ``checked``: where
-    the tiles ran, whether every dy value was finite (their pairing saw it)."""
+    slab of dw rounded to bf16 once its sums are done (:func:`_tap_slab`)."""
     plan = _plan(g, "backward_weights", plan)
     if plan.param("split") == "taps":
-        dw, (x_finite, dy_finite) = tap_gemm.run(g, x, dy, rounded)
-        if x_finite:                       # x and dy as their transposition and pairing saw them
-            if checked is not None:
-                checked.append(dy_finite)
+        dw, finite = tap_gemm.run(g, x, dy, rounded)
+        if finite:                         # x as its transposition saw it: no pass of its own
             return dw
         plan = type(plan).of("jit", **dict(plan.params, split="rows"))   # Inf/NaN in x may have met junk zeros
     taps = math.prod(g.kernel)

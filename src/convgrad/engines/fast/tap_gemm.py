@@ -141,11 +141,11 @@ def conv_workspace_bytes(g: ConvGeometry) -> int:
         g.n * math.prod(q), g.ic, g.oc, math.prod(g.kernel), halo, len(groups))
 
 
-def run(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, rounded: bool) -> tuple[np.ndarray, tuple[bool, bool]]:
+def run(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, rounded: bool) -> tuple[np.ndarray, bool]:
     """dw (*K, ICg, OC) of a bf16 weights gradient of one group (the module docstring): f32, or
-    bf16 bits rounded once with ``rounded``; and whether every value of x the grids read, and
-    every value of dy, was finite (where x's was not, a junk position's zero times Inf may have
-    made a NaN: the caller runs another path; where dy's was, no padding met a NaN or Inf)."""
+    bf16 bits rounded once with ``rounded``; and whether every value of x the grids read was
+    finite (where not, a junk position's zero times Inf may have made a NaN: the caller runs
+    another path)."""
     fg = folded(g)
     if fg is not None:       # the last kernel axis as channels (:func:`folded`)
         x3 = spatial3(x.view(U16))
@@ -206,14 +206,13 @@ def _fold_last_axis(x, out, stride, dilation, pad):  # pragma: no cover - compil
                         dst[i] = 0
 
 
-def gemms(x: np.ndarray, ic: int, layout: Layout, dy: np.ndarray, rounded: bool
-          ) -> tuple[np.ndarray, tuple[bool, bool]]:
+def gemms(x: np.ndarray, ic: int, layout: Layout, dy: np.ndarray, rounded: bool) -> tuple[np.ndarray, bool]:
     """``a[off:off + F]^T @ d`` for each grid of ``layout`` and each of its offsets, ``a`` the
     (F, IC) positions of x (flat canonical bf16 bits, ``ic`` channels) that the grid maps
     (:func:`_transpose_chunk`; rows past F zeros), ``d`` dy (canonical (N, O0, O1, O2, OC) bf16
     bits) at the origin of the grid of F positions, zeros elsewhere: as (taps, IC, OC) f32, or
     bf16 bits rounded once with ``rounded``, the i-th offset's at its slot; and whether every x
-    value transposed (those the grids read) and every dy value was finite."""
+    value transposed (those the grids read) was finite."""
     oc, bl, taps = dy.shape[-1], layout.blocks, len(layout.offsets)
     nr = 16 * bl.vecs
     panels = -(-oc // nr)
@@ -221,10 +220,10 @@ def gemms(x: np.ndarray, ic: int, layout: Layout, dy: np.ndarray, rounded: bool
     bp = workspace.empty(held * panels * bl.kc * nr, U16).reshape(held, panels, bl.kc // 2, 2 * nr)
     xt = workspace.empty(held * (1 if bl.shares > 1 else len(layout.grids)) * bl.icpad * bl.span, U16).reshape(
         -1, held, bl.icpad, bl.span)
-    xfull, dyfull = np.zeros(bl.shares, np.uint64), np.zeros(bl.shares, np.uint64)   # exponent checks, per share
+    xfull = np.zeros(bl.shares, np.uint64)             # x's exponent checks, per share
     if bl.shares == 1:                                 # every chunk, before the kernels
         _paired_chunks(dy.reshape(-1), oc, layout.dgrid, bl.kc, bp.reshape(bl.chunks, -1), nr,
-                       max(1, -(-2 * pool.threads() // bl.chunks)), dyfull)
+                       max(1, -(-2 * pool.threads() // bl.chunks)))
         for i, grid in enumerate(layout.grids):
             _transposed_chunks(x, ic, grid, bl.kc, xt[i], xfull)
     shape = (bl.shares, taps, bl.icpad, bl.ocpad) if bl.shares > 1 else (0, 0, 0, 0)
@@ -235,8 +234,8 @@ def gemms(x: np.ndarray, ic: int, layout: Layout, dy: np.ndarray, rounded: bool
         bl.shares if bl.shares > 1 else taps * panels, x, ic, layout.grids, xt.reshape(-1), bl.icpad, bl.span,
         layout.offsets, layout.part_of, dy.reshape(-1), oc, layout.dgrid, bp.reshape(-1), sums, bl.kc, bl.chunks,
         bl.shares, panels, layout.slots, out.view(np.float32) if not rounded else _NO_F32, out if rounded else _NO_U16,
-        kind, xfull, dyfull)
-    finite = tuple(not np.bitwise_or.reduce(full) & np.uint64(0x8000800080008000) for full in (xfull, dyfull))
+        kind, xfull)
+    finite = not np.bitwise_or.reduce(xfull) & np.uint64(0x8000800080008000)
     if bl.shares == 1:        # the items wrote dw, rounded, in place
         return out, finite
     dw = np.empty((taps, ic, oc), U16 if rounded else np.float32)
@@ -271,19 +270,14 @@ def _grid_next(n, e0, e1, e2, q0, q1, q2):  # pragma: no cover - compiled
 
 
 @microkernel.cached_njit(parallel=True)
-def _paired_chunks(dy, oc, dgrid, kc, out, nr, parts, full):  # pragma: no cover - compiled
+def _paired_chunks(dy, oc, dgrid, kc, out, nr, parts):  # pragma: no cover - compiled
     """:func:`_pair_chunk` of every chunk c into ``out[c]``, each chunk's pairs in ``parts``
-    ranges, all in parallel (one chunk, at mb 1: 28 -> 15 µs for 64 channels at 56x56);
-    ``full[0]`` ORed with their exponent checks."""
+    ranges, all in parallel (one chunk, at mb 1: 28 -> 15 µs for 64 channels at 56x56)."""
     panels = out.shape[1] // (kc * nr)
     half = kc // 2
-    seen = np.zeros(out.shape[0] * parts, np.uint64)
     for item in numba.prange(out.shape[0] * parts):
         c, part = item // parts, item % parts
-        seen[item] = _pair_chunk(dy, oc, dgrid, kc, c, out[c], 0, panels, nr, half * part // parts,
-                                 half * (part + 1) // parts)
-    for item in range(out.shape[0] * parts):
-        full[0] |= seen[item]
+        _pair_chunk(dy, oc, dgrid, kc, c, out[c], 0, panels, nr, half * part // parts, half * (part + 1) // parts)
 
 
 @numba.njit(inline="always")
@@ -291,14 +285,10 @@ def _pair_chunk(dy, oc, dgrid, kc, c, out, base, panels, nr, i0, i1):  # pragma:
     """Pairs ``i0 .. i1`` of grid positions ``c kc .. c kc + kc`` of dy, as (panels, kc/2, ``nr``
     lanes, 2) from ``out[base]``: ``dgrid`` = (N, Q0, Q1, Q2, O0, O1, O2), position (n, e) on the
     N x Q grid is dy's (n, e) where e < O (zero elsewhere, past the grid and past ``oc``); 16
-    lanes of two rows at a time (:func:`.microkernel.pairs32`). Returns :func:`_transpose_chunk`'s
-    exponent check of the values it wrote."""
+    lanes of two rows at a time (:func:`.microkernel.pairs32`)."""
     n, e0, e1, e2 = _grid_at(c * kc + 2 * i0, dgrid[1], dgrid[2], dgrid[3])
     half = kc // 2
     rows = np.empty(2, np.int64)
-    words = out.view(np.uint64)
-    seen = np.uint64(0)
-    field, carry = np.uint64(0x7F807F807F807F80), np.uint64(0x0080008000800080)
     for i in range(i0, i1):
         for h in range(2):
             inside = n < dgrid[0] and e0 < dgrid[4] and e1 < dgrid[5] and e2 < dgrid[6]
@@ -311,18 +301,11 @@ def _pair_chunk(dy, oc, dgrid, kc, c, out, base, panels, nr, i0, i1):  # pragma:
                 col = p * nr + l
                 if col + 16 <= oc and ra >= 0 and rb >= 0:
                     microkernel.pairs32(16, dy, ra * oc + col, rb * oc + col, out, dst + 2 * l)
-                    for q in range((dst + 2 * l) // 4, (dst + 2 * l) // 4 + 8):
-                        seen |= (words[q] & field) + carry
                     continue
                 for j in range(16):
                     inside = col + j < oc
-                    va = dy[ra * oc + col + j] if ra >= 0 and inside else np.uint16(0)
-                    vb = dy[rb * oc + col + j] if rb >= 0 and inside else np.uint16(0)
-                    out[dst + 2 * (l + j)] = va
-                    out[dst + 2 * (l + j) + 1] = vb
-                    seen |= (np.uint64(va) & field) + carry
-                    seen |= (np.uint64(vb) & field) + carry
-    return seen
+                    out[dst + 2 * (l + j)] = dy[ra * oc + col + j] if ra >= 0 and inside else 0
+                    out[dst + 2 * (l + j) + 1] = dy[rb * oc + col + j] if rb >= 0 and inside else 0
 
 
 @microkernel.cached_njit(parallel=True)
@@ -346,12 +329,12 @@ def _transposed_chunks(src, ic, grid, kc, out, full):  # pragma: no cover - comp
 def _transpose_chunk(src, ic, grid, kc, c, out, base, icpad, span, b0, b1):  # pragma: no cover - compiled
     """``out[base + i span + j]`` (i of channel blocks ``b0 .. b1`` of 16, j < ``span``) =
     channel i of the x position that grid position ``f = c kc + j`` maps (zero for padding, past
-    the grid and past ``ic``): ``grid`` = (N, Q0, Q1, Q2, S0, S1, S2, a0, a1, a2, pads_begin
-    0-2, X0, X1, X2): f = (n, e0, e1, e2) on the N x Q grid reads x[n, S e + a - pads] of ``src``
-    (flat canonical (N, X0, X1, X2, ic) 16-bit bits). 16 channels x 32 positions at a time,
+    the grid and past ``ic``; ``span`` a multiple of 32): ``grid`` = (N, Q0, Q1, Q2, S0, S1, S2,
+    a0, a1, a2, pads_begin 0-2, X0, X1, X2): f = (n, e0, e1, e2) on the N x Q grid reads x[n, S e
+    + a - pads] of ``src`` (flat canonical (N, X0, X1, X2, ic) 16-bit bits). 16 channels x 32 positions at a time,
     their rows found once for all blocks: each pair of positions joined into 32-bit units
     (:func:`.microkernel.pairs32`), the 16 x 16 units transposed in registers
-    (:func:`.microkernel.transpose32`); pairs at padding, and the edges, one value at a time.
+    (:func:`.microkernel.transpose32`); pairs at padding, and past ``ic``, one value at a time.
     Returns the OR of ``(v & 0x7F80) + 0x80`` over the values it wrote, four to a 64-bit word:
     bit 15 of a word's quarter set where one was NaN or Inf (:data:`.direct.EXPONENT_WORDS`)."""
     units = np.empty(512, np.uint16)
@@ -370,14 +353,6 @@ def _transpose_chunk(src, ic, grid, kc, c, out, base, icpad, span, b0, b1):  # p
         for b in range(b0, b1):
             i0 = b * 16
             row = base + i0 * span
-            if j0 + 32 > span:
-                for j in range(j0, span):
-                    rj = at[j - j0]
-                    for i in range(16):
-                        v = src[rj * ic + i0 + i] if rj >= 0 and i0 + i < ic else np.uint16(0)
-                        out[row + i * span + j] = v
-                        seen |= (np.uint64(v) & field) + carry
-                continue
             for p in range(16):
                 ra, rb = at[2 * p], at[2 * p + 1]
                 if i0 + 16 <= ic and ra >= 0 and rb >= 0:
@@ -398,7 +373,7 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
     """The kernel calls of :func:`run` for one tile block, run per item in the pool (item: a
     share of the chunks, or one (tap, panel) block of dw over every chunk)."""
     def body(item, x, ic, grids, xt, icpad, lda, taps, part_of, dy, oc, dgrid, bp, sums, kc, chunks, shares,
-             panels, slots, out, out16, kind, xfull, dyfull):  # pragma: no cover - compiled
+             panels, slots, out, out16, kind, xfull):  # pragma: no cover - compiled
         """``sums[share, t, i, o] = sum_f A_t[c, i, off_t + j] B[f][o]`` over the item's chunks c
         (f = c kc + j; the first chunk's call writes, the others add), taps t and panels, A_t x
         transposed on its part's grid (``grids[part_of[t]]``, rows ``lda`` apart); B per chunk as
@@ -409,7 +384,7 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
         chunks: ``xt`` (shares, icpad, lda) and ``bp`` (shares, ...), each share pairing dy's
         chunk and transposing x's for each part there just before their kernels
         (:func:`_pair_chunk`, :func:`_transpose_chunk`: in its L2), into ``sums``; ``xfull[item]``
-        and ``dyfull[item]`` ORed with the exponent checks of the x and dy values they wrote."""
+        ORed with the exponent checks of the x they transposed."""
         nr = vecs * 16
         zero = np.zeros(1, np.int64)
         strips = icpad // rows
@@ -431,7 +406,7 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
             bat = c * panels * panel_stride
             if shares > 1:
                 bat = share * panels * panel_stride
-                dyfull[item] |= _pair_chunk(dy, oc, dgrid, kc, c, bp, bat, panels, nr, 0, half)
+                _pair_chunk(dy, oc, dgrid, kc, c, bp, bat, panels, nr, 0, half)
             part = -1
             for t in range(t0, t1):
                 if part_of[t] != part:
