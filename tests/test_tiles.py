@@ -458,8 +458,9 @@ def test_tap_gemm_sees_whether_the_x_it_reads_is_finite(shares, standin, monkeyp
     """``tap_gemm.run`` says whether the x values its grids read were finite, as its
     transposition saw them (both splits: chunks made before the kernels, or by each share): a
     NaN or +-Inf at the first position, in a channel past the 16-channel blocks, in the last
-    chunk's tail, or in a column only junk positions read (dy's zeros past the outputs) is seen.
-    Through ``jit.run`` the last, in no sum, gives the exact loops' finite dw."""
+    chunk's tail, or in a column only junk positions read (dy's zeros past the outputs) is seen
+    (not looked at without ``check``). Through ``jit.run`` the last, in no sum, gives the exact
+    loops' finite dw."""
     from convgrad.engines.fast import TUNING, direct, tap_gemm
     monkeypatch.setattr(tap_gemm, "TUNING", dataclasses.replace(TUNING, tap_gemm_l2=1e-9,
                                                                  tap_gemm_partials=1e9 if shares > 1 else 0.0))
@@ -473,6 +474,7 @@ def test_tap_gemm_sees_whether_the_x_it_reads_is_finite(shares, standin, monkeyp
                 spoiled = x.copy()
                 spoiled[where] = bad
                 assert tap_gemm.run(g, spoiled, dy, False)[1] is False, (where, bad)
+                assert tap_gemm.run(g, spoiled, dy, False, check=False)[1] is True     # not looked at
         plan = Plan.of("jit", **jit.complete(Features.of(g, "backward_weights", np.dtype(BF16), False), {}))
         assert plan.param("split") == "taps"
         got = jit.run(plan, g, spoiled, dy, "backward_weights")     # -Inf at column 10: in no sum

@@ -141,22 +141,23 @@ def conv_workspace_bytes(g: ConvGeometry) -> int:
         g.n * math.prod(q), g.ic, g.oc, math.prod(g.kernel), halo, len(groups))
 
 
-def run(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, rounded: bool) -> tuple[np.ndarray, bool]:
+def run(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, rounded: bool, check: bool = True
+        ) -> tuple[np.ndarray, bool]:
     """dw (*K, ICg, OC) of a bf16 weights gradient of one group (the module docstring): f32, or
-    bf16 bits rounded once with ``rounded``; and whether every value of x the grids read was
-    finite (where not, a junk position's zero times Inf may have made a NaN: the caller runs
-    another path)."""
+    bf16 bits rounded once with ``rounded``; and, with ``check``, whether every value of x the
+    grids read was finite (where not, a junk position's zero times Inf may have made a NaN: the
+    caller runs another path; a 1x1 unpadded problem has no junk positions)."""
     fg = folded(g)
     if fg is not None:       # the last kernel axis as channels (:func:`folded`)
         x3 = spatial3(x.view(U16))
         xf = workspace.empty(math.prod(fg.x_shape), U16).reshape(*x3.shape[:3], g.out_size[-1], fg.ic)
         _fold_last_axis(x3.reshape(-1, *x3.shape[3:]), xf.reshape(-1, *xf.shape[3:]), g.strides[-1],
                         g.dilations[-1], g.pads_begin[-1])
-        dw, finite = run(fg, xf.view(x.dtype).reshape(fg.x_shape), dy, rounded)
+        dw, finite = run(fg, xf.view(x.dtype).reshape(fg.x_shape), dy, rounded, check)
         return dw.reshape(g.w_shape), finite
     x3 = np.ascontiguousarray(spatial3(x.view(U16)))
     dw, finite = gemms(x3.reshape(-1), g.ic, _layout(g, pool.threads(), isa.family()),
-                       np.ascontiguousarray(spatial3(dy.view(U16))), rounded)
+                       np.ascontiguousarray(spatial3(dy.view(U16))), rounded, check)
     return (dw.view(x.dtype) if rounded else dw).reshape(g.w_shape), finite
 
 
@@ -206,13 +207,14 @@ def _fold_last_axis(x, out, stride, dilation, pad):  # pragma: no cover - compil
                         dst[i] = 0
 
 
-def gemms(x: np.ndarray, ic: int, layout: Layout, dy: np.ndarray, rounded: bool) -> tuple[np.ndarray, bool]:
+def gemms(x: np.ndarray, ic: int, layout: Layout, dy: np.ndarray, rounded: bool, check: bool = True
+          ) -> tuple[np.ndarray, bool]:
     """``a[off:off + F]^T @ d`` for each grid of ``layout`` and each of its offsets, ``a`` the
     (F, IC) positions of x (flat canonical bf16 bits, ``ic`` channels) that the grid maps
     (:func:`_transpose_chunk`; rows past F zeros), ``d`` dy (canonical (N, O0, O1, O2, OC) bf16
     bits) at the origin of the grid of F positions, zeros elsewhere: as (taps, IC, OC) f32, or
-    bf16 bits rounded once with ``rounded``, the i-th offset's at its slot; and whether every x
-    value transposed (those the grids read) was finite."""
+    bf16 bits rounded once with ``rounded``, the i-th offset's at its slot; and, with ``check``,
+    whether every x value transposed (those the grids read) was finite (else True)."""
     oc, bl, taps = dy.shape[-1], layout.blocks, len(layout.offsets)
     nr = 16 * bl.vecs
     panels = -(-oc // nr)
@@ -225,7 +227,7 @@ def gemms(x: np.ndarray, ic: int, layout: Layout, dy: np.ndarray, rounded: bool)
         _paired_chunks(dy.reshape(-1), oc, layout.dgrid, bl.kc, bp.reshape(bl.chunks, -1), nr,
                        max(1, -(-2 * pool.threads() // bl.chunks)))
         for i, grid in enumerate(layout.grids):
-            _transposed_chunks(x, ic, grid, bl.kc, xt[i], xfull)
+            _transposed_chunks(x, ic, grid, bl.kc, xt[i], xfull, check)
     shape = (bl.shares, taps, bl.icpad, bl.ocpad) if bl.shares > 1 else (0, 0, 0, 0)
     sums = workspace.empty(math.prod(shape), np.float32).reshape(shape)   # each share's first chunk writes them
     out = workspace.result((taps, ic, oc) if bl.shares == 1 else (0, 0, 0), U16 if rounded else np.float32)
@@ -234,7 +236,7 @@ def gemms(x: np.ndarray, ic: int, layout: Layout, dy: np.ndarray, rounded: bool)
         bl.shares if bl.shares > 1 else taps * panels, x, ic, layout.grids, xt.reshape(-1), bl.icpad, bl.span,
         layout.offsets, layout.part_of, dy.reshape(-1), oc, layout.dgrid, bp.reshape(-1), sums, bl.kc, bl.chunks,
         bl.shares, panels, layout.slots, out.view(np.float32) if not rounded else _NO_F32, out if rounded else _NO_U16,
-        kind, xfull)
+        kind, xfull, check)
     finite = not np.bitwise_or.reduce(xfull) & np.uint64(0x8000800080008000)
     if bl.shares == 1:        # the items wrote dw, rounded, in place
         return out, finite
@@ -309,7 +311,7 @@ def _pair_chunk(dy, oc, dgrid, kc, c, out, base, panels, nr, i0, i1):  # pragma:
 
 
 @microkernel.cached_njit(parallel=True)
-def _transposed_chunks(src, ic, grid, kc, out, full):  # pragma: no cover - compiled
+def _transposed_chunks(src, ic, grid, kc, out, full, check):  # pragma: no cover - compiled
     """:func:`_transpose_chunk` of every chunk c into ``out[c]``, items of a chunk and a group
     of 16-channel blocks in parallel; ``full[0]`` ORed with their exponent checks."""
     chunks, icpad, span = out.shape
@@ -320,13 +322,13 @@ def _transposed_chunks(src, ic, grid, kc, out, full):  # pragma: no cover - comp
     for item in numba.prange(chunks * groups):
         c, group = item // groups, item % groups
         seen[item] = _transpose_chunk(src, ic, grid, kc, c, flat, c * icpad * span, icpad, span,
-                                      blocks * group // groups, blocks * (group + 1) // groups)
+                                      blocks * group // groups, blocks * (group + 1) // groups, check)
     for item in range(chunks * groups):
         full[0] |= seen[item]
 
 
 @numba.njit(inline="always")
-def _transpose_chunk(src, ic, grid, kc, c, out, base, icpad, span, b0, b1):  # pragma: no cover - compiled
+def _transpose_chunk(src, ic, grid, kc, c, out, base, icpad, span, b0, b1, check):  # pragma: no cover - compiled
     """``out[base + i span + j]`` (i of channel blocks ``b0 .. b1`` of 16, j < ``span``) =
     channel i of the x position that grid position ``f = c kc + j`` maps (zero for padding, past
     the grid and past ``ic``; ``span`` a multiple of 32): ``grid`` = (N, Q0, Q1, Q2, S0, S1, S2,
@@ -335,8 +337,9 @@ def _transpose_chunk(src, ic, grid, kc, c, out, base, icpad, span, b0, b1):  # p
     their rows found once for all blocks: each pair of positions joined into 32-bit units
     (:func:`.microkernel.pairs32`), the 16 x 16 units transposed in registers
     (:func:`.microkernel.transpose32`); pairs at padding, and past ``ic``, one value at a time.
-    Returns the OR of ``(v & 0x7F80) + 0x80`` over the values it wrote, four to a 64-bit word:
-    bit 15 of a word's quarter set where one was NaN or Inf (:data:`.direct.EXPONENT_WORDS`)."""
+    With ``check``, returns the OR of ``(v & 0x7F80) + 0x80`` over the values it wrote, four to
+    a 64-bit word: bit 15 of a word's quarter set where one was NaN or Inf
+    (:data:`.direct.EXPONENT_WORDS`); else 0 (3-5 % of a 1x1 gradient at mb 16)."""
     units = np.empty(512, np.uint16)
     words = units.view(np.uint64)
     at = np.empty(32, np.int64)
@@ -362,8 +365,9 @@ def _transpose_chunk(src, ic, grid, kc, c, out, base, icpad, span, b0, b1):  # p
                     inside = i0 + i < ic
                     units[p * 32 + 2 * i] = src[ra * ic + i0 + i] if ra >= 0 and inside else 0
                     units[p * 32 + 2 * i + 1] = src[rb * ic + i0 + i] if rb >= 0 and inside else 0
-            for q in range(128):
-                seen |= (words[q] & field) + carry
+            if check:
+                for q in range(128):
+                    seen |= (words[q] & field) + carry
             microkernel.transpose32(16, units, 0, 32, out, row + j0, span)
     return seen
 
@@ -373,7 +377,7 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
     """The kernel calls of :func:`run` for one tile block, run per item in the pool (item: a
     share of the chunks, or one (tap, panel) block of dw over every chunk)."""
     def body(item, x, ic, grids, xt, icpad, lda, taps, part_of, dy, oc, dgrid, bp, sums, kc, chunks, shares,
-             panels, slots, out, out16, kind, xfull):  # pragma: no cover - compiled
+             panels, slots, out, out16, kind, xfull, check):  # pragma: no cover - compiled
         """``sums[share, t, i, o] = sum_f A_t[c, i, off_t + j] B[f][o]`` over the item's chunks c
         (f = c kc + j; the first chunk's call writes, the others add), taps t and panels, A_t x
         transposed on its part's grid (``grids[part_of[t]]``, rows ``lda`` apart); B per chunk as
@@ -415,7 +419,7 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
                     if shares > 1:
                         at = share * chunk_stride
                         xfull[item] |= _transpose_chunk(x, ic, grids[part], kc, c, xt, at, icpad, lda, 0,
-                                                        icpad // 16)
+                                                        icpad // 16, check)
                 for s in range(strips):
                     for p in range(p0, p1):
                         coff = s * rows * ldc if own else ((share * total + t) * icpad + s * rows) * ldc + p * nr
