@@ -699,3 +699,25 @@ def test_padded_problems_with_finite_weights_read_them_once(monkeypatch, rng) ->
         want = getattr(direct, task)(g, a, w, np.dtype(np.float32))
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want), task)
         read.clear()
+
+
+@pytest.mark.parametrize("offset", [0, 4, 16])
+def test_f32_weights_gradient_copies_dy_off_a_line_per_chunk(offset, rng) -> None:
+    """f32 dy starting ``offset`` bytes past a cache line: the weights gradient's driver reads
+    it in place where it starts on one, else copies each chunk of rows (here one row a chunk,
+    several chunks a thread) onto one as it uses it; the reference's sums either way, both
+    splits."""
+    width = jit._width()                                # a block of 2 vectors: dy's channels fill its lanes
+    block = "14x2" if width == 16 else "6x2"
+    g = _geometry(3, 1, 13, 2 * width, (9, 8), (3, 3), pb=(1, 1), pe=(1, 1))
+    x, dy = (rng.uniform(-1, 1, s).astype(np.float32) for s in (g.x_shape, g.y_shape))
+    buffer = np.empty(dy.nbytes + 128, np.uint8)
+    start = (-buffer.ctypes.data % 64 + offset) % 64
+    placed = buffer[start:start + dy.nbytes].view(np.float32).reshape(dy.shape)
+    placed[...] = dy
+    assert placed.ctypes.data % 64 == offset
+    want = get_engine("reference").backward_weights(g, x.astype(np.float64), dy.astype(np.float64))
+    for split in ("rows", "blocks"):
+        plan = Plan.of("jit", block=block, cache_bytes=1, split=split)
+        got = jit.backward_weights(g, x, placed, plan)
+        _close(got, want, TOLERANCE["f32"], f"offset {offset} split {split}")

@@ -402,8 +402,11 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
             block = g.groups * max(taps * -(-g.icg // rows), taps // fold * -(-g.icg * fold // rows)) * rows \
                 * -(-g.ocg // vw) * vw
             shares = 1 if plan.param("split") == "blocks" else pool.threads()
-            other = g.n * math.prod(o) * g.groups * -(-g.ocg // vw) * vw + (shares + 1) * block \
-                + (math.prod(g.w_shape) if g.groups > 1 else 0)     # groups: dw copied out of the sums
+            lanes = g.groups * -(-g.ocg // vw) * vw           # dy in lanes, or each item's chunk of it
+            rows_total = g.n * math.prod(o[:2])
+            chunk = min(rows_total, max(1, plan.param("cache_bytes") // (4 * o[2] * (g.ic + g.oc))))
+            other = max(g.n * math.prod(o), pool.threads() ** 2 * (chunk * o[2] + 16)) * lanes \
+                + (shares + 1) * block + (math.prod(g.w_shape) if g.groups > 1 else 0)   # groups: dw copied out
             if weights_in_pairs(f):  # bf16 pairs of a few images (the f32 copies where not exact: as many
                 lanes = -(-g.ocg // vw) * vw                     # bytes, _unpaired_images), the partial sums,
                 source = _pair_images(g, rows, lanes)[0] * _pair_image_bytes(g, rows, lanes) // 4   # the total
@@ -1111,7 +1114,7 @@ def _weights(width: int, rows: int, vecs: int, native: int) -> Callable:
     """The driver of the weights gradient for one kernel variant, run for each item in the pool
     (:class:`.microkernel.parallel_items`; compiled for it alone)."""
     def weights(item, xb, x_steps, g_step, block_step, taps_a, dyp, dy_row, rows_grid, chunk, parts, shares, split,
-                groups, icg, channels, depth, ksteps):  # pragma: no cover - compiled
+                groups, icg, channels, depth, ksteps, stage):  # pragma: no cover - compiled
         """``parts[p, t, g, ic, oc] += sum_(n, o) x[n, o*S + tap t, g, ic] * dyp[(n, o), g, oc]``, the R
         channels of block ``ic // R`` of group g adjacent from ``g*g_step + (ic // R)*block_step``
         of the position in ``xb`` (f32: the zero-padded copy of x; ``depth`` 2: bf16 pairs of
@@ -1120,7 +1123,9 @@ def _weights(width: int, rows: int, vecs: int, native: int) -> Callable:
         steps each, in parallel items (p, u): ``shares`` equal shares p of the rows (each with its
         own partial sums ``parts[p]``), each share's (tap, group, channel-row block) triples cut
         into ``split`` parts u. The rows are taken ``chunk`` at a time, every triple and
-        output-channel block of the item run per chunk."""
+        output-channel block of the item run per chunk; with a non-empty ``stage`` (items, a
+        chunk's dy), each chunk of dy copied there first (on a cache line: dy's vector loads
+        from an array 16 bytes off one touched two lines each)."""
         vw = vecs * width
         nblocks = -(-channels // vw)
         row_blocks = -(-icg // rows)
@@ -1132,6 +1137,7 @@ def _weights(width: int, rows: int, vecs: int, native: int) -> Callable:
         first, last = total * p // shares, total * (p + 1) // shares
         ra = np.empty(chunk, np.int64)
         rb = np.empty(chunk, np.int64)
+        staged = stage.shape[0] > 0
         for start in range(first, last, chunk):
             count = min(chunk, last - start)
             for j in range(count):
@@ -1140,7 +1146,13 @@ def _weights(width: int, rows: int, vecs: int, native: int) -> Callable:
                 o0 = (row // o1_) % o0_
                 n = row // (o1_ * o0_)
                 ra[j] = n * x_steps[0] + o0 * x_steps[1] + o1 * x_steps[2]
-                rb[j] = row * ksteps * dy_row
+                rb[j] = (j if staged else row) * ksteps * dy_row
+            b = dyp
+            if staged:                             # the chunk's rows of dy are adjacent: one copy
+                b = stage[item]
+                at = start * ksteps * dy_row
+                for q in range(count * ksteps * dy_row):
+                    b[q] = dyp[at + q]
             for triple in range(triples * u // split, triples * (u + 1) // split):
                 ib = triple % row_blocks
                 g = triple // row_blocks % groups
@@ -1148,7 +1160,7 @@ def _weights(width: int, rows: int, vecs: int, native: int) -> Callable:
                 coff = (p * triples + triple) * rows * ldc
                 for nb in range(nblocks):
                     microkernel.run(width, rows, vecs, native, parts, coff + nb * vw, ldc, xb,
-                                    taps_a[t] + g * g_step + ib * block_step, depth, x_steps[3], dyp,
+                                    taps_a[t] + g * g_step + ib * block_step, depth, x_steps[3], b,
                                     (g * ldc + nb * vw) * depth, dy_row, ra, rb, count, ksteps, 1)
     return microkernel.parallel_items(weights)
 
@@ -1299,15 +1311,16 @@ def _fill_dy_pairs(d3, out, groups, ocg):  # pragma: no cover - compiled
                     dst[l] = 0
 
 
-def _lanes(dy: np.ndarray, groups: int, ocg: int, lanes: int) -> np.ndarray:
+def _lanes(dy: np.ndarray, groups: int, ocg: int, lanes: int, staged: bool = False) -> np.ndarray:
     """f32 dy (N, *O, G, ``lanes``): each group's channels padded with zeros to ``lanes`` (the
     f32 weights gradient's vectors). C-contiguous f32 dy whose groups fill their lanes already
     and that starts on a cache line is that array (a view: copying it was a tenth of a 64-channel
     3x3 gradient); else a copy, f32 data by a parallel loop writing every value once (NumPy's
     large arrays start 16 bytes past a line: every vector load of dy then touched two, the
-    64-channel 3x3 gradient 16.0 ms against 13.2 aligned on the Xeon with AMX)."""
+    64-channel 3x3 gradient 16.0 ms against 13.2 aligned on the Xeon with AMX). With ``staged``
+    (the driver copies each chunk of dy onto a line as it uses it), any such dy is that array."""
     shape = (*dy.shape[:-1], groups, lanes)
-    if dy.dtype == F32 and ocg == lanes and dy.flags.c_contiguous and workspace.address(dy) % workspace.ALIGN == 0:
+    if dy.dtype == F32 and ocg == lanes and dy.flags.c_contiguous and (staged or workspace.address(dy) % workspace.ALIGN == 0):
         return dy.reshape(shape)
     out = workspace.empty(math.prod(shape), F32).reshape(shape)
     if dy.dtype == F32:
@@ -1481,14 +1494,18 @@ def _weight_sums(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, t0:
                     taps_a = np.array([k0 * d[0] * xs[1] + k1 * d[1] * xs[2] + k2 * d[2] * xs[3]
                                        for k0 in range(kernel[0]) for k1 in range(kernel[1])
                                        for k2 in range(kernel[2] // fold)], np.int64)[t0:t1]
-                    dyp = _lanes(dyc, g.groups, g.ocg, nblocks * vw)
+                    dyp = _lanes(dyc, g.groups, g.ocg, nblocks * vw, staged=True)
                     g_step, block_step, flat_x = g.icg, rows, geometry.flat(xb)
                 rows_total = gc.n * oc[0] * oc[1]
+                items, run_rows = shares * (threads if split_blocks else 1), min(chunk, rows_total)
+                dy_row = g.groups * nblocks * vw * depth
+                span = -(-run_rows * -(-o[2] // depth) * dy_row // 16) * 16   # a chunk of dy, on a line
+                stage = workspace.empty(items * span, F32).reshape(items, span) if depth == 1 and \
+                    workspace.address(dyp) % workspace.ALIGN else _NO_STAGE[dyp.dtype.type]   # (bf16 pairs: own)
                 _weights(_width(), rows, vecs, isa.bf16_kernel() if depth == 2 else 0)(
-                    shares * (threads if split_blocks else 1), flat_x, np.array(x_steps, np.int64), g_step,
-                    block_step, taps_a, dyp.reshape(-1), g.groups * nblocks * vw * depth,
-                    np.array((gc.n, *oc), np.int64), min(chunk, rows_total), parts.reshape(-1), shares,
-                    threads if split_blocks else 1, g.groups, icg, g.ocg, depth, -(-o[2] // depth))
+                    items, flat_x, np.array(x_steps, np.int64), g_step, block_step, taps_a, dyp.reshape(-1), dy_row,
+                    np.array((gc.n, *oc), np.int64), run_rows, parts.reshape(-1), shares,
+                    threads if split_blocks else 1, g.groups, icg, g.ocg, depth, -(-o[2] // depth), stage)
     total = parts[0]
     for more in parts[1:]:
         total += more
