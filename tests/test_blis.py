@@ -100,7 +100,7 @@ def test_block_sizes_follow_the_caches():
 def test_blocks_are_remembered_per_thread_count_and_tuning_table(monkeypatch):
     b = blis.blocks(3136, 4096, 64, 4)
     assert blis.blocks(3136, 4096, 64, 4) is b                                   # remembered
-    assert b == blis._blocks_for(3136, 4096, 64, 4, None, numba.get_num_threads())
+    assert b == blis._blocks_for.__wrapped__(3136, 4096, 64, 4, None, isa.family(), numba.get_num_threads())
     threads = numba.get_num_threads()
     if threads > 1:
         deep = blis.blocks(30, 4096, 256, 4)

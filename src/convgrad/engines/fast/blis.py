@@ -43,8 +43,7 @@ import numpy as np
 
 from ... import casts
 from . import isa, microkernel, pool, tiles, workspace
-from ...memo import Memo
-from .tuning import TUNING
+from .tuning import TUNING, remembered
 
 __all__ = ["Blocks", "blocks", "deep", "gemm", "register_block", "split", "workspace_bytes"]
 
@@ -150,17 +149,13 @@ def blocks(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None 
     per thread into a C of its own (B read once, every thread as busy); others split M and N
     (:func:`split`). Remembered per shape, family, thread count and tuning table (10 µs of a
     small GEMM's 100)."""
-    key = (m, k, n, itemsize, block, isa.family(), pool.threads())
-    hit = _blocks.get(key)
-    if hit is None or hit[0] is not TUNING:         # new, or made under another tuning table
-        hit = _blocks.put(key, (TUNING, _blocks_for(m, k, n, itemsize, block, key[6])))
-    return hit[1]
+    return _blocks_for(m, k, n, itemsize, block, isa.family(), pool.threads())
 
 
-_blocks: Memo[tuple, tuple[object, Blocks]] = Memo(256)
-
-
-def _blocks_for(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None, threads: int) -> Blocks:
+@remembered(lambda: TUNING)
+def _blocks_for(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None, family: str,
+                threads: int) -> Blocks:
+    """:func:`blocks` on the kernel ``family`` with ``threads`` threads (remembered)."""
     width = isa.WIDTH[isa.family()]
     rows, vecs = block or register_block(n, width, m, itemsize)
     l1, l2, _ = isa.cache_sizes()

@@ -47,13 +47,15 @@ import numpy as np
 from ... import casts
 from ...casts import narrowed
 from ...problem import ConvGeometry
-from . import isa, microkernel, pool, workspace
+from . import direct, isa, microkernel, pool, workspace
 from .geometry import spatial, spatial3
 from .tuning import TUNING, remembered
 
 __all__ = ["phases", "blocks", "workspace_bytes", "conv_workspace_bytes", "run", "gemms", "folded"]
 
 U16 = np.dtype(np.uint16)
+#: bf16 bits four to a 64-bit word: exponent fields, their carry, the sign bits (:data:`.direct.EXPONENT_WORDS`).
+_FIELD, _CARRY, _SIGN = direct.EXPONENT_WORDS[casts.BFLOAT16]
 
 
 def phases(g: ConvGeometry) -> tuple[tuple[int, int, int], dict[tuple[int, int, int], list[tuple[int, int]]]]:
@@ -237,7 +239,7 @@ def gemms(x: np.ndarray, ic: int, layout: Layout, dy: np.ndarray, rounded: bool,
         layout.offsets, layout.part_of, dy.reshape(-1), oc, layout.dgrid, bp.reshape(-1), sums, bl.kc, bl.chunks,
         bl.shares, panels, layout.slots, out.view(np.float32) if not rounded else _NO_F32, out if rounded else _NO_U16,
         kind, xfull, check)
-    finite = not np.bitwise_or.reduce(xfull) & np.uint64(0x8000800080008000)
+    finite = not np.bitwise_or.reduce(xfull) & _SIGN
     if bl.shares == 1:        # the items wrote dw, rounded, in place
         return out, finite
     dw = np.empty((taps, ic, oc), U16 if rounded else np.float32)
@@ -344,7 +346,6 @@ def _transpose_chunk(src, ic, grid, kc, c, out, base, icpad, span, b0, b1, check
     words = units.view(np.uint64)
     at = np.empty(32, np.int64)
     seen = np.uint64(0)
-    field, carry = np.uint64(0x7F807F807F807F80), np.uint64(0x0080008000800080)
     for j0 in range(0, span, 32):
         n, e0, e1, e2 = _grid_at(c * kc + j0, grid[1], grid[2], grid[3])
         for j in range(32):       # each position's x row, or -1
@@ -367,7 +368,7 @@ def _transpose_chunk(src, ic, grid, kc, c, out, base, icpad, span, b0, b1, check
                     units[p * 32 + 2 * i + 1] = src[rb * ic + i0 + i] if rb >= 0 and inside else 0
             if check:
                 for q in range(128):
-                    seen |= (words[q] & field) + carry
+                    seen |= (words[q] & _FIELD) + _CARRY
             microkernel.transpose32(16, units, 0, 32, out, row + j0, span)
     return seen
 

@@ -13,6 +13,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ...memo import Memo
+
 __all__ = ["Tuning", "TUNING", "remembered"]
 
 
@@ -296,23 +298,18 @@ TUNING = Tuning()
 
 def remembered(table: Callable[[], Tuning]) -> Callable[[Callable], Callable]:
     """A decorator: the function remembered per its (hashable) arguments and the tuning table
-    ``table()`` returns at the call (a module's ``TUNING``: a test's replaced table is another
-    key, since the sizes read it); at most 1024 entries, then all forgotten. What a small call's
+    ``table()`` returns at the call (a module's ``TUNING``: a value made under a test's replaced
+    table is made again), in a :class:`convgrad.memo.Memo` of 1024 entries. What a small call's
     Python would compute again each time (``cache_clear`` forgets)."""
     def decorate(fn: Callable) -> Callable:
-        memo: dict[tuple, tuple[Tuning, object]] = {}
+        memo: Memo[tuple, tuple[Tuning, object]] = Memo(1024)
 
         @functools.wraps(fn)
         def remember(*args: object) -> object:
-            now = table()
-            hit = memo.get((*args, id(now)))
-            if hit is not None and hit[0] is now:
-                return hit[1]
-            if len(memo) >= 1024:
-                memo.clear()
-            value = fn(*args)
-            memo[(*args, id(now))] = (now, value)
-            return value
+            now, hit = table(), memo.get(args)
+            if hit is None or hit[0] is not now:
+                hit = memo.put(args, (now, fn(*args)))
+            return hit[1]
         remember.cache_clear = memo.clear  # type: ignore[attr-defined]
         return remember
     return decorate
