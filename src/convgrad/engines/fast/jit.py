@@ -1467,7 +1467,7 @@ def _weight_sums(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, t0:
     split_blocks = plan.param("split") == "blocks"
     shares = 1 if split_blocks else min(threads, g.n * o[0] * o[1])
     chunk = max(1, plan.param("cache_bytes") // (4 * o[2] * (g.ic + g.oc)))
-    parts = np.zeros((shares, (t1 - t0) // fold, g.groups, row_blocks * rows, nblocks * vw), F32)
+    parts = workspace.result((shares, (t1 - t0) // fold, g.groups, row_blocks * rows, nblocks * vw), F32, fill=True)
     per, ranges = _pair_images(g, rows, vw) if depth == 2 else (   # bf16 pairs: a few images at a time
         _unpaired_images(g, rows, vw) if _depth(x.dtype) == 2 else g.n, 1)   # ... in buffers allocated once
     xb = dyp = None
