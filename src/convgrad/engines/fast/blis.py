@@ -236,11 +236,11 @@ def _driver(width: int, rows: int, vecs: int, native: int) -> Callable:
         if not rounding:
             tiles, t0, t_row, t_col = c, chunk * chunk_rows * c.shape[1], 0, 0
         elif one_step:   # one register block's tile, rounded right after the kernel
-            tiles, t0, t_row, t_col = np.empty((rows, nr), np.float32), 0, 0, 0
+            tiles, t0, t_row, t_col = workspace.on_line(np.empty(rows * nr + 16, np.float32), rows * nr).reshape(rows, nr), 0, 0, 0
         else:            # the item's tiles, rounded at its end
             tiles, t0, t_row, t_col = scratch[numba.get_thread_id()], 0, m0, first * nr
         ldc = tiles.shape[1]
-        ap = np.empty(steps * rows * depth, a.dtype)
+        ap = workspace.on_line(np.empty(steps * rows * depth + line, a.dtype), steps * rows * depth)
         mp = row_panels * rows
         pack_b = bpack.shape[0] > 0
         bsrc = bpack[numba.get_thread_id()].view(bp.dtype) if pack_b else bp

@@ -575,8 +575,8 @@ def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
         q1 = place % q1_
         q0 = place // q1_ % q0_
         n = place // (q1_ * q0_)
-        c = np.empty(rows * vw, np.float32)
-        c16 = np.empty(rows * vw, np.uint16)
+        c = workspace.on_line(np.empty(rows * vw + 16, np.float32), rows * vw)
+        c16 = workspace.on_line(np.empty(rows * vw + 32, np.uint16), rows * vw)
         live = 0
         for t in range(ntaps):
             live += _reads_data(tap_rows, rows_in, t, q0, q1)
@@ -1153,12 +1153,13 @@ def _weights(width: int, rows: int, vecs: int, native: int) -> Callable:
                 at = start * ksteps * dy_row
                 for q in range(count * ksteps * dy_row):
                     b[q] = dyp[at + q]
-            for triple in range(triples * u // split, triples * (u + 1) // split):
+            for nb in range(nblocks):
+              for triple in range(triples * u // split, triples * (u + 1) // split):
                 ib = triple % row_blocks
                 g = triple // row_blocks % groups
                 t = triple // (row_blocks * groups)
                 coff = (p * triples + triple) * rows * ldc
-                for nb in range(nblocks):
+                if True:
                     microkernel.run(width, rows, vecs, native, parts, coff + nb * vw, ldc, xb,
                                     taps_a[t] + g * g_step + ib * block_step, depth, x_steps[3], b,
                                     (g * ldc + nb * vw) * depth, dy_row, ra, rb, count, ksteps, 1)
