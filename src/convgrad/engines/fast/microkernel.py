@@ -7,8 +7,9 @@ lanes in vector registers and computes, for rows ``r < R``, vectors ``v < V``, l
     c[coff + r*ldc + v*W + l] = beta * c[...] + sum_{t < ntaps} sum_{i < k}
                                  a[aoff + ta[t] + r*lda + i*astep] * b[boff + tb[t] + i*bstep + v*W + l]
 
-in the order ``t`` then ``i`` (ascending), one fused multiply-add (``llvm.fma.v<W>f32``) per
-product; ``a`` is broadcast, ``b`` read as ``V`` vectors; the accumulators are loaded from ``c``
+in the order ``t`` then ``i`` (ascending; :data:`UNROLL` steps an iteration, and where the rows
+are adjacent, ``lda`` 1 or a bf16 pair's 2, loops of their own with ``lda`` a constant), one
+fused multiply-add (``llvm.fma.v<W>f32``) per product; ``a`` is broadcast, ``b`` read as ``V`` vectors; the accumulators are loaded from ``c``
 once (``accumulate`` != 0: beta = 1) or start at zero without reading ``c`` (beta = 0: a GEMM's
 first reduction step needs no zeroing pass), and are stored once per call.
 
@@ -217,6 +218,11 @@ class _Ops:
         return self._to_f32(b.select(tiny, b.and_(rbits, self._bits(0x80000000)), rbits))
 
 
+#: Reduction steps per iteration of a kernel's inner loop (the rest of ``k`` one at a time): half the
+#: loop's counting and address arithmetic per FMA (docs/engine-measurements.md, "Fourth session").
+UNROLL = 2
+
+
 def _emit(builder: ir.IRBuilder, rows: int, vecs: int, width: int, ptrs: dict, ints: dict, bf16: bool,
           native: bool, rounding: bool = False) -> None:
     """Emit the block ``rows`` x ``vecs`` of ``width`` lanes at the builder's position (see the
@@ -246,55 +252,106 @@ def _emit(builder: ir.IRBuilder, rows: int, vecs: int, width: int, ptrs: dict, i
         for value, phi in zip(loaded, init):
             phi.add_incoming(value, load)
             phi.add_incoming(ir.Constant(vec, None), before)
-    entry = builder.block
-    tloop, iloop = builder.append_basic_block("taps"), builder.append_basic_block("reduce")
-    tnext, done = builder.append_basic_block("next_tap"), builder.append_basic_block("done")
+    entry, choose = builder.block, builder.append_basic_block("choose")
+    done = builder.append_basic_block("done")
     builder.cbranch(builder.and_(builder.icmp_signed(">", ints["ntaps"], zero),
-                                 builder.icmp_signed(">", ints["k"], zero)), tloop, done)
+                                 builder.icmp_signed(">", ints["k"], zero)), choose, done)
+    builder.position_at_end(choose)    # rows adjacent (packed panels, a weights gradient's x): no row arithmetic
+    nests = [_loop_nest(builder, ops, rows, vecs, width, ptrs, ints, lda, init, choose, done)
+             for lda in (const(lanes), ints["lda"])]
+    builder.position_at_end(choose)
+    builder.cbranch(builder.icmp_signed("==", ints["lda"], const(lanes)), nests[0][0], nests[1][0])
+    builder.position_at_end(done)
+    outs = [builder.phi(vec) for _ in init]
+    for j, out in enumerate(outs):
+        out.add_incoming(init[j], entry)
+        for _, last, accs in nests:
+            out.add_incoming(accs[j], last)
+    for j, out in enumerate(outs):
+        value = _rounded(builder, out, width) if rounding else out
+        builder.store(value, caddr[j // vecs][j % vecs], align=2 if rounding else 4)
+
+
+def _loop_nest(builder: ir.IRBuilder, ops: "_Ops", rows: int, vecs: int, width: int, ptrs: dict, ints: dict,
+               lda: ir.Value, init: list, before: ir.Block, done: ir.Block) -> tuple[ir.Block, ir.Block, list]:
+    """:func:`_emit`'s loops over the taps and the reduction (:data:`UNROLL` steps an iteration, then
+    the rest one at a time) with row stride ``lda`` (a constant where the rows are adjacent: the
+    rows' addresses are then offsets of one register, no arithmetic per step), entered from
+    ``before``, left to ``done``: (its first block, its last block, the accumulators there)."""
+    vec, i64 = ops.acc, ir.IntType(64)
+    const = lambda v: ir.Constant(i64, v)  # noqa: E731
+    lanes = 2 if ops.bf16 else 1
+    tloop, iloop = builder.append_basic_block("taps"), builder.append_basic_block("reduce")
+    mid, tail = builder.append_basic_block("reduce_rest"), builder.append_basic_block("reduce_one")
+    tnext = builder.append_basic_block("next_tap")
+
+    def steps(i: ir.Value, accs: list, count: int) -> list:
+        """The accumulators after ``count`` reduction steps from step ``i``."""
+        for u in range(count):
+            iu = builder.add(i, const(u)) if u else i
+            arow = builder.add(abase, builder.mul(iu, ints["astep"]))
+            brow = builder.add(bbase, builder.mul(iu, ints["bstep"]))
+            bvs = [ops.operand_b(builder.load(builder.bitcast(
+                builder.gep(ptrs["b"], [builder.add(brow, const(v * width * lanes))]), ops.b_vec.as_pointer()),
+                align=2 if ops.bf16 else 4)) for v in range(vecs)]
+            new = []
+            for r in range(rows):
+                at = builder.gep(ptrs["a"], [builder.add(arow, builder.mul(lda, const(r)))])
+                av = ops.operand_a(builder.load(builder.bitcast(at, ops.a_elem.as_pointer()), align=2 if ops.bf16 else 4))
+                new += [ops.step(accs[r * vecs + v], av, bvs[v]) for v in range(vecs)]
+            accs = new
+        return accs
 
     builder.position_at_end(tloop)
     t = builder.phi(i64)
     t_accs = [builder.phi(vec) for _ in init]
     abase = builder.add(ints["aoff"], builder.load(builder.gep(ptrs["ta"], [t])))
     bbase = builder.add(ints["boff"], builder.load(builder.gep(ptrs["tb"], [t])))
-    builder.branch(iloop)
+    builder.cbranch(builder.icmp_signed(">=", ints["k"], const(UNROLL)), iloop, mid)
 
     builder.position_at_end(iloop)
     i = builder.phi(i64)
     accs = [builder.phi(vec) for _ in init]
-    arow = builder.add(abase, builder.mul(i, ints["astep"]))
-    brow = builder.add(bbase, builder.mul(i, ints["bstep"]))
-    bvs = [ops.operand_b(builder.load(builder.bitcast(
-        builder.gep(ptrs["b"], [builder.add(brow, const(v * width * lanes))]), ops.b_vec.as_pointer()),
-        align=2 if bf16 else 4)) for v in range(vecs)]
-    new = []
-    for r in range(rows):
-        at = builder.gep(ptrs["a"], [builder.add(arow, builder.mul(ints["lda"], const(r)))])
-        av = ops.operand_a(builder.load(builder.bitcast(at, ops.a_elem.as_pointer()), align=2 if bf16 else 4))
-        new += [ops.step(accs[r * vecs + v], av, bvs[v]) for v in range(vecs)]
-    inext = builder.add(i, const(1))
-    builder.cbranch(builder.icmp_signed("<", inext, ints["k"]), iloop, tnext)
+    new = steps(i, accs, UNROLL)
+    inext = builder.add(i, const(UNROLL))
+    builder.cbranch(builder.icmp_signed("<=", builder.add(inext, const(UNROLL)), ints["k"]), iloop, mid)
+
+    builder.position_at_end(mid)
+    i_mid = builder.phi(i64)
+    accs_mid = [builder.phi(vec) for _ in init]
+    builder.cbranch(builder.icmp_signed("<", i_mid, ints["k"]), tail, tnext)
+
+    builder.position_at_end(tail)
+    i1 = builder.phi(i64)
+    accs1 = [builder.phi(vec) for _ in init]
+    new1 = steps(i1, accs1, 1)
+    i1next = builder.add(i1, const(1))
+    builder.cbranch(builder.icmp_signed("<", i1next, ints["k"]), tail, tnext)
 
     builder.position_at_end(tnext)
+    accs_t = [builder.phi(vec) for _ in init]
     tplus = builder.add(t, const(1))
     builder.cbranch(builder.icmp_signed("<", tplus, ints["ntaps"]), tloop, done)
-
-    builder.position_at_end(done)
-    outs = [builder.phi(vec) for _ in init]
-    for j, out in enumerate(outs):
-        out.add_incoming(init[j], entry)
-        out.add_incoming(new[j], tnext)
-        t_accs[j].add_incoming(init[j], entry)
-        t_accs[j].add_incoming(new[j], tnext)
+    for j in range(len(init)):
+        t_accs[j].add_incoming(init[j], before)
+        t_accs[j].add_incoming(accs_t[j], tnext)
         accs[j].add_incoming(t_accs[j], tloop)
         accs[j].add_incoming(new[j], iloop)
-    t.add_incoming(zero, entry)
+        accs_mid[j].add_incoming(t_accs[j], tloop)
+        accs_mid[j].add_incoming(new[j], iloop)
+        accs1[j].add_incoming(accs_mid[j], mid)
+        accs1[j].add_incoming(new1[j], tail)
+        accs_t[j].add_incoming(accs_mid[j], mid)
+        accs_t[j].add_incoming(new1[j], tail)
+    t.add_incoming(const(0), before)
     t.add_incoming(tplus, tnext)
-    i.add_incoming(zero, tloop)
+    i.add_incoming(const(0), tloop)
     i.add_incoming(inext, iloop)
-    for j, out in enumerate(outs):
-        value = _rounded(builder, out, width) if rounding else out
-        builder.store(value, caddr[j // vecs][j % vecs], align=2 if rounding else 4)
+    i_mid.add_incoming(const(0), tloop)
+    i_mid.add_incoming(inext, iloop)
+    i1.add_incoming(i_mid, mid)
+    i1.add_incoming(i1next, tail)
+    return tloop, tnext, accs_t
 
 
 def _rounded(builder: ir.IRBuilder, value: ir.Value, width: int) -> ir.Value:
