@@ -747,3 +747,39 @@ def test_f32_weights_partial_sums_start_on_a_cache_line(monkeypatch, rng) -> Non
         want = get_engine("reference").backward_weights(g, x.astype(np.float64), dy.astype(np.float64))
         _close(got, want, TOLERANCE["f32"], f"{n} {ic} {oc}")
     assert made and all(offset == 0 for offset in made), made
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+def test_spread_streams_whole_lines_past_the_caches(dtype, monkeypatch, rng) -> None:
+    """A strided 1x1 data gradient's dx: the GEMM's rows at the positions the strides keep, zero
+    everywhere else (over a result full of NaN bits before), whether stored non-temporally
+    (whole cache lines a position: every large result, here all of them) or not (a position's
+    channels not whole lines); and the streamed stores are the ones taken where they can be."""
+    from convgrad.engines.fast import workspace
+    monkeypatch.setattr(geometry, "TUNING", dataclasses.replace(geometry.TUNING, spread_stream_bytes=0))
+    streamed, inner = [], geometry._spread_streamed
+
+    def watched(*args):
+        streamed.append(True)
+        return inner(*args)
+    monkeypatch.setattr(geometry, "_spread_streamed", watched)
+    np_dtype = DATA_DTYPES[dtype]
+    line = 64 // np.dtype(np_dtype).itemsize
+    for channels, strides, in_size in [(line, (2, 2), (7, 9)), (3 * line, (1, 3), (5, 8)), (line + 3, (2, 2), (6, 6)),
+                                       (2 * line, (3, 2, 2), (4, 5, 3))]:
+        out_size = tuple(-(-i // s) for i, s in zip(in_size, strides))
+        rows = rng.uniform(-1, 1, (2, *out_size, channels)).astype(np_dtype)
+        out = workspace.result((2, *in_size, channels), np_dtype)
+        out.view(f"u{out.itemsize}")[...] = np.iinfo(f"u{out.itemsize}").max      # NaN bits everywhere
+        streamed.clear()
+        got = geometry.spread(rows, strides, out)
+        want = np.zeros_like(out)
+        want[(slice(None), *(slice(None, None, s) for s in strides))] = rows
+        np.testing.assert_array_equal(got.view(f"u{out.itemsize}"), want.view(f"u{out.itemsize}"),
+                                      f"{dtype} {channels} {strides}")
+        assert bool(streamed) == (channels % line == 0), (dtype, channels, streamed)
+    off = workspace.result((2, 6, 6, line), np_dtype, offset=16)    # off a line: the plain loop
+    rows = rng.uniform(-1, 1, (2, 3, 3, line)).astype(np_dtype)
+    streamed.clear()
+    got = geometry.spread(rows, (2, 2), off)
+    assert not streamed and np.array_equal(got[:, ::2, ::2], rows) and not got[:, 1::2].any()

@@ -18,6 +18,7 @@ import numpy as np
 from ... import kernel_cache
 from ...problem import ConvGeometry
 from . import microkernel, workspace
+from .tuning import TUNING
 
 __all__ = ["spatial", "spatial3", "params", "tap", "stride_phase", "phase_taps", "tap_weights", "padded", "fill_line",
            "flat", "sampled", "spread"]
@@ -174,9 +175,45 @@ def _sample(a3, s0, s1, s2, out):  # pragma: no cover - compiled
 def spread(rows: np.ndarray, strides: tuple[int, ...], out: np.ndarray) -> np.ndarray:
     """``out`` (canonical (N, *X, C), NXC memory) holding ``rows`` (N, *O, C) at the positions a
     strided 1x1 convolution reads (:func:`sampled`) and zero elsewhere: every value written once,
-    in parallel (a zeroing pass and NumPy's strided assignment were two passes of one thread)."""
-    _spread(_bits(spatial3(rows)), *spatial(strides, 1), _bits(spatial3(out)))
+    in parallel (a zeroing pass and NumPy's strided assignment were two passes of one thread);
+    from ``TUNING.spread_stream_bytes``, where a position's channels are whole cache lines, past
+    the caches (:func:`.microkernel.stream_line`: a line written is not read in first)."""
+    r3, o3 = spatial3(rows), spatial3(out)
+    line = o3.shape[-1] * o3.itemsize
+    if out.nbytes >= TUNING.spread_stream_bytes and line % workspace.ALIGN == 0 and out.flags.c_contiguous \
+            and rows.flags.c_contiguous and workspace.address(_bits(out)) % workspace.ALIGN == 0:
+        _spread_streamed(r3.reshape(-1).view(np.uint8), np.array(r3.shape[:4], np.int64), *spatial(strides, 1),
+                         o3.reshape(-1).view(np.uint8), np.array(o3.shape[:4], np.int64), line)
+    else:
+        _spread(_bits(r3), *spatial(strides, 1), _bits(o3))
     return out
+
+
+@kernel_cache.njit(parallel=True)
+def _spread_streamed(r8, r_shape, s0, s1, s2, out8, shape, line):  # pragma: no cover - compiled
+    """:func:`_spread` on flat bytes, positions of ``line`` bytes (whole cache lines), each line
+    stored non-temporally; rows (n, p0) in parallel, each ended by a fence."""
+    n_, p0_, p1_, p2_ = shape[0], shape[1], shape[2], shape[3]
+    o0_, o1_, o2_ = r_shape[1], r_shape[2], r_shape[3]
+    for row in numba.prange(n_ * p0_):
+        n, p0 = row // p0_, row % p0_
+        i0 = p0 // s0
+        row_kept = p0 % s0 == 0 and i0 < o0_
+        at = row * p1_ * p2_ * line
+        for p1 in range(p1_):
+            i1 = p1 // s1
+            kept = row_kept and p1 % s1 == 0 and i1 < o1_
+            for p2 in range(p2_):
+                i2 = p2 // s2
+                if kept and p2 % s2 == 0 and i2 < o2_:
+                    src = (((n * o0_ + i0) * o1_ + i1) * o2_ + i2) * line
+                    for j in range(0, line, 64):
+                        microkernel.stream_line(out8, at + j, r8, src + j)
+                else:
+                    for j in range(0, line, 64):
+                        microkernel.stream_line(out8, at + j, None, 0)
+                at += line
+        microkernel.store_fence()
 
 
 @kernel_cache.njit(parallel=True)

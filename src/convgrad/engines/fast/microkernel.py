@@ -62,7 +62,7 @@ from .tuning import TUNING
 
 __all__ = ["BLOCKS", "WIDTHS", "block_for", "tile_block_for", "idle", "run", "kernel_call", "cached_njit", "parallel_items",
            "kernel_ir", "fma_peak",
-           "register_peak", "SOURCE_DIGEST", "prefetch", "transpose32", "transpose_tile"]
+           "register_peak", "SOURCE_DIGEST", "prefetch", "stream_line", "store_fence", "transpose32", "transpose_tile"]
 
 #: Register blocks (rows R, vectors V) per vector width, R*V + V + 1 <= the vector registers.
 BLOCKS: dict[int, tuple[tuple[int, int], ...]] = {8: ((8, 1), (6, 2), (4, 3)),
@@ -444,6 +444,43 @@ def prefetch(typingctx, arr, index):
         return context.get_dummy_value()
 
     return types.void(arr, types.int64), codegen
+
+
+@intrinsic
+def stream_line(typingctx, out, at, src, src_at):
+    """Store the 64 bytes of ``src`` from byte ``src_at`` (any alignment) at byte ``at`` of
+    ``out`` (a cache line) with a non-temporal store: the line is written to memory without being
+    read into the caches first (a zeroing pass over 51 MB: 2.8-3.1 -> 1.2 ms on the Xeon with
+    AMX). ``out`` and ``src`` are uint8 arrays; ``src`` None (``out`` itself, never read):
+    zeros. The caller ends its stores with :func:`store_fence`."""
+    if not isinstance(out, types.Array) or out.dtype != types.uint8:
+        raise errors.TypingError(f"microkernel.stream_line: out must be a uint8 array, got {out}")
+    zeros = isinstance(src, types.NoneType)
+
+    def codegen(context, builder, signature, argv):
+        line = ir.VectorType(ir.IntType(32), 16)
+        data = cgutils.create_struct_proxy(signature.args[0])(context, builder, value=argv[0]).data
+        if zeros:
+            value = ir.Constant(line, None)
+        else:
+            from_ = cgutils.create_struct_proxy(signature.args[2])(context, builder, value=argv[2]).data
+            value = builder.load(builder.bitcast(builder.gep(from_, [argv[3]]), line.as_pointer()), align=1)
+        store = builder.store(value, builder.bitcast(builder.gep(data, [argv[1]]), line.as_pointer()), align=64)
+        store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        return context.get_dummy_value()
+
+    return types.void(out, types.int64, src, types.int64), codegen
+
+
+@intrinsic
+def store_fence(typingctx):
+    """A full fence (``mfence`` on x86): the non-temporal stores before it are visible to every
+    thread before any store after it (the pool's join that follows is not enough for them)."""
+    def codegen(context, builder, signature, argv):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return types.void(), codegen
 
 
 def _width(value: ir.Value, intrinsic_name: str) -> int:

@@ -208,6 +208,11 @@ class Tuning:
     #: MobileNet mb 16, new / old time: results of 12.8-51 MB 0.60-0.97 (conv2_1 2.46 -> 1.47
     #: ms); of 3.2-6.4 MB 0.81-1.70 (strided data gradients slowest): left in the caches.
     depthwise_stream_l3: float = 0.25
+    #: A strided 1x1 data gradient's dx (zero between the positions its GEMM wrote) of at least
+    #: this many bytes (twice two cores' L2) is stored past the caches (:func:`.geometry.spread`).
+    #: Xeon with AMX, 2026-12-07, f32, stride 2: dx of 51 / 26 / 13 MB 3.5 -> 1.5, 1.5 -> 0.7,
+    #: 0.96 -> 0.37 ms (the whole call 7.2 -> 5.1, 4.3 -> 4.0, 4.3 -> 3.7 ms).
+    spread_stream_bytes: int = 8 << 20
     #: ``direct``: vectors of channels (at most; a power of two) of a one-position block of the
     #: depthwise forward and data gradient kernels, per vector width (:func:`.depthwise_kernels.gather_block`;
     #: 1: blocks of positions of one vector). Zen 3 (AVX2), MobileNet's data gradients, 2026-11-27:
