@@ -179,49 +179,25 @@ def spread(rows: np.ndarray, strides: tuple[int, ...], out: np.ndarray) -> np.nd
     from ``TUNING.spread_stream_bytes``, where a position's channels are whole cache lines, past
     the caches (:func:`.microkernel.stream_line`: a line written is not read in first)."""
     r3, o3 = spatial3(rows), spatial3(out)
-    line = o3.shape[-1] * o3.itemsize
-    if out.nbytes >= TUNING.spread_stream_bytes and line % workspace.ALIGN == 0 and out.flags.c_contiguous \
-            and rows.flags.c_contiguous and workspace.address(_bits(out)) % workspace.ALIGN == 0:
-        _spread_streamed(r3.reshape(-1).view(np.uint8), np.array(r3.shape[:4], np.int64), *spatial(strides, 1),
-                         o3.reshape(-1).view(np.uint8), np.array(o3.shape[:4], np.int64), line)
-    else:
-        _spread(_bits(r3), *spatial(strides, 1), _bits(o3))
+    stream = out.nbytes >= TUNING.spread_stream_bytes and o3.shape[-1] * o3.itemsize % workspace.ALIGN == 0 \
+        and out.flags.c_contiguous and rows.flags.c_contiguous and workspace.address(_bits(out)) % workspace.ALIGN == 0
+    r8, out8 = (r3.reshape(-1).view(np.uint8), o3.reshape(-1).view(np.uint8)) if stream else (_NO_BYTES, _NO_BYTES)
+    _spread(_bits(r3), *spatial(strides, 1), _bits(o3), r8, out8)
     return out
 
 
-@kernel_cache.njit(parallel=True)
-def _spread_streamed(r8, r_shape, s0, s1, s2, out8, shape, line):  # pragma: no cover - compiled
-    """:func:`_spread` on flat bytes, positions of ``line`` bytes (whole cache lines), each line
-    stored non-temporally; rows (n, p0) in parallel, each ended by a fence."""
-    n_, p0_, p1_, p2_ = shape[0], shape[1], shape[2], shape[3]
-    o0_, o1_, o2_ = r_shape[1], r_shape[2], r_shape[3]
-    for row in numba.prange(n_ * p0_):
-        n, p0 = row // p0_, row % p0_
-        i0 = p0 // s0
-        row_kept = p0 % s0 == 0 and i0 < o0_
-        at = row * p1_ * p2_ * line
-        for p1 in range(p1_):
-            i1 = p1 // s1
-            kept = row_kept and p1 % s1 == 0 and i1 < o1_
-            for p2 in range(p2_):
-                i2 = p2 // s2
-                if kept and p2 % s2 == 0 and i2 < o2_:
-                    src = (((n * o0_ + i0) * o1_ + i1) * o2_ + i2) * line
-                    for j in range(0, line, 64):
-                        microkernel.stream_line(out8, at + j, r8, src + j)
-                else:
-                    for j in range(0, line, 64):
-                        microkernel.stream_line(out8, at + j, None, 0)
-                at += line
-        microkernel.store_fence()
+_NO_BYTES = np.empty(0, np.uint8)
 
 
 @kernel_cache.njit(parallel=True)
-def _spread(r3, s0, s1, s2, out):  # pragma: no cover - compiled
+def _spread(r3, s0, s1, s2, out, r8, out8):  # pragma: no cover - compiled
     """``out[n, p0, p1, p2] = r3[n, p0/S0, p1/S1, p2/S2]`` where every ``p`` is a multiple of its
-    stride within ``r3``, else 0; rows (n, p0) in parallel."""
+    stride within ``r3``, else 0; rows (n, p0) in parallel. Non-empty ``r8`` and ``out8`` (the
+    two as flat bytes, a position's channels whole lines): every line stored non-temporally, each
+    row ended by a fence."""
     n_, p0_, p1_, p2_ = out.shape[:4]
     o0_, o1_, o2_ = r3.shape[1], r3.shape[2], r3.shape[3]
+    line = out.shape[4] * out.itemsize if out8.size else 0
     for row in numba.prange(n_ * p0_):
         n, p0 = row // p0_, row % p0_
         i0 = p0 // s0
@@ -231,10 +207,21 @@ def _spread(r3, s0, s1, s2, out):  # pragma: no cover - compiled
             kept = row_kept and p1 % s1 == 0 and i1 < o1_
             for p2 in range(p2_):
                 i2 = p2 // s2
-                if kept and p2 % s2 == 0 and i2 < o2_:
+                keep = kept and p2 % s2 == 0 and i2 < o2_
+                if line:
+                    at = ((row * p1_ + p1) * p2_ + p2) * line
+                    src = (((n * o0_ + i0) * o1_ + i1) * o2_ + i2) * line
+                    for j in range(0, line, 64):
+                        if keep:
+                            microkernel.stream_line(out8, at + j, r8, src + j)
+                        else:
+                            microkernel.stream_line(out8, at + j, None, 0)
+                elif keep:
                     out[n, p0, p1, p2, :] = r3[n, i0, i1, i2, :]
                 else:
                     out[n, p0, p1, p2, :] = 0
+        if line:
+            microkernel.store_fence()
 
 
 def flat(a: np.ndarray) -> np.ndarray:
