@@ -193,7 +193,7 @@ def test_on_line_gives_compiled_arrays_a_cache_line() -> None:
     def made(sizes, dtype_probe):
         out = np.empty((sizes.size, 3), np.int64)
         for i in range(sizes.size):
-            spare = np.empty(sizes[i] + 64 // dtype_probe.itemsize, dtype_probe.dtype)
+            spare = np.zeros(sizes[i] + 64 // dtype_probe.itemsize, dtype_probe.dtype)
             view = workspace.on_line(spare, sizes[i])
             view[:] = 7
             out[i, 0] = view.ctypes.data % workspace.ALIGN
