@@ -9,9 +9,10 @@ lanes in vector registers and computes, for rows ``r < R``, vectors ``v < V``, l
 
 in the order ``t`` then ``i`` (ascending; :data:`UNROLL` steps an iteration, and where the rows
 are adjacent, ``lda`` 1 or a bf16 pair's 2, loops of their own with ``lda`` a constant), one
-fused multiply-add (``llvm.fma.v<W>f32``) per product; ``a`` is broadcast, ``b`` read as ``V`` vectors; the accumulators are loaded from ``c``
-once (``accumulate`` != 0: beta = 1) or start at zero without reading ``c`` (beta = 0: a GEMM's
-first reduction step needs no zeroing pass), and are stored once per call.
+fused multiply-add (``llvm.fma.v<W>f32``) per product; ``a`` is broadcast, ``b`` read as ``V``
+vectors; the accumulators are loaded from ``c`` once (``accumulate`` != 0: beta = 1) or start
+at zero without reading ``c`` (beta = 0: a GEMM's first reduction step needs no zeroing pass),
+and are stored once per call.
 
 **bf16** (``a`` and ``b`` uint16 arrays holding bf16 bits): each step ``i`` consumes a *pair* of
 reduction values, ``a[p]`` and ``a[p+1]`` (``p = aoff + ta[t] + r*lda + i*astep``) against ``b``'s
