@@ -185,20 +185,19 @@ def test_a_part_of_a_call_gives_its_blocks_to_the_next_part() -> None:
     assert workspace.cached_bytes() >= 6 * MB
 
 
-def test_on_line_gives_compiled_arrays_a_cache_line() -> None:
-    """Arrays made in compiled code (numba aligns them to 32 bytes: half start off a line) and
-    passed through :func:`workspace.on_line` start on a line, hold ``count`` values and are
-    views of the spare array; every dtype the kernels use."""
+def test_line_empty_gives_compiled_arrays_a_cache_line() -> None:
+    """Arrays made in compiled code by :func:`workspace.line_empty` (numba's own ``np.empty``
+    aligns to 32 bytes: half start off a line) start on a line, hold ``count`` values and take
+    what is written to them; every dtype the kernels use."""
     @numba.njit
     def made(sizes, dtype_probe):
         out = np.empty((sizes.size, 3), np.int64)
         for i in range(sizes.size):
-            spare = np.zeros(sizes[i] + 64 // dtype_probe.itemsize, dtype_probe.dtype)
-            view = workspace.on_line(spare, sizes[i])
+            view = workspace.line_empty(sizes[i], dtype_probe.dtype)
             view[:] = 7
             out[i, 0] = view.ctypes.data % workspace.ALIGN
             out[i, 1] = view.size
-            out[i, 2] = (spare == 7).sum()
+            out[i, 2] = (view == 7).sum()
         return out
     sizes = np.arange(1, 90, dtype=np.int64)
     for dtype in (np.float32, np.uint16, np.uint32):

@@ -156,7 +156,7 @@ def blocks(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None 
 def _blocks_for(m: int, k: int, n: int, itemsize: int, block: tuple[int, int] | None, family: str,
                 threads: int) -> Blocks:
     """:func:`blocks` on the kernel ``family`` with ``threads`` threads (remembered)."""
-    width = isa.WIDTH[isa.family()]
+    width = isa.WIDTH[family]
     rows, vecs = block or register_block(n, width, m, itemsize)
     l1, l2, _ = isa.cache_sizes()
     nr = vecs * width
@@ -236,11 +236,11 @@ def _driver(width: int, rows: int, vecs: int, native: int) -> Callable:
         if not rounding:
             tiles, t0, t_row, t_col = c, chunk * chunk_rows * c.shape[1], 0, 0
         elif one_step:   # one register block's tile, rounded right after the kernel
-            tiles, t0, t_row, t_col = workspace.on_line(np.empty(rows * nr + 16, np.float32), rows * nr).reshape(rows, nr), 0, 0, 0
+            tiles, t0, t_row, t_col = workspace.line_empty(rows * nr, np.float32).reshape(rows, nr), 0, 0, 0
         else:            # the item's tiles, rounded at its end
             tiles, t0, t_row, t_col = scratch[numba.get_thread_id()], 0, m0, first * nr
         ldc = tiles.shape[1]
-        ap = workspace.on_line(np.empty(steps * rows * depth + line, a.dtype), steps * rows * depth)
+        ap = workspace.line_empty(steps * rows * depth, a.dtype)
         mp = row_panels * rows
         pack_b = bpack.shape[0] > 0
         bsrc = bpack[numba.get_thread_id()].view(bp.dtype) if pack_b else bp

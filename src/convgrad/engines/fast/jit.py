@@ -575,8 +575,8 @@ def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
         q1 = place % q1_
         q0 = place // q1_ % q0_
         n = place // (q1_ * q0_)
-        c = workspace.on_line(np.empty(rows * vw + 16, np.float32), rows * vw)
-        c16 = workspace.on_line(np.empty(rows * vw + 32, np.uint16), rows * vw)
+        c = workspace.line_empty(rows * vw, np.float32)
+        c16 = workspace.line_empty(rows * vw, np.uint16)
         live = 0
         for t in range(ntaps):
             live += _reads_data(tap_rows, rows_in, t, q0, q1)

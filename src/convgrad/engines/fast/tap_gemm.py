@@ -395,7 +395,7 @@ def _driver(rows: int, vecs: int, native: int) -> Callable:
         strips = icpad // rows
         total = taps.shape[0]
         own = shares == 1                       # the item's (tap, panel) block: sums of its own
-        flat = workspace.on_line(np.empty(icpad * nr + 16, np.float32), icpad * nr) if own else sums.reshape(-1)
+        flat = workspace.line_empty(icpad * nr, np.float32) if own else sums.reshape(-1)
         ldc = nr if own else sums.shape[3]
         half = kc // 2
         panel_stride = half * nr * 2

@@ -30,7 +30,7 @@ from ... import kernel_cache
 
 from .tuning import TUNING
 
-__all__ = ["call", "part", "empty", "zeros", "result", "cached_bytes", "clear", "address", "on_line", "ALIGN"]
+__all__ = ["call", "part", "empty", "zeros", "result", "cached_bytes", "clear", "address", "line_empty", "ALIGN"]
 
 _state = threading.local()   # this thread's call depth and blocks taken
 _free: list[np.ndarray] = []  # uint8 blocks, free between calls (shared: calls hold the pool's lock)
@@ -49,10 +49,11 @@ def address(a):  # pragma: no cover - compiled
 
 
 @kernel_cache.njit()
-def on_line(spare, count):  # pragma: no cover - compiled
-    """``count`` values of ``spare`` (a 1-D array at least :data:`ALIGN` bytes longer) from its
-    first cache line: compiled code's own arrays (numba's ``np.empty``) start on 32 bytes, half
-    of them off a line, where a kernel's 64-byte vectors or tile rows would each touch two."""
+def line_empty(count, dtype):  # pragma: no cover - compiled
+    """An uninitialised 1-D array of ``count`` values of ``dtype`` made in compiled code, from a
+    cache line: numba's own ``np.empty`` starts on 32 bytes, half of them off a line, where a
+    kernel's 64-byte vectors or tile rows would each touch two."""
+    spare = np.empty(count + ALIGN, dtype)
     skip = (-spare.ctypes.data % ALIGN) // spare.itemsize
     return spare[skip:skip + count]
 
