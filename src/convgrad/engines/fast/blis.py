@@ -185,10 +185,11 @@ def workspace_bytes(m: int, k: int, n: int, itemsize: int) -> int:
 
 
 @functools.cache
-def _driver(width: int, rows: int, vecs: int, native: int) -> Callable:
+def _driver(width: int, rows: int, vecs: int, native: int, rounding: bool) -> Callable:
     """The loops of :func:`gemm` for one register block, run for each item of work in the pool
     (:class:`.microkernel.parallel_items`; compiled for that block alone; ``native``: the bf16
-    kernel, :func:`.isa.bf16_kernel`)."""
+    kernel, :func:`.isa.bf16_kernel`; ``rounding``: the result ``out``'s bf16 bits, a constant, so
+    that a driver without it compiles one kernel, not two: each call site inlines a whole one)."""
     on_tiles = native >= microkernel.TILES_STANDIN and (rows, vecs) in tiles.TILE_BLOCKS   # packed A row-major
 
     def run(item, a, lda, astep, m, k, bp, panels, kd, poff, bstep, c, kc, mc, m_blocks, depth, n_shares, by_share,
@@ -220,7 +221,6 @@ def _driver(width: int, rows: int, vecs: int, native: int) -> Callable:
         line = 64 // a.itemsize
         pack_a = apack.shape[0] > 0 and copy_lda == 0
         copy_a = copy_lda > 0
-        rounding = out.shape[0] > 0
         steps = kc // depth
         per_chunk = -(-kd // (k_chunks * steps)) * steps
         chunk_rows = c.shape[0] // k_chunks
@@ -584,7 +584,7 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     copy_lda = _copy_lda(bl, lda, a.dtype.itemsize, panels) if not pack_a and astep == 1 else 0
     per_thread = -(-bl.mc * copy_lda * a.dtype.itemsize // 4) if copy_lda else (bl.kc // depth) * bl.mc
     apack = workspace.empty(pool.threads() * per_thread if pack_a or copy_lda else 0, np.uint32)
-    _driver(bl.width, bl.rows, bl.vecs, isa.bf16_kernel() if bf16 else 0)(
+    _driver(bl.width, bl.rows, bl.vecs, isa.bf16_kernel() if bf16 else 0, rounding)(
         bl.k_chunks * bl.m_blocks * bl.shares, flat, lda, astep, m, k, bp, panels, kd, poff, bstep, c, bl.kc, bl.mc,
         bl.m_blocks, depth, bl.shares, bl.by_share, bl.k_chunks, out, scratch,
         apack.reshape(-1, per_thread) if pack_a or copy_lda else apack.reshape(0, 0), copy_lda,

@@ -529,10 +529,11 @@ def _stage_image(raw, n, stage, dims):  # pragma: no cover - compiled
 
 
 @functools.cache
-def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
+def _outputs(width: int, rows: int, vecs: int, native: int, bits: bool) -> Callable:
     """The driver of forward and backward data for one kernel variant, run for each item in the
     pool (:class:`.microkernel.parallel_items`; compiled for it alone; ``native``:
-    :func:`.microkernel.run`'s flag)."""
+    :func:`.microkernel.run`'s flag; ``bits``: the kernel stores bf16 bits into ``out16``, a
+    constant, so that the driver compiles one kernel: each call site inlines a whole one)."""
     def outputs(item, src, steps, taps_a, out, out16, kind, out_base, out_steps, out_grid, pitch, valid, wp, per_block,
                 taps_b, groups, kred, depth, channels, blocks_outer, parts, tap_rows, rows_in, raw, stage, staged,
                 stage_dims):  # pragma: no cover
@@ -601,22 +602,19 @@ def _outputs(width: int, rows: int, vecs: int, native: int) -> Callable:
         for m in range(part * per_part, min(m_, (part + 1) * per_part), rows):
             a1 = m // pitch
             a2 = m - a1 * pitch
-            if m + rows <= m_ and a2 + rows <= valid and lanes == vw and kind != F16_BITS:
-                at = base + a1 * out_steps[2] + a2 * out_steps[3]        # a whole tile: stored in place
-                if rounding:
-                    microkernel.run(width, rows, vecs, native, out16, at, out_steps[3], source, src_row + m * steps[3],
-                                    steps[3], depth, wp, boff, vw * depth, ta, tb, live, kred, 0)
-                else:
-                    microkernel.run(width, rows, vecs, native, out, at, out_steps[3], source, src_row + m * steps[3],
-                                    steps[3], depth, wp, boff, vw * depth, ta, tb, live, kred, 0)
-                continue
-            bits = rounding and kind != F16_BITS     # bf16: rounded by the kernel into a tile of bits
-            if bits:
-                microkernel.run(width, rows, vecs, native, c16, 0, vw, source, src_row + m * steps[3], steps[3], depth,
-                                wp, boff, vw * depth, ta, tb, live, kred, 0)
+            whole = m + rows <= m_ and a2 + rows <= valid and lanes == vw and kind != F16_BITS
+            if whole:                                  # a whole tile: stored in place
+                target, target16, at, ld = out, out16, base + a1 * out_steps[2] + a2 * out_steps[3], out_steps[3]
             else:
-                microkernel.run(width, rows, vecs, native, c, 0, vw, source, src_row + m * steps[3], steps[3], depth,
-                                wp, boff, vw * depth, ta, tb, live, kred, 0)
+                target, target16, at, ld = c, c16, 0, vw
+            if bits:                                   # bf16: rounded by the kernel
+                microkernel.run(width, rows, vecs, native, target16, at, ld, source, src_row + m * steps[3], steps[3],
+                                depth, wp, boff, vw * depth, ta, tb, live, kred, 0)
+            else:
+                microkernel.run(width, rows, vecs, native, target, at, ld, source, src_row + m * steps[3], steps[3],
+                                depth, wp, boff, vw * depth, ta, tb, live, kred, 0)
+            if whole:
+                continue
             for r in range(min(rows, m_ - m)):   # (a1, a2) = divmod(m + r, pitch), stepped
                 if r:
                     a2 += 1
@@ -691,7 +689,7 @@ def _run_outputs(rows: int, vecs: int, src: np.ndarray | _Staged, steps: np.ndar
     else:
         stage, raw, flat_src = _NO_STAGE[dtype.type], _NO_RAW[units], geometry.flat(src)
         stage_dims, staged = _NO_STAGE_DIMS, _NONE[np.int64]
-    _outputs(width, rows, vecs, isa.bf16_kernel() if depth == 2 else 0)(
+    _outputs(width, rows, vecs, isa.bf16_kernel() if depth == 2 else 0, out.dtype != F32 and kind != F16_BITS)(
         items * parts, flat_src, steps, taps_a, f32_out, bits_out, kind, out_base, out_steps, shape, pitch, grid[3], wp,
         taps * kred * depth * vw, taps_b, groups, kred, depth, channels, blocks_outer, parts, tap_rows, rows_in_a, raw,
         stage, staged, stage_dims)
