@@ -784,3 +784,40 @@ def test_spread_streams_whole_lines_past_the_caches(dtype, monkeypatch, rng) -> 
     streamed.clear()
     got = geometry.spread(rows, (2, 2), off)
     assert not streamed and np.array_equal(got[:, ::2, ::2], rows) and not got[:, 1::2].any()
+
+
+def _fmas(asm: str) -> int:
+    return sum(1 for line in asm.splitlines() if line.strip().startswith(("vfmadd", "vfmsub", "vfnmadd")))
+
+
+@pytest.mark.skipif(not isa.supported(), reason="no JIT family on this CPU")
+@pytest.mark.parametrize("driver", ["outputs", "gemm"])
+def test_each_driver_variant_inlines_one_kernel(driver, rng):
+    """A driver variant holds one copy of its kernel: every ``microkernel.run`` call site inlines
+    a whole kernel (two unrolled loop nests), so a driver that called it once per target type
+    and place (the outputs driver: f32 and bf16 bits, in place and into a tile) compiled four,
+    seconds each on a fresh checkout. Counted as FMA instructions of the driver's f32 code
+    against one kernel's compiled alone for this host."""
+    import llvmlite.binding as llvm
+
+    width = jit._width()
+    if driver == "outputs":
+        g = _geometry(2, 1, 8, 2 * width, (9, 8), (3, 3), pb=(1, 1), pe=(1, 1))
+        plan = Plan.of("jit", **jit.complete(Features.of(g, "backward_data", np.dtype(np.float32), False), {}))
+        dy, w = _inputs(g, rng, np.float32)["backward_data"]
+        jit.run(plan, g, dy, w, "backward_data")
+        rows, vecs, _ = jit._block(plan)
+        compiled = jit._outputs(width, rows, vecs, 0, False)
+    else:
+        from convgrad.engines.fast import blis
+        a, b = rng.standard_normal((97, 64), dtype=np.float32), rng.standard_normal((64, 3 * width), dtype=np.float32)
+        np.testing.assert_allclose(blis.gemm(a, b), a @ b, rtol=1e-4, atol=1e-4)
+        bl = blis.blocks(97, 64, 3 * width, 4)
+        rows, vecs = bl.rows, bl.vecs
+        compiled = blis._driver(width, rows, vecs, 0, False)
+    machine = llvm.Target.from_default_triple().create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3)
+    one = _fmas(machine.emit_assembly(llvm.parse_assembly(microkernel.kernel_ir(width, rows, vecs))))
+    assert one >= rows * vecs
+    for overload in compiled.body.overloads.values():
+        assert one <= _fmas(overload.library.get_asm_str()) < 2 * one
