@@ -8,7 +8,8 @@ lanes in vector registers and computes, for rows ``r < R``, vectors ``v < V``, l
                                  a[aoff + ta[t] + r*lda + i*astep] * b[boff + tb[t] + i*bstep + v*W + l]
 
 in the order ``t`` then ``i`` (ascending; :data:`UNROLL` steps an iteration, and where the rows
-are adjacent, ``lda`` 1 or a bf16 pair's 2, loops of their own with ``lda`` a constant), one
+are adjacent, ``lda`` 1 or a bf16 pair's 2, loops of their own with ``lda`` a constant; the bf16
+stand-in one loop, a step an iteration: the same sums, a sixth of its IR to compile), one
 fused multiply-add (``llvm.fma.v<W>f32``) per product; ``a`` is broadcast, ``b`` read as ``V``
 vectors; the accumulators are loaded from ``c`` once (``accumulate`` != 0: beta = 1) or start
 at zero without reading ``c`` (beta = 0: a GEMM's first reduction step needs no zeroing pass),
@@ -257,11 +258,16 @@ def _emit(builder: ir.IRBuilder, rows: int, vecs: int, width: int, ptrs: dict, i
     done = builder.append_basic_block("done")
     builder.cbranch(builder.and_(builder.icmp_signed(">", ints["ntaps"], zero),
                                  builder.icmp_signed(">", ints["k"], zero)), choose, done)
-    builder.position_at_end(choose)    # rows adjacent (packed panels, a weights gradient's x): no row arithmetic
-    nests = [_loop_nest(builder, ops, rows, vecs, width, ptrs, ints, lda, init, choose, done)
-             for lda in (const(lanes), ints["lda"])]
     builder.position_at_end(choose)
-    builder.cbranch(builder.icmp_signed("==", ints["lda"], const(lanes)), nests[0][0], nests[1][0])
+    if bf16 and not native:   # the stand-in: one loop, a step an iteration (its IR is ~15x the instruction's)
+        nests = [_loop_nest(builder, ops, rows, vecs, width, ptrs, ints, ints["lda"], init, choose, done, 1)]
+        builder.position_at_end(choose)
+        builder.branch(nests[0][0])
+    else:                     # rows adjacent (packed panels, a weights gradient's x): no row arithmetic
+        nests = [_loop_nest(builder, ops, rows, vecs, width, ptrs, ints, lda, init, choose, done, UNROLL)
+                 for lda in (const(lanes), ints["lda"])]
+        builder.position_at_end(choose)
+        builder.cbranch(builder.icmp_signed("==", ints["lda"], const(lanes)), nests[0][0], nests[1][0])
     builder.position_at_end(done)
     outs = [builder.phi(vec) for _ in init]
     for j, out in enumerate(outs):
@@ -274,8 +280,9 @@ def _emit(builder: ir.IRBuilder, rows: int, vecs: int, width: int, ptrs: dict, i
 
 
 def _loop_nest(builder: ir.IRBuilder, ops: "_Ops", rows: int, vecs: int, width: int, ptrs: dict, ints: dict,
-               lda: ir.Value, init: list, before: ir.Block, done: ir.Block) -> tuple[ir.Block, ir.Block, list]:
-    """:func:`_emit`'s loops over the taps and the reduction (:data:`UNROLL` steps an iteration, then
+               lda: ir.Value, init: list, before: ir.Block, done: ir.Block, unroll: int
+               ) -> tuple[ir.Block, ir.Block, list]:
+    """:func:`_emit`'s loops over the taps and the reduction (``unroll`` steps an iteration, then
     the rest one at a time) with row stride ``lda`` (a constant where the rows are adjacent: the
     rows' addresses are then offsets of one register, no arithmetic per step), entered from
     ``before``, left to ``done``: (its first block, its last block, the accumulators there)."""
@@ -283,7 +290,8 @@ def _loop_nest(builder: ir.IRBuilder, ops: "_Ops", rows: int, vecs: int, width: 
     const = lambda v: ir.Constant(i64, v)  # noqa: E731
     lanes = 2 if ops.bf16 else 1
     tloop, iloop = builder.append_basic_block("taps"), builder.append_basic_block("reduce")
-    mid, tail = builder.append_basic_block("reduce_rest"), builder.append_basic_block("reduce_one")
+    mid = builder.append_basic_block("reduce_rest")
+    tail = builder.append_basic_block("reduce_one") if unroll > 1 else None
     tnext = builder.append_basic_block("next_tap")
 
     def steps(i: ir.Value, accs: list, count: int) -> list:
@@ -308,26 +316,28 @@ def _loop_nest(builder: ir.IRBuilder, ops: "_Ops", rows: int, vecs: int, width: 
     t_accs = [builder.phi(vec) for _ in init]
     abase = builder.add(ints["aoff"], builder.load(builder.gep(ptrs["ta"], [t])))
     bbase = builder.add(ints["boff"], builder.load(builder.gep(ptrs["tb"], [t])))
-    builder.cbranch(builder.icmp_signed(">=", ints["k"], const(UNROLL)), iloop, mid)
+    builder.cbranch(builder.icmp_signed(">=", ints["k"], const(unroll)), iloop, mid)
 
     builder.position_at_end(iloop)
     i = builder.phi(i64)
     accs = [builder.phi(vec) for _ in init]
-    new = steps(i, accs, UNROLL)
-    inext = builder.add(i, const(UNROLL))
-    builder.cbranch(builder.icmp_signed("<=", builder.add(inext, const(UNROLL)), ints["k"]), iloop, mid)
+    new = steps(i, accs, unroll)
+    inext = builder.add(i, const(unroll))
+    builder.cbranch(builder.icmp_signed("<=", builder.add(inext, const(unroll)), ints["k"]), iloop, mid)
 
     builder.position_at_end(mid)
     i_mid = builder.phi(i64)
     accs_mid = [builder.phi(vec) for _ in init]
-    builder.cbranch(builder.icmp_signed("<", i_mid, ints["k"]), tail, tnext)
-
-    builder.position_at_end(tail)
-    i1 = builder.phi(i64)
-    accs1 = [builder.phi(vec) for _ in init]
-    new1 = steps(i1, accs1, 1)
-    i1next = builder.add(i1, const(1))
-    builder.cbranch(builder.icmp_signed("<", i1next, ints["k"]), tail, tnext)
+    if tail is None:                   # one step an iteration: no rest
+        builder.branch(tnext)
+    else:
+        builder.cbranch(builder.icmp_signed("<", i_mid, ints["k"]), tail, tnext)
+        builder.position_at_end(tail)
+        i1 = builder.phi(i64)
+        accs1 = [builder.phi(vec) for _ in init]
+        new1 = steps(i1, accs1, 1)
+        i1next = builder.add(i1, const(1))
+        builder.cbranch(builder.icmp_signed("<", i1next, ints["k"]), tail, tnext)
 
     builder.position_at_end(tnext)
     accs_t = [builder.phi(vec) for _ in init]
@@ -340,18 +350,20 @@ def _loop_nest(builder: ir.IRBuilder, ops: "_Ops", rows: int, vecs: int, width: 
         accs[j].add_incoming(new[j], iloop)
         accs_mid[j].add_incoming(t_accs[j], tloop)
         accs_mid[j].add_incoming(new[j], iloop)
-        accs1[j].add_incoming(accs_mid[j], mid)
-        accs1[j].add_incoming(new1[j], tail)
         accs_t[j].add_incoming(accs_mid[j], mid)
-        accs_t[j].add_incoming(new1[j], tail)
+        if tail is not None:
+            accs1[j].add_incoming(accs_mid[j], mid)
+            accs1[j].add_incoming(new1[j], tail)
+            accs_t[j].add_incoming(new1[j], tail)
     t.add_incoming(const(0), before)
     t.add_incoming(tplus, tnext)
     i.add_incoming(const(0), tloop)
     i.add_incoming(inext, iloop)
     i_mid.add_incoming(const(0), tloop)
     i_mid.add_incoming(inext, iloop)
-    i1.add_incoming(i_mid, mid)
-    i1.add_incoming(i1next, tail)
+    if tail is not None:
+        i1.add_incoming(i_mid, mid)
+        i1.add_incoming(i1next, tail)
     return tloop, tnext, accs_t
 
 
