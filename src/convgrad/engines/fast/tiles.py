@@ -84,7 +84,7 @@ class _Tiles:
             config.align = 64
         b = self.b
         ours = b.bitcast(config, self.i8.as_pointer())
-        current = cgutils.alloca_once(b, ir.ArrayType(self.i8, 64))
+        current = _stack(b, ir.ArrayType(self.i8, 64))       # sttilecfg writes all 64 bytes
         current.align = 64
         b.call(self._stcfg, [b.bitcast(current, self.i8.as_pointer())])
         wide = ir.VectorType(self.i64, 8)
