@@ -67,6 +67,36 @@ def test_f32_gemm_against_float64(m, k, n):
         np.testing.assert_allclose(got, want, atol=tol, rtol=0)
 
 
+@pytest.mark.parametrize("case", [3, 4, 5, 8, 13, 0])
+def test_gemm_into_an_array_stores_there(case):
+    """``into``: the result lands in the given array (returned), whatever ran: the kernels storing
+    their tiles there (tails cut at its edges, one K step and several), or a copy of a split or
+    swapped GEMM's result; f32 and bf16 pairs (the stand-in) alike."""
+    m, k, n = _sizes()[case]
+    rng = np.random.default_rng()
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    for dtype in (np.float32, BF16):
+        a_, b_ = a.astype(dtype), b.astype(dtype)
+        want = a_.astype(np.float64) @ b_.astype(np.float64)
+        into = np.full((m, n), np.nan, np.float32)
+        before = isa.set_family("avx512_bf16", allow_emulated=True, standin=True) if dtype == BF16 else None
+        try:
+            bits = (lambda v: v.view(np.uint16)) if dtype == BF16 else (lambda v: v)
+            got = blis.gemm(bits(a_), bits(b_), into=into)
+        finally:
+            if before is not None:
+                isa.set_family(before)
+        assert got is into
+        np.testing.assert_allclose(into, want, atol=1e-5 * math.sqrt(k) * max(1.0, np.abs(want).max()), rtol=0)
+
+
+def test_gemm_into_refuses_what_it_cannot_hold():
+    a, b = np.ones((3, 4), np.float32), np.ones((4, 5), np.float32)
+    for bad in (np.empty((3, 6), np.float32), np.empty((3, 5), np.float64), np.empty((5, 3), np.float32).T):
+        with pytest.raises(ValueError, match="gemm into"):
+            blis.gemm(a, b, into=bad)
+
+
 @pytest.mark.parametrize("m, k, n, standin", _bf16_cases())
 def test_bf16_gemm_on_pairs(m, k, n, standin):
     """bf16 bits in, pairs along K (odd K padded), f32 sums: close to float64, in place (K even,

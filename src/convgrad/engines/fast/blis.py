@@ -185,11 +185,12 @@ def workspace_bytes(m: int, k: int, n: int, itemsize: int) -> int:
 
 
 @functools.cache
-def _driver(width: int, rows: int, vecs: int, native: int, rounding: bool) -> Callable:
+def _driver(width: int, rows: int, vecs: int, native: int, into: bool) -> Callable:
     """The loops of :func:`gemm` for one register block, run for each item of work in the pool
     (:class:`.microkernel.parallel_items`; compiled for that block alone; ``native``: the bf16
-    kernel, :func:`.isa.bf16_kernel`; ``rounding``: the result ``out``'s bf16 bits, a constant, so
-    that a driver without it compiles one kernel, not two: each call site inlines a whole one)."""
+    kernel, :func:`.isa.bf16_kernel`; ``into``: the result into ``out`` (f32, or bf16 bits
+    rounded), not into the padded ``c``, a constant, so that a driver without it compiles one
+    kernel, not two: each call site inlines a whole one)."""
     on_tiles = native >= microkernel.TILES_STANDIN and (rows, vecs) in tiles.TILE_BLOCKS   # packed A row-major
 
     def run(item, a, lda, astep, m, k, bp, panels, kd, poff, bstep, c, kc, mc, m_blocks, depth, n_shares, by_share,
@@ -202,10 +203,10 @@ def _driver(width: int, rows: int, vecs: int, native: int, rounding: bool) -> Ca
         (the kernel's beta = 0), the next adding to them, the kernel reading A where it lies; a
         last partial panel of rows is packed per step as (kc/depth, rows, depth). Chunk ``t`` of
         K writes rows ``t*R .. t*R + R`` of ``c`` (R = ``c``'s rows / ``k_chunks``).
-        A non-empty ``out`` (M, N) of bf16 bits (one chunk of K) takes the result instead, each
-        tile rounded once it is complete: one K step, by the kernel's rounded stores (a tile at
-        out's edges: from a tile in L1); more, from the item's block of ``scratch[thread]`` (mc,
-        the share's columns) at its end.
+        With ``into``, ``out`` (M, N, C-contiguous; one chunk of K) takes the result instead, f32
+        or bf16 bits (each tile rounded once it is complete): one K step, by the kernel's stores
+        (rounded for bf16; a tile at out's edges: from a tile in L1); more, from the item's block
+        of ``scratch[thread]`` (mc, the share's columns) at its end.
         A non-empty ``apack`` (threads, kc/depth * mc values or pairs, as uint32): A whose values
         (bf16: pairs) along K are not adjacent (a weights gradient's x^T) is packed per K step and
         block of rows into the thread's (kc/depth, mc, depth), the BLIS way (zero past M and K),
@@ -233,7 +234,7 @@ def _driver(width: int, rows: int, vecs: int, native: int, rounding: bool) -> Ca
         first, last = panels * share // n_shares, panels * (share + 1) // n_shares
         tail = row_panels - 1 if m0 + row_panels * rows > m else -1   # a partial last panel
         one_step = k_hi - k_lo <= steps
-        if not rounding:
+        if not into:
             tiles, t0, t_row, t_col = c, chunk * chunk_rows * c.shape[1], 0, 0
         elif one_step:   # one register block's tile, rounded right after the kernel
             tiles, t0, t_row, t_col = workspace.line_empty(rows * nr, np.float32).reshape(rows, nr), 0, 0, 0
@@ -341,25 +342,33 @@ def _driver(width: int, rows: int, vecs: int, native: int, rounding: bool) -> Ca
                     src, aoff, alda, astp = ap, 0, depth, rows * depth
                 else:                                     # A where it lies
                     src, aoff, alda, astp = a, row0 * lda + s0 * depth * astep, lda, astep * depth
-                if rounding and one_step and row0 + rows <= out.shape[0] and (jp + 1) * nr <= out.shape[1]:
+                if into and one_step and row0 + rows <= out.shape[0] and (jp + 1) * nr <= out.shape[1]:
                     microkernel.run(width, rows, vecs, native, out, row0 * out.shape[1] + jp * nr,
                                     out.shape[1], src, aoff, alda, astp, bsrc, boff, bstep, zero, zero, 1, ks,
-                                    0)                    # a whole tile, rounded in registers
+                                    0)                    # a whole tile (rounded in registers)
                     continue
-                coff = 0 if rounding and one_step else t0 + (row0 - t_row) * ldc + jp * nr - t_col
+                coff = 0 if into and one_step else t0 + (row0 - t_row) * ldc + jp * nr - t_col
                 microkernel.run(width, rows, vecs, native, tiles, coff, ldc, src, aoff, alda, astp, bsrc, boff,
                                 bstep, zero, zero, 1, ks, s0 - k_lo)
-                if rounding and one_step:
-                    _round_into(out, tiles, row0, jp * nr, rows, nr)
-        if rounding and not one_step:
-            _round_into(out, tiles, m0, first * nr, block, (last - first) * nr)
+                if into and one_step:
+                    _store_into(out, tiles, row0, jp * nr, rows, nr)
+        if into and not one_step:
+            _store_into(out, tiles, m0, first * nr, block, (last - first) * nr)
     return microkernel.parallel_items(run)
 
 
 @numba.njit(inline="always")
-def _round_into(out, tiles, row0, col0, rows, cols):  # pragma: no cover - compiled
-    """``out[row0 + i, col0 + j]`` = bf16 of ``tiles[i, j]`` for the ``rows`` x ``cols`` block,
-    cut at ``out``'s edges (row by row: the loop over a row's values vectorises)."""
+def _store_into(out, tiles, row0, col0, rows, cols):  # pragma: no cover - compiled
+    """``out[row0 + i, col0 + j]`` = ``tiles[i, j]`` (bf16 bits of it, rounded, for a 16-bit
+    ``out``) for the ``rows`` x ``cols`` block, cut at ``out``'s edges (row by row: the loop over
+    a row's values vectorises)."""
+    if out.itemsize == 4:
+        for i in range(min(rows, out.shape[0] - row0)):
+            o = out[row0 + i, col0:col0 + cols]
+            t = tiles[i, :o.shape[0]]
+            for j in range(o.shape[0]):
+                o[j] = t[j]
+        return
     bits = tiles.view(np.uint32)
     for i in range(min(rows, out.shape[0] - row0)):
         o = out[row0 + i, col0:col0 + cols]
@@ -522,14 +531,16 @@ def _packed(b: np.ndarray, nr: int, depth: int) -> np.ndarray:
     return out
 
 
-def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, rounded: bool = False) -> np.ndarray:
+def gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, rounded: bool = False,
+         into: np.ndarray | None = None) -> np.ndarray:
     """:func:`_gemm`, its temporaries (packed panels, tiles) back in the engine's cache when it
     returns (:func:`.workspace.part`: a caller's next GEMM takes them)."""
     with workspace.part():
-        return _gemm(a, b, block, rounded)
+        return _gemm(a, b, block, rounded, into)
 
 
-def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, rounded: bool = False) -> np.ndarray:
+def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, rounded: bool = False,
+          into: np.ndarray | None = None) -> np.ndarray:
     """``a @ b`` in f32 for f32 ``a`` (M, K) and ``b`` (K, N), or bf16 bits (uint16) of both
     (the dot-product kernel on pairs along K): a (M, N) view of a padded f32 array; with
     ``rounded`` (bf16 operands) a (M, N) array of bf16 bits instead, each value rounded once (to
@@ -543,7 +554,15 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     so does a B stored along K (the transposed weights of a data gradient) with at least
     ``TUNING.gemm_swap_ratio`` times A's rows as columns (few positions: mb 1). Measured on a
     Zen 4, dW of 64 x 256 over 50176 positions f32 66 -> 113 GFLOP/s, bf16 209 -> 239; 128 x 512
-    over 12544 f32 78 -> 140, bf16 298 -> 333 (docs/engine-measurements.md)."""
+    over 12544 f32 78 -> 140, bf16 298 -> 333 (docs/engine-measurements.md).
+    ``into`` (not with ``rounded``): a C-contiguous f32 (M, N) array that takes the result and is
+    returned, the kernels storing their tiles there (those at its edges from a tile in L1) where
+    the items do not split K, else copied from the padded result (an image of NCX data: the
+    padded result and its copy took half of a 1x1 data gradient's time)."""
+    if into is not None and (rounded or into.dtype != np.float32 or not into.flags.c_contiguous
+                             or into.shape != (a.shape[0], b.shape[1])):
+        raise ValueError(f"gemm into: expected a C-contiguous float32 {(a.shape[0], b.shape[1])} array and not "
+                         f"rounded, got {into.dtype} {into.shape} (rounded={rounded})")
     bf16 = a.dtype == np.uint16
     m, k = a.shape
     n = b.shape[1]
@@ -552,19 +571,20 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     if n > m and deep(m, k, n) or swap:
         # a deep reduction (a weights gradient): pack the smaller operand; or B stored along K,
         # far larger than A: read B in place. Either way (b^T a^T)^T, transposed in tiles.
-        return _transposed(gemm(b.T, a.T, rounded=rounded))
+        return _into(into, _transposed(gemm(b.T, a.T, rounded=rounded)))
     depth = 2 if bf16 else 1
     bl = blocks(m, k, n, a.dtype.itemsize, block)
     rounding = rounded and bf16 and bl.k_chunks == 1
+    direct = rounding or into is not None and bl.k_chunks == 1             # the kernels store into ``out``
     mpad = -(-m // bl.rows) * bl.rows
-    out = workspace.result((m, n) if rounding else (0, 0), np.uint16)
-    several = rounding and -(-k // depth) > bl.kc // depth                 # tiles kept over several K steps
+    out = into if direct and into is not None else workspace.result((m, n) if rounding else (0, 0), np.uint16)
+    several = direct and -(-k // depth) > bl.kc // depth                   # tiles kept over several K steps
     panels = -(-n // bl.nr)
     shape = (pool.threads(), bl.mc, -(-panels // bl.shares) * bl.nr) if several else (0, 0, 0)
     scratch = workspace.empty(math.prod(shape), np.float32).reshape(shape)
-    c = workspace.result((bl.k_chunks * mpad, -(-n // bl.nr) * bl.nr) if not rounding else (0, 0), np.float32)
+    c = workspace.result((bl.k_chunks * mpad, -(-n // bl.nr) * bl.nr) if not direct else (0, 0), np.float32)
     if not (m and k and n):
-        return np.zeros((m, n), np.uint16 if rounded and bf16 else np.float32)
+        return _into(into, np.zeros((m, n), np.uint16 if rounded and bf16 else np.float32))
     bflat, ldb, bcol = _flat(b)
     # a deep bf16 reduction whose items each own a chunk of K: B's pairs packed per K step
     steps_b = bf16 and bcol == 1 and bl.k_chunks > 1 and bl.m_blocks == 1 and bl.shares == 1
@@ -584,16 +604,24 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     copy_lda = _copy_lda(bl, lda, a.dtype.itemsize, panels) if not pack_a and astep == 1 else 0
     per_thread = -(-bl.mc * copy_lda * a.dtype.itemsize // 4) if copy_lda else (bl.kc // depth) * bl.mc
     apack = workspace.empty(pool.threads() * per_thread if pack_a or copy_lda else 0, np.uint32)
-    _driver(bl.width, bl.rows, bl.vecs, isa.bf16_kernel() if bf16 else 0, rounding)(
+    _driver(bl.width, bl.rows, bl.vecs, isa.bf16_kernel() if bf16 else 0, direct)(
         bl.k_chunks * bl.m_blocks * bl.shares, flat, lda, astep, m, k, bp, panels, kd, poff, bstep, c, bl.kc, bl.mc,
         bl.m_blocks, depth, bl.shares, bl.by_share, bl.k_chunks, out, scratch,
         apack.reshape(-1, per_thread) if pack_a or copy_lda else apack.reshape(0, 0), copy_lda,
         bpack.reshape(pool.threads(), -1) if steps_b else bpack.reshape(0, 0), ldb, n,
         -(-panels // bl.shares) * min(bl.kc, k) * bl.nr * a.dtype.itemsize <= isa.cache_sizes()[1] // 2)
-    if rounding:
+    if direct:
         return out
     if bl.k_chunks > 1:
         c = np.add.reduce(c.reshape(bl.k_chunks, mpad, -1), axis=0)
     if rounded and bf16:
         return casts.from_f32(np.ascontiguousarray(c[:m, :n]), casts.BFLOAT16).view(np.uint16)
-    return c[:m, :n]
+    return _into(into, c[:m, :n])
+
+
+def _into(into: np.ndarray | None, result: np.ndarray) -> np.ndarray:
+    """``result``, or ``into`` holding a copy of it."""
+    if into is None:
+        return result
+    np.copyto(into, result)
+    return into

@@ -336,13 +336,16 @@ def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, pla
         return blis.gemm(channel_major(x_s), channel_major(dy).T, block).reshape(g.w_shape)
     w2 = _operand(b).reshape(g.ic, g.oc)
     out_c, out_x = (g.oc, g.out_size) if task == "forward" else (g.ic, g.in_size)
-    out = np.zeros((g.n, out_c, *out_x), F32) if task == "backward_data" and out_x != g.out_size else \
-        np.empty((g.n, out_c, *out_x), F32)
-    lhs = w2.T if task == "forward" else w2
+    out = workspace.result((g.n, out_c, *out_x), F32, fill=task == "backward_data" and out_x != g.out_size)
+    lhs = np.ascontiguousarray(w2.T) if task == "forward" else w2     # A read in place, rows adjacent
     src = first[keep] if task == "forward" else first
     target = out if task == "forward" else out[keep]
     for n in range(g.n):
-        target[n] = blis.gemm(lhs, src[n].reshape(src.shape[1], -1), block).reshape(target.shape[1:])
+        rhs, image = src[n].reshape(src.shape[1], -1), target[n]
+        if image.flags.c_contiguous:        # the kernels store into the image (no padded result, no copy)
+            blis.gemm(lhs, rhs, block, into=image.reshape(image.shape[0], -1))
+        else:
+            image[...] = blis.gemm(lhs, rhs, block).reshape(image.shape)
     return np.moveaxis(out, 1, -1)
 
 
