@@ -335,17 +335,17 @@ def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, pla
             return np.ascontiguousarray(np.moveaxis(v.reshape(v.shape[0], v.shape[1], -1), 1, 0)).reshape(v.shape[1], -1)
         return blis.gemm(channel_major(x_s), channel_major(dy).T, block).reshape(g.w_shape)
     w2 = _operand(b).reshape(g.ic, g.oc)
-    out_c, out_x = (g.oc, g.out_size) if task == "forward" else (g.ic, g.in_size)
-    out = workspace.result((g.n, out_c, *out_x), F32, fill=task == "backward_data" and out_x != g.out_size)
     lhs = np.ascontiguousarray(w2.T) if task == "forward" else w2     # A read in place, rows adjacent
     src = first[keep] if task == "forward" else first
-    target = out if task == "forward" else out[keep]
-    for n in range(g.n):
-        rhs, image = src[n].reshape(src.shape[1], -1), target[n]
-        if image.flags.c_contiguous:        # the kernels store into the image (no padded result, no copy)
-            blis.gemm(lhs, rhs, block, into=image.reshape(image.shape[0], -1))
-        else:
-            image[...] = blis.gemm(lhs, rhs, block).reshape(image.shape)
+    out_c, spread = (g.oc, False) if task == "forward" else (g.ic, g.in_size != g.out_size)
+    shape = (g.n, out_c, math.prod(g.out_size))
+    rows = workspace.empty(math.prod(shape), F32).reshape(shape) if spread else workspace.result(shape, F32)
+    for n in range(g.n):                    # the kernels store into the image (no padded result, no copy)
+        blis.gemm(lhs, src[n].reshape(src.shape[1], -1), block, into=rows[n])
+    if not spread:
+        return np.moveaxis(rows.reshape(g.n, out_c, *g.out_size), 1, -1)
+    out = workspace.result((g.n, g.ic, *g.in_size), F32)     # strided: zero where the strides skip
+    geometry.spread_planes(rows.reshape(g.n * g.ic, *g.out_size), g.strides, out.reshape(g.n * g.ic, *g.in_size))
     return np.moveaxis(out, 1, -1)
 
 
