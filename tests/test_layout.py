@@ -25,8 +25,9 @@ SHAPES = [(1, 3, 5), (2, 16, 16), (3, 17, 40), (1, 40, 17), (9, 33, 18), (4, 1, 
 @pytest.mark.parametrize("weights_format", ["OIX", "XIO"])
 def test_weights_in_format_is_the_transposition(weights_format: str, taps: int, icg: int, oc: int, dtype) -> None:
     rng, seed = fresh_rng()
-    for kernel in ((taps,), (1, taps), (taps, 1, 1)):
-        canonical = rng.standard_normal((*kernel, icg, oc)).astype(dtype)
+    for kernel, padded in itertools.product(((taps,), (1, taps), (taps, 1, 1)), (False, True)):
+        canonical = rng.standard_normal((*kernel, icg + 3 * padded, oc + 5 * padded)).astype(dtype)
+        canonical = canonical[..., :icg, :oc]            # padded: a view of an engine's padded sums
         with poisoned_allocations():
             got = layout.weights_in_format(canonical, weights_format)
         rank = len(kernel)
