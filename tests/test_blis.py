@@ -273,14 +273,18 @@ def _pointwise_geometry(n, in_size, ic, oc, strides) -> ConvGeometry:
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16, np.dtype(np.float16)], ids=str)
 @pytest.mark.parametrize("g", [_pointwise_geometry(2, (5, 7), 6, 9, (1, 1)), _pointwise_geometry(3, (9, 8), 16, 40, (2, 2)),
                                _pointwise_geometry(1, (4,), 3, 5, (3,)), _pointwise_geometry(2, (3, 4, 5), 33, 17, (1, 2, 1)),
-                               _pointwise_geometry(3, (3, 3), 40, 48, (1, 1)), _pointwise_geometry(3, (5, 5), 24, 33, (2, 2))],
-                         ids=["2d", "strided", "1d", "3d", "few positions", "few positions strided"])
+                               _pointwise_geometry(3, (3, 3), 40, 48, (1, 1)), _pointwise_geometry(3, (5, 5), 24, 33, (2, 2)),
+                               _pointwise_geometry(2, (9, 10), 5, 7, (1, 1)), _pointwise_geometry(2, (17, 16), 7, 5, (2, 2))],
+                         ids=["2d", "strided", "1d", "3d", "few positions", "few positions strided", "NCX per image",
+                              "NCX per image strided"])
 def test_pointwise_layers_on_the_gemm(g, dtype):
     """Every task of a 1x1 layer through the jit strategy's GEMM equals the float64 reference,
     for data in NXC memory and for an NCX view of it (the NCX weights gradient per image, and
-    with few positions and many channels as one GEMM over all images)."""
+    with few positions and many channels as one GEMM over all images; the NCX data gradient as
+    one GEMM over all images with few positions per image, else per image)."""
     ncx_one_gemm = g.ic * g.oc > (g.ic + g.oc) * math.prod(g.out_size)
     assert ncx_one_gemm == (g.in_size in ((3, 3), (5, 5)))              # both branches are run
+    assert (math.prod(g.out_size) >= TUNING.ncx_image_positions) == (g.in_size in ((9, 10), (17, 16)))
     rng = np.random.default_rng()
     ref = get_engine("reference")
     x, w, dy = (rng.uniform(-1, 1, s).astype(dtype) for s in (g.x_shape, g.w_shape, g.y_shape))

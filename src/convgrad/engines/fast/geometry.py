@@ -190,31 +190,37 @@ _NO_BYTES = np.empty(0, np.uint8)
 
 
 def spread_planes(rows: np.ndarray, strides: tuple[int, ...], out: np.ndarray) -> np.ndarray:
-    """:func:`spread` of NCX memory: ``out`` (P, *X) C-contiguous planes (an image's channel
-    each) holding ``rows`` (P, *O) at the positions the strides keep and zero elsewhere, lines of
-    the planes in parallel, each zeroed and then written at its kept positions while in cache
-    (a plane of one channel through :func:`spread`'s loop: 4x slower)."""
-    r3 = rows.reshape(rows.shape[0], *spatial(rows.shape[1:], 1))
-    o3 = out.reshape(out.shape[0], *spatial(out.shape[1:], 1))
+    """:func:`spread` of NCX memory: ``out`` (A, B, *X), C-contiguous, holding ``rows`` (A, B, *O),
+    any strides (the transposition of a channel-major result, say), at the positions the strides
+    keep and zero elsewhere (with strides 1 and X = O: a parallel copy), lines of the planes in
+    parallel, each zeroed and then written at its kept positions while in cache (a plane of one
+    channel through :func:`spread`'s loop: 4x slower; NumPy's copy of a transposed view: one
+    thread)."""
+    lead = rows.shape[:2]
+    r3 = rows.reshape(*lead, *spatial(rows.shape[2:], 1))
+    o3 = out.reshape(*lead, *spatial(out.shape[2:], 1))
     _spread_planes(_bits(r3), *spatial(strides, 1), _bits(o3))
     return out
 
 
 @kernel_cache.njit(parallel=True)
 def _spread_planes(r3, s0, s1, s2, out):  # pragma: no cover - compiled
-    """``out[p, x0, x1, x2] = r3[p, x0/S0, x1/S1, x2/S2]`` where every ``x`` is a multiple of its
-    stride within ``r3``, else 0; lines (p, x0, x1) in parallel."""
-    p_, x0_, x1_, x2_ = out.shape
-    o0_, o1_, o2_ = r3.shape[1], r3.shape[2], r3.shape[3]
+    """``out[a, b, x0, x1, x2] = r3[a, b, x0/S0, x1/S1, x2/S2]`` where every ``x`` is a multiple of
+    its stride within ``r3``, else 0; lines (a, b, x0, x1) in parallel."""
+    a_, b_, x0_, x1_, x2_ = out.shape
+    o0_, o1_, o2_ = r3.shape[2], r3.shape[3], r3.shape[4]
     zero = out.dtype.type(0)
-    for line in numba.prange(p_ * x0_ * x1_):
-        p, x0, x1 = line // (x0_ * x1_), line // x1_ % x0_, line % x1_
-        dst = out[p, x0, x1]
-        for x2 in range(x2_):
-            dst[x2] = zero
+    dense = s2 == 1 and o2_ >= x2_
+    for line in numba.prange(a_ * b_ * x0_ * x1_):
+        x1, x0, ab = line % x1_, line // x1_ % x0_, line // (x0_ * x1_)
+        dst = out[ab // b_, ab % b_, x0, x1]
         i0, i1 = x0 // s0, x1 // s1
-        if x0 % s0 == 0 and x1 % s1 == 0 and i0 < o0_ and i1 < o1_:
-            src = r3[p, i0, i1]
+        kept = x0 % s0 == 0 and x1 % s1 == 0 and i0 < o0_ and i1 < o1_
+        if not (kept and dense):
+            for x2 in range(x2_):
+                dst[x2] = zero
+        if kept:
+            src = r3[ab // b_, ab % b_, i0, i1]
             for i2 in range(min(o2_, (x2_ + s2 - 1) // s2)):
                 dst[i2 * s2] = src[i2]
 

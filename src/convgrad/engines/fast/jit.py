@@ -316,37 +316,55 @@ def _f32(a: np.ndarray) -> np.ndarray:
 def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Plan | None) -> np.ndarray:
     """:func:`pointwise` on NCX data, image by image, each image's (channels, positions) matrix
     read where it lies: forward ``y_n = w^T @ x_n`` (OC x IC x P), backward data ``dx_n = w @
-    dy_n`` (IC x OC x P); backward weights ``dw = sum_n x_n @ dy_n^T`` (IC x P x OC), or where
-    adding N partial dw moves more than copying x and dy (IC*OC > (IC + OC)*P) one GEMM over
-    every image's positions, ``dw = X @ DY^T`` (IC x NP x OC) of x's kept positions and dy copied
-    channel-major, (C, N*P) (ResNet-50's res5 1x1 weights gradients, 49 positions: 1.3-8x faster)."""
+    dy_n`` (IC x OC x P), the kernels storing into the result's image; backward weights ``dw =
+    sum_n x_n @ dy_n^T`` (IC x P x OC). With fewer than ``TUNING.ncx_image_positions`` positions
+    per image (or, for the weights gradient, where adding N partial dw moves more than copying x
+    and dy: IC*OC > (IC + OC)*P), one GEMM over every image's positions instead, the operands
+    copied channel-major, (C, N*P), and a forward or data gradient's result copied back
+    (ResNet-50's res5 1x1 weights gradients, 49 positions: 1.3-8x faster; data gradients
+    docs/engine-measurements.md). A strided data gradient's rows are spread to its positions."""
     block = _block(plan)[:2] if plan is not None else None
     keep = (slice(None), slice(None), *(slice(None, o * s, s) for o, s in zip(g.out_size, g.strides)))
     first = np.moveaxis(_operand(a), -1, 1)                          # (N, C, *X): its NCX memory
+    positions = math.prod(g.out_size)
     if task == "backward_weights":                                   # a is x, b is dy
         x_s, dy = first[keep], np.moveaxis(_operand(b), -1, 1)
-        if g.ic * g.oc <= (g.ic + g.oc) * math.prod(g.out_size):   # dw's N sums <= copies of x and dy
+        if g.ic * g.oc <= (g.ic + g.oc) * positions:                # dw's N sums <= copies of x and dy
+            if not x_s.flags.c_contiguous:                           # strided: the kept positions, in parallel
+                kept = workspace.empty(x_s.size, x_s.dtype).reshape(x_s.shape)
+                x_s = geometry.spread_planes(x_s, (1,) * len(g.strides), kept)
             dw = np.zeros((g.ic, g.oc), F32)
             for n in range(g.n):
                 dw += blis.gemm(x_s[n].reshape(g.ic, -1), dy[n].reshape(g.oc, -1).T, block)
             return dw.reshape(g.w_shape)
-
-        def channel_major(v: np.ndarray) -> np.ndarray:
-            return np.ascontiguousarray(np.moveaxis(v.reshape(v.shape[0], v.shape[1], -1), 1, 0)).reshape(v.shape[1], -1)
-        return blis.gemm(channel_major(x_s), channel_major(dy).T, block).reshape(g.w_shape)
+        return blis.gemm(_channel_major(x_s), _channel_major(dy).T, block).reshape(g.w_shape)
     w2 = _operand(b).reshape(g.ic, g.oc)
     lhs = np.ascontiguousarray(w2.T) if task == "forward" else w2     # A read in place, rows adjacent
     src = first[keep] if task == "forward" else first
     out_c, spread = (g.oc, False) if task == "forward" else (g.ic, g.in_size != g.out_size)
-    shape = (g.n, out_c, math.prod(g.out_size))
-    rows = workspace.empty(math.prod(shape), F32).reshape(shape) if spread else workspace.result(shape, F32)
-    for n in range(g.n):                    # the kernels store into the image (no padded result, no copy)
-        blis.gemm(lhs, src[n].reshape(src.shape[1], -1), block, into=rows[n])
-    if not spread:
-        return np.moveaxis(rows.reshape(g.n, out_c, *g.out_size), 1, -1)
-    out = workspace.result((g.n, g.ic, *g.in_size), F32)     # strided: zero where the strides skip
-    geometry.spread_planes(rows.reshape(g.n * g.ic, *g.out_size), g.strides, out.reshape(g.n * g.ic, *g.in_size))
+    if task == "backward_data" and positions < TUNING.ncx_image_positions:   # one GEMM, (C, N*P) each side
+        cm = workspace.empty(out_c * g.n * positions, F32).reshape(out_c, -1)
+        blis.gemm(lhs, _channel_major(src), block, into=cm)
+        rows = np.swapaxes(cm.reshape(out_c, g.n, *g.out_size), 0, 1)
+    else:                                   # the kernels store into the image (no padded result, no copy)
+        shape = (g.n, out_c, positions)
+        rows = workspace.empty(math.prod(shape), F32).reshape(shape) if spread else workspace.result(shape, F32)
+        for n in range(g.n):
+            blis.gemm(lhs, src[n].reshape(src.shape[1], -1), block, into=rows[n])
+        if not spread:
+            return np.moveaxis(rows.reshape(g.n, out_c, *g.out_size), 1, -1)
+        rows = rows.reshape(g.n, out_c, *g.out_size)
+    out = workspace.result((g.n, out_c, *(g.in_size if spread else g.out_size)), F32)
+    geometry.spread_planes(rows, g.strides if spread else (1,) * len(g.strides), out)   # zero where strides skip
     return np.moveaxis(out, 1, -1)
+
+
+def _channel_major(v: np.ndarray) -> np.ndarray:
+    """(N, C, *O) data (any strides) as a C-contiguous (C, N*prod(O)) array of the engine's cache,
+    copied in parallel."""
+    out = workspace.empty(v.size, v.dtype).reshape(v.shape[1], v.shape[0], *v.shape[2:])
+    geometry.spread_planes(np.swapaxes(v, 0, 1), (1,) * (v.ndim - 2), out)
+    return out.reshape(v.shape[1], -1)
 
 
 def _block(plan: Plan) -> tuple[int, int, int]:

@@ -296,6 +296,10 @@ class Tuning:
     #: Output rows per output channel up to which the output-row weights gradient of NCX data
     #: sums dw in OIX memory order (taps innermost) instead of transposing an XIO dw.
     oix_rows: int = 8
+    #: NCX 1x1 data gradients with fewer positions per image run as one GEMM over
+    #: all images' channel-major copies (else one GEMM per image, stored in place): measured on
+    #: the Xeon with AMX, docs/engine-measurements.md.
+    ncx_image_positions: int = 64
 
 
 TUNING = Tuning()
