@@ -78,11 +78,14 @@ def test_gemm_into_an_array_stores_there(case):
     for dtype in (np.float32, BF16):
         a_, b_ = a.astype(dtype), b.astype(dtype)
         want = a_.astype(np.float64) @ b_.astype(np.float64)
-        into = np.full((m, n), np.nan, np.float32)
+        into, rounded_into = np.full((m, n), np.nan, np.float32), np.full((m, n), 0xFFFF, np.uint16)
         before = isa.set_family("avx512_bf16", allow_emulated=True, standin=True) if dtype == BF16 else None
         try:
             bits = (lambda v: v.view(np.uint16)) if dtype == BF16 else (lambda v: v)
             got = blis.gemm(bits(a_), bits(b_), into=into)
+            if dtype == BF16:                   # bf16 bits, each value rounded once
+                assert blis.gemm(bits(a_), bits(b_), rounded=True, into=rounded_into) is rounded_into
+                assert np.array_equal(rounded_into, into.astype(BF16).view(np.uint16))
         finally:
             if before is not None:
                 isa.set_family(before)
@@ -92,7 +95,8 @@ def test_gemm_into_an_array_stores_there(case):
 
 def test_gemm_into_refuses_what_it_cannot_hold():
     a, b = np.ones((3, 4), np.float32), np.ones((4, 5), np.float32)
-    for bad in (np.empty((3, 6), np.float32), np.empty((3, 5), np.float64), np.empty((5, 3), np.float32).T):
+    for bad in (np.empty((3, 6), np.float32), np.empty((3, 5), np.float64), np.empty((5, 3), np.float32).T,
+                np.empty((3, 5), np.uint16)):
         with pytest.raises(ValueError, match="gemm into"):
             blis.gemm(a, b, into=bad)
 
@@ -290,10 +294,15 @@ def test_pointwise_layers_on_the_gemm(g, dtype):
     x, w, dy = (rng.uniform(-1, 1, s).astype(dtype) for s in (g.x_shape, g.w_shape, g.y_shape))
     for task, args in (("forward", (x, w)), ("backward_data", (dy, w)), ("backward_weights", (x, dy))):
         want = getattr(ref, task)(g, *args)
-        for first in (args[0], np.moveaxis(np.ascontiguousarray(np.moveaxis(args[0], -1, 1)), 1, -1)):
+        for ncx, first in enumerate((args[0], np.moveaxis(np.ascontiguousarray(np.moveaxis(args[0], -1, 1)), 1, -1))):
             got = jit.pointwise(g, first, args[1], task)
             assert got.dtype == np.float32 and got.shape == want.shape
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()), err_msg=task)
+            if dtype != np.float32 and task != "backward_weights":   # rounded once, as stored or after
+                rounded = jit.pointwise(g, first, args[1], task, rounded=True)
+                stored = not ncx or dtype == BF16 and jit._depth(BF16) == 2      # NCX f16: rounded after
+                assert rounded.shape == want.shape and rounded.dtype == (dtype if stored else np.float32)
+                assert np.array_equal(rounded.astype(dtype), got.astype(dtype)), task
 
 
 @pytest.mark.parametrize("m, k, n", [(5, 200, 17), (16, 1000, 64), (3, 197, 40)])

@@ -555,14 +555,15 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     ``TUNING.gemm_swap_ratio`` times A's rows as columns (few positions: mb 1). Measured on a
     Zen 4, dW of 64 x 256 over 50176 positions f32 66 -> 113 GFLOP/s, bf16 209 -> 239; 128 x 512
     over 12544 f32 78 -> 140, bf16 298 -> 333 (docs/engine-measurements.md).
-    ``into`` (not with ``rounded``): a C-contiguous f32 (M, N) array that takes the result and is
-    returned, the kernels storing their tiles there (those at its edges from a tile in L1) where
-    the items do not split K, else copied from the padded result (an image of NCX data: the
-    padded result and its copy took half of a 1x1 data gradient's time)."""
-    if into is not None and (rounded or into.dtype != np.float32 or not into.flags.c_contiguous
+    ``into``: a C-contiguous (M, N) array of the result's type (f32; with ``rounded``, bf16 bits)
+    that takes the result and is returned, the kernels storing their tiles there (those at its
+    edges from a tile in L1) where the items do not split K, else copied from the result (an
+    image of NCX data: the padded result and its copy took half of a 1x1 data gradient's time)."""
+    want = np.uint16 if rounded and a.dtype == np.uint16 else np.float32
+    if into is not None and (into.dtype != want or not into.flags.c_contiguous
                              or into.shape != (a.shape[0], b.shape[1])):
-        raise ValueError(f"gemm into: expected a C-contiguous float32 {(a.shape[0], b.shape[1])} array and not "
-                         f"rounded, got {into.dtype} {into.shape} (rounded={rounded})")
+        raise ValueError(f"gemm into: expected a C-contiguous {np.dtype(want)} {(a.shape[0], b.shape[1])} array "
+                         f"(rounded={rounded}), got {into.dtype} {into.shape}")
     bf16 = a.dtype == np.uint16
     m, k = a.shape
     n = b.shape[1]
@@ -615,7 +616,7 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     if bl.k_chunks > 1:
         c = np.add.reduce(c.reshape(bl.k_chunks, mpad, -1), axis=0)
     if rounded and bf16:
-        return casts.from_f32(np.ascontiguousarray(c[:m, :n]), casts.BFLOAT16).view(np.uint16)
+        return _into(into, casts.from_f32(np.ascontiguousarray(c[:m, :n]), casts.BFLOAT16).view(np.uint16))
     return _into(into, c[:m, :n])
 
 

@@ -236,7 +236,7 @@ def pointwise(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Pl
     16-bit data the kernels read as f32 runs in chunks (:func:`_widened_gemm`). With
     ``rounded``, 16-bit NXC data gives its dtype's result, each value rounded once."""
     if layout.channels_first(a):
-        return _pointwise_ncx(g, a, b, task, plan)
+        return _pointwise_ncx(g, a, b, task, plan, rounded)
     block = _block(plan)[:2] if plan is not None else None
     widened = a.dtype != F32 and _depth(a.dtype) == 1      # f16, or bf16 off the dot product: f32 per chunk
     out = a.dtype if rounded and (widened or _depth(a.dtype) == 2) else F32
@@ -313,7 +313,8 @@ def _f32(a: np.ndarray) -> np.ndarray:
     return casts.astype(np.ascontiguousarray(a), F32)
 
 
-def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Plan | None) -> np.ndarray:
+def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Plan | None,
+                   rounded: bool = False) -> np.ndarray:
     """:func:`pointwise` on NCX data, image by image, each image's (channels, positions) matrix
     read where it lies: forward ``y_n = w^T @ x_n`` (OC x IC x P), backward data ``dx_n = w @
     dy_n`` (IC x OC x P), the kernels storing into the result's image; backward weights ``dw =
@@ -322,7 +323,9 @@ def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, pla
     and dy: IC*OC > (IC + OC)*P), one GEMM over every image's positions instead, the operands
     copied channel-major, (C, N*P), and a forward or data gradient's result copied back
     (ResNet-50's res5 1x1 weights gradients, 49 positions: 1.3-8x faster; data gradients
-    docs/engine-measurements.md). A strided data gradient's rows are spread to its positions."""
+    docs/engine-measurements.md). A strided data gradient's rows are spread to its positions.
+    With ``rounded``, bf16 pairs give a bf16 forward or data gradient, rounded as the kernels
+    store it."""
     block = _block(plan)[:2] if plan is not None else None
     keep = (slice(None), slice(None), *(slice(None, o * s, s) for o, s in zip(g.out_size, g.strides)))
     first = np.moveaxis(_operand(a), -1, 1)                          # (N, C, *X): its NCX memory
@@ -342,21 +345,22 @@ def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, pla
     lhs = np.ascontiguousarray(w2.T) if task == "forward" else w2     # A read in place, rows adjacent
     src = first[keep] if task == "forward" else first
     out_c, spread = (g.oc, False) if task == "forward" else (g.ic, g.in_size != g.out_size)
+    rounding = rounded and _depth(a.dtype) == 2
+    kind = np.dtype(np.uint16) if rounding else F32                  # bf16 bits, rounded as stored
     if task == "backward_data" and positions < TUNING.ncx_image_positions:   # one GEMM, (C, N*P) each side
-        cm = workspace.empty(out_c * g.n * positions, F32).reshape(out_c, -1)
-        blis.gemm(lhs, _channel_major(src), block, into=cm)
+        cm = workspace.empty(out_c * g.n * positions, kind).reshape(out_c, -1)
+        blis.gemm(lhs, _channel_major(src), block, rounding, into=cm)
         rows = np.swapaxes(cm.reshape(out_c, g.n, *g.out_size), 0, 1)
     else:                                   # the kernels store into the image (no padded result, no copy)
         shape = (g.n, out_c, positions)
-        rows = workspace.empty(math.prod(shape), F32).reshape(shape) if spread else workspace.result(shape, F32)
+        rows = workspace.empty(math.prod(shape), kind).reshape(shape) if spread else workspace.result(shape, kind)
         for n in range(g.n):
-            blis.gemm(lhs, src[n].reshape(src.shape[1], -1), block, into=rows[n])
-        if not spread:
-            return np.moveaxis(rows.reshape(g.n, out_c, *g.out_size), 1, -1)
+            blis.gemm(lhs, src[n].reshape(src.shape[1], -1), block, rounding, into=rows[n])
         rows = rows.reshape(g.n, out_c, *g.out_size)
-    out = workspace.result((g.n, out_c, *(g.in_size if spread else g.out_size)), F32)
-    geometry.spread_planes(rows, g.strides if spread else (1,) * len(g.strides), out)   # zero where strides skip
-    return np.moveaxis(out, 1, -1)
+    if spread or rows.strides[0] < rows.strides[1]:
+        out = workspace.result((g.n, out_c, *(g.in_size if spread else g.out_size)), kind)
+        rows = geometry.spread_planes(rows, g.strides if spread else (1,) * len(g.strides), out)   # zero where skipped
+    return np.moveaxis(rows.view(a.dtype) if rounding else rows, 1, -1)
 
 
 def _channel_major(v: np.ndarray) -> np.ndarray:
