@@ -342,9 +342,12 @@ def test_transposed_results_equal_numpys_transpose(m, n, width):
     padded = rng.standard_normal((m + 5, n + 9)).astype(np.float32)
     view = padded[:m, :n]
     out = np.empty((n, m), np.float32)
-    blis._transpose_into(view, view.strides[0] // 4, out, width)
+    blis._transpose_into(view[None], view.strides[0] // 4, out[None], width)
     assert np.array_equal(out, view.T)
     assert np.array_equal(blis._transposed(view), view.T) and blis._transposed(view).flags.c_contiguous
+    images = rng.standard_normal((3, m, n)).astype(np.float32)     # a batch: an NXC result into NCX memory
+    got = blis.transposed_images(images)
+    assert got.flags.c_contiguous and np.array_equal(got, images.transpose(0, 2, 1))
 
 
 @pytest.mark.parametrize("m, k, n", [(16, 4001, 6), (40, 3000, 7), (64, 2049, 96), (17, 5001, 3)])

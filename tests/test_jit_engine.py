@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import convgrad as cg
-from convgrad import casts
+from convgrad import casts, layout
 from convgrad.dtypes import DATA_DTYPES
 from convgrad.engines import get_engine
 from convgrad.engines.fast import Features, Plan, forced_strategy, geometry, isa, jit, microkernel, select
@@ -258,20 +258,28 @@ def test_portable_family_runs_without_jit_kernels(rng):
 @pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_workspace_estimate_bounds_the_allocations(task, dtype, rng):
-    """The jit strategy's ``workspace_bytes`` bounds its peak allocations (result excluded for f32)."""
+    """The jit strategy's ``workspace_bytes`` bounds its peak allocations (result excluded for f32),
+    for NXC data and NCX data (whose forward and data gradient come back in NCX memory)."""
     g = _geometry(3, 2, 10, 13, (9, 11), (3, 3), (2, 1), pb=(1, 1), pe=(1, 1))
     dt = cg.dtypes.DATA_DTYPES[dtype]
-    args = _inputs(g, rng, dt)[task]
-    getattr(jit, task)(g, *args)
-    tracemalloc.start()
-    result = getattr(jit, task)(g, *args)
-    peak = tracemalloc.get_traced_memory()[1] - result.nbytes
-    tracemalloc.stop()
-    f = Features.of(g, task, dt, False)
-    bound = jit.workspace_bytes(f, Plan.of("jit", **jit.complete(f, {})))
-    assert 0 < peak <= bound + MUTATION_SLACK
+    bounds = []
+    for ncx in (False, True):
+        args = _inputs(g, rng, dt)[task]
+        if ncx:             # the data as a canonical view of NCX memory
+            data = [np.moveaxis(np.ascontiguousarray(np.moveaxis(a, -1, 1)), 1, -1) for a in args[:2]]
+            args = (data[0], data[1] if task == "backward_weights" else args[1])
+        plan = Plan.of("jit", **jit.complete(Features.of(g, task, dt, ncx), {}))
+        jit.run(plan, g, *args, task)
+        tracemalloc.start()
+        result = jit.run(plan, g, *args, task)
+        peak = tracemalloc.get_traced_memory()[1] - result.nbytes
+        tracemalloc.stop()
+        f = Features.of(g, task, dt, ncx)
+        bounds.append(jit.workspace_bytes(f, Plan.of("jit", **jit.complete(f, {}))))
+        assert 0 < peak <= bounds[-1] + MUTATION_SLACK, ncx
+        assert layout.channels_first(result) == (ncx and task != "backward_weights" and result.dtype == np.float32)
     with forced_strategy("jit"):
-        assert get_engine("fast").workspace_bytes(g, task, dt) == bound
+        assert get_engine("fast").workspace_bytes(g, task, dt) == max(bounds)
 
 
 def test_strategy_forcing_is_checked(monkeypatch):

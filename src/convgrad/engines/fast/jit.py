@@ -198,7 +198,8 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, ro
     the two looked at first: 0.74 ms for ResNet-50's largest weights was 30 % of an mb-1 call;
     the weights as the packing of forward and data gradient saw them: 18-24 µs of an mb-1 3x3
     call), run again on :mod:`.direct`'s exact loops: padding is not part of the sums
-    (docs/guarantees.md)."""
+    (docs/guarantees.md). NCX data's f32 forward and data gradient come back in NCX memory
+    (:func:`_in_memory_of`)."""
     if geometry.pointwise(g):
         return pointwise(g, a, b, task, plan, rounded)
     if task == "backward_weights":
@@ -208,10 +209,19 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, ro
         result = (forward if task == "forward" else backward_data)(g, a, b, plan, rounded, checked)
     if not geometry.has_padding(g) or checked and all(finite is True for finite in checked) \
             or not _nonfinite(result, b):
-        return result
+        return result if task == "backward_weights" else _in_memory_of(result, a)
     if task == "backward_weights":                  # padding zeros times NaN/Inf: the exact loops
         return direct.backward_weights(g, a, b, F32)
     return (direct.forward if task == "forward" else direct.backward_data)(g, a, b, F32, rounded)
+
+
+def _in_memory_of(result: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """A forward or data gradient's NXC f32 ``result`` in NCX memory where the data ``a`` is
+    (a canonical view: the API's copy into NCX memory is then none), transposed in parallel."""
+    if result.ndim < 3 or result.dtype != F32 or not layout.channels_first(a) or not result.flags.c_contiguous:
+        return result
+    images = blis.transposed_images(result.reshape(result.shape[0], -1, result.shape[-1]))
+    return np.moveaxis(images.reshape(result.shape[0], result.shape[-1], *result.shape[1:-1]), 1, -1)
 
 
 def _nonfinite(*arrays: np.ndarray) -> bool:
@@ -444,6 +454,8 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
             source = pool.threads() * (math.prod(size) * channels + tail)
     result = 0 if f.data_dtype == F32 else math.prod({"forward": g.y_shape, "backward_data": g.x_shape,
                                                       "backward_weights": g.w_shape}[task])
+    if f.channels_first and task != "backward_weights":   # the f32 result's NCX copy (_in_memory_of)
+        result += math.prod(f.result_shape)
     return 4 * (source + other + result) + (64 << 10)
 
 
