@@ -408,8 +408,12 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
         rows_ = g.ic if task == "backward_weights" else m
         dy_copy = m * g.oc if task == "backward_weights" and f.channels_first else 0
         tap = tap_gemm.workspace_bytes(m, g.ic, g.oc, 1, 0) + 2 * m * g.ic if taps_on_tiles(f) else 0
-        return max(tap, blis.workspace_bytes(rows_, k, n, 4)) + 4 * (m * g.ic + math.prod(g.x_shape) + dy_copy
-                                                                     + math.prod(f.result_shape)) + (64 << 10)
+        gemm = blis.workspace_bytes(rows_, k, n, 4)
+        if f.channels_first and task != "backward_weights":
+            # NCX: the data is B (its panels; a channel-major copy of it), the weights A (transposed)
+            gemm = max(gemm, blis.workspace_bytes(n, k, m, 4)) + 4 * (m * k + k * n)
+        return max(tap, gemm) + 4 * (m * g.ic + math.prod(g.x_shape) + dy_copy
+                                     + math.prod(f.result_shape)) + (64 << 10)
     if task == "backward_weights" and plan.param("split") == "taps":    # padded x and dy, their tiles, dw in f32
         return tap_gemm.conv_workspace_bytes(g) + 4 * math.prod(g.w_shape)
     folded = _folded_data(g, f.data_dtype) if task == "backward_data" else None
