@@ -344,8 +344,7 @@ def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, pla
         x_s, dy = first[keep], np.moveaxis(_operand(b), -1, 1)
         if g.ic * g.oc <= (g.ic + g.oc) * positions:                # dw's N sums <= copies of x and dy
             if not x_s.flags.c_contiguous:                           # strided: the kept positions, in parallel
-                kept = workspace.empty(x_s.size, x_s.dtype).reshape(x_s.shape)
-                x_s = geometry.spread_planes(x_s, (1,) * len(g.strides), kept)
+                x_s = _compact(x_s)
             dw = np.zeros((g.ic, g.oc), F32)
             for n in range(g.n):
                 dw += blis.gemm(x_s[n].reshape(g.ic, -1), dy[n].reshape(g.oc, -1).T, block)
@@ -373,12 +372,15 @@ def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, pla
     return np.moveaxis(rows.view(a.dtype) if rounding else rows, 1, -1)
 
 
+def _compact(v: np.ndarray) -> np.ndarray:
+    """A view ``v`` (A, B, *O), any strides, copied in parallel into a C-contiguous array of the
+    engine's cache (:func:`.geometry.spread_planes` with strides 1)."""
+    return geometry.spread_planes(v, (1,) * (v.ndim - 2), workspace.empty(v.size, v.dtype).reshape(v.shape))
+
+
 def _channel_major(v: np.ndarray) -> np.ndarray:
-    """(N, C, *O) data (any strides) as a C-contiguous (C, N*prod(O)) array of the engine's cache,
-    copied in parallel."""
-    out = workspace.empty(v.size, v.dtype).reshape(v.shape[1], v.shape[0], *v.shape[2:])
-    geometry.spread_planes(np.swapaxes(v, 0, 1), (1,) * (v.ndim - 2), out)
-    return out.reshape(v.shape[1], -1)
+    """(N, C, *O) data (any strides) as a C-contiguous (C, N*prod(O)) array, copied in parallel."""
+    return _compact(np.swapaxes(v, 0, 1)).reshape(v.shape[1], -1)
 
 
 def _block(plan: Plan) -> tuple[int, int, int]:
