@@ -714,10 +714,9 @@ def test_padded_problems_with_finite_weights_read_them_once(monkeypatch, rng) ->
 
 @pytest.mark.parametrize("offset", [0, 4, 16])
 def test_f32_weights_gradient_copies_dy_off_a_line_per_chunk(offset, rng) -> None:
-    """f32 dy starting ``offset`` bytes past a cache line: the weights gradient's driver reads
-    it in place where it starts on one, else copies each chunk of rows (here one row a chunk,
-    several chunks a thread) onto one as it uses it; the reference's sums either way, both
-    splits."""
+    """f32 dy starting ``offset`` bytes past a cache line: the weights gradient's driver copies
+    each chunk of rows' block of channels (here one row a chunk, several chunks a thread) onto
+    one as it uses it; the reference's sums wherever dy starts, both splits."""
     width = jit._width()                                # a block of 2 vectors: dy's channels fill its lanes
     block = "14x2" if width == 16 else "6x2"
     g = _geometry(3, 1, 13, 2 * width, (9, 8), (3, 3), pb=(1, 1), pe=(1, 1))
@@ -732,6 +731,45 @@ def test_f32_weights_gradient_copies_dy_off_a_line_per_chunk(offset, rng) -> Non
         plan = Plan.of("jit", block=block, cache_bytes=1, split=split)
         got = jit.backward_weights(g, x, placed, plan)
         _close(got, want, TOLERANCE["f32"], f"offset {offset} split {split}")
+
+
+def test_weights_sums_are_written_without_a_zero_fill(monkeypatch, rng) -> None:
+    """The weights driver's first chunk of rows stores its partial sums (no zero fill of them
+    first): on NaN-filled memory the sums stay the reference's, for every split and odd
+    geometry, f32 and the bf16 pairs (stand-in); and where a first call holds fewer rows than
+    shares (bf16 pairs an image at a time, one output row each) the sums are zeroed first."""
+    from convgrad.dtypes import bfloat16
+    from convgrad.engines.fast import workspace
+    real = workspace.result
+
+    def poisoned(shape, dtype, fill=False, offset=0):
+        out = real(shape, dtype, fill, offset)
+        if not fill and np.dtype(dtype) == np.float32:
+            out.fill(np.nan)
+        return out
+    monkeypatch.setattr(workspace, "result", poisoned)
+    reference = get_engine("reference")
+    for name in ("3x3 tails", "grouped strided", "3-D", "many groups", "output 1"):
+        g = CASES[name]
+        x, dy = (rng.uniform(-1, 1, s).astype(np.float32) for s in (g.x_shape, g.y_shape))
+        want = reference.backward_weights(g, x.astype(np.float64), dy.astype(np.float64))
+        for split in ("rows", "blocks"):
+            plan = Plan.of("jit", **jit.complete(Features.of(g, "backward_weights", np.dtype(np.float32), False),
+                                                 {"cache_bytes": 1, "split": split}))
+            _close(jit.backward_weights(g, x, dy, plan), want, TOLERANCE["f32"], f"{name} {split}")
+    monkeypatch.setattr(jit, "TUNING", dataclasses.replace(jit.TUNING, pair_bytes=1))   # an image a call
+    before = isa.set_family("avx512_bf16", allow_emulated=True, standin=True)
+    try:
+        for g in (_geometry(5, 1, 6, 20, (6,), (3,), pb=(1,), pe=(1,)), CASES["3x3 tails"]):
+            x, dy = (rng.uniform(-1, 1, s).astype(bfloat16) for s in (g.x_shape, g.y_shape))
+            assert jit._pair_images(g, 4, 16)[0] == 1
+            plan = Plan.of("jit", **jit.complete(Features.of(g, "backward_weights", np.dtype(bfloat16), False),
+                                                 {"split": "rows"}))
+            got = jit.backward_weights(g, x, dy, plan)
+            want = reference.backward_weights(g, x.astype(np.float64), dy.astype(np.float64))
+            _close(got, want, TOLERANCE["bf16"], f"bf16 pairs {g.in_size}")
+    finally:
+        isa.set_family(before)
 
 
 def test_f32_weights_partial_sums_start_on_a_cache_line(monkeypatch, rng) -> None:

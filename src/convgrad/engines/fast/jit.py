@@ -443,15 +443,16 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
             block = g.groups * max(taps * -(-g.icg // rows), taps // fold * -(-g.icg * fold // rows)) * rows \
                 * -(-g.ocg // vw) * vw
             shares = 1 if plan.param("split") == "blocks" else pool.threads()
-            lanes = g.groups * -(-g.ocg // vw) * vw           # dy in lanes, or each item's chunk of it
+            lanes = g.groups * -(-g.ocg // vw) * vw           # dy in lanes, each item's chunk of a block of it
             rows_total = g.n * math.prod(o[:2])
             chunk = min(rows_total, max(1, plan.param("cache_bytes") // (4 * o[2] * (g.ic + g.oc))))
-            other = max(g.n * math.prod(o), pool.threads() ** 2 * (chunk * o[2] + 16)) * lanes \
+            stage = pool.threads() ** 2 * (chunk * o[2] * g.groups * vw + 32)
+            other = g.n * math.prod(o) * lanes + stage \
                 + (shares + 1) * block + (math.prod(g.w_shape) if g.groups > 1 else 0)   # groups: dw copied out
             if weights_in_pairs(f):  # bf16 pairs of a few images (the f32 copies where not exact: as many
                 lanes = -(-g.ocg // vw) * vw                     # bytes, _unpaired_images), the partial sums,
                 source = _pair_images(g, rows, lanes)[0] * _pair_image_bytes(g, rows, lanes) // 4   # the total
-                other = shares * block + (math.prod(g.w_shape) if g.groups > 1 else 0)   # in the first: no result
+                other = shares * block + stage + (math.prod(g.w_shape) if g.groups > 1 else 0)   # the first: no result
                 return 4 * (source + other) + (64 << 10)
     if task != "backward_weights" and (f.data_dtype == F32 or on_dot_product(f)):   # images in chunks (_chunks),
         source = min(source, max(-(-f.io_bytes // 4), source // g.n))
@@ -1155,18 +1156,19 @@ def _weights(width: int, rows: int, vecs: int, native: int) -> Callable:
     """The driver of the weights gradient for one kernel variant, run for each item in the pool
     (:class:`.microkernel.parallel_items`; compiled for it alone)."""
     def weights(item, xb, x_steps, g_step, block_step, taps_a, dyp, dy_row, rows_grid, chunk, parts, shares, split,
-                groups, icg, channels, depth, ksteps, stage):  # pragma: no cover - compiled
-        """``parts[p, t, g, ic, oc] += sum_(n, o) x[n, o*S + tap t, g, ic] * dyp[(n, o), g, oc]``, the R
-        channels of block ``ic // R`` of group g adjacent from ``g*g_step + (ic // R)*block_step``
-        of the position in ``xb`` (f32: the zero-padded copy of x; ``depth`` 2: bf16 pairs of
-        positions, :func:`_pair_blocks` and :func:`_dy_pairs`)
-        over the output rows (n, o0, o1) of ``rows_grid`` = (N, O0, O1, O2), ``ksteps`` kernel
-        steps each, in parallel items (p, u): ``shares`` equal shares p of the rows (each with its
-        own partial sums ``parts[p]``), each share's (tap, group, channel-row block) triples cut
-        into ``split`` parts u. The rows are taken ``chunk`` at a time, every triple and
-        output-channel block of the item run per chunk; with a non-empty ``stage`` (items, a
-        chunk's dy), each chunk of dy copied there first (on a cache line: dy's vector loads
-        from an array 16 bytes off one touched two lines each)."""
+                groups, icg, channels, depth, ksteps, stage, fresh):  # pragma: no cover - compiled
+        """``parts[p, t, g, ic, oc] += sum_(n, o) x[n, o*S + tap t, g, ic] * dyp[(n, o), g, oc]``
+        (``fresh``: ``=``, every value of ``parts`` written), the R channels of block ``ic // R`` of
+        group g adjacent from ``g*g_step + (ic // R)*block_step`` of the position in ``xb`` (f32:
+        the zero-padded copy of x; ``depth`` 2: bf16 pairs of positions, :func:`_pair_blocks` and
+        :func:`_dy_pairs`) over the output rows (n, o0, o1) of ``rows_grid`` = (N, O0, O1, O2),
+        ``ksteps`` kernel steps each, in parallel items (p, u): ``shares`` equal shares p of the
+        rows (each with its own partial sums ``parts[p]``), each share's (tap, group, channel-row
+        block) triples cut into ``split`` parts u. The rows are taken ``chunk`` at a time; per
+        chunk and block of output channels, the chunk's dy of the block is copied to the item's
+        ``stage`` (positions adjacent, on a line: read in place, every position's vectors lay a
+        row of dy apart, 2 KB at 512 channels, a few sets of the L1 for them all) and every
+        triple of the item runs on it."""
         vw = vecs * width
         nblocks = -(-channels // vw)
         row_blocks = -(-icg // rows)
@@ -1178,7 +1180,9 @@ def _weights(width: int, rows: int, vecs: int, native: int) -> Callable:
         first, last = total * p // shares, total * (p + 1) // shares
         ra = np.empty(chunk, np.int64)
         rb = np.empty(chunk, np.int64)
-        staged = stage.shape[0] > 0
+        lanes = vw * depth                             # a position's values of a block, one group
+        panel = groups * lanes                         # ... all groups: a staged position
+        b = stage[item]
         for start in range(first, last, chunk):
             count = min(chunk, last - start)
             for j in range(count):
@@ -1187,23 +1191,22 @@ def _weights(width: int, rows: int, vecs: int, native: int) -> Callable:
                 o0 = (row // o1_) % o0_
                 n = row // (o1_ * o0_)
                 ra[j] = n * x_steps[0] + o0 * x_steps[1] + o1 * x_steps[2]
-                rb[j] = (j if staged else row) * ksteps * dy_row
-            b = dyp
-            if staged:                             # the chunk's rows of dy are adjacent: one copy
-                b = stage[item]
-                at = start * ksteps * dy_row
-                for q in range(count * ksteps * dy_row):
-                    b[q] = dyp[at + q]
+                rb[j] = j * ksteps * panel
             for nb in range(nblocks):
-              for triple in range(triples * u // split, triples * (u + 1) // split):
-                ib = triple % row_blocks
-                g = triple // row_blocks % groups
-                t = triple // (row_blocks * groups)
-                coff = (p * triples + triple) * rows * ldc
-                if True:
+                for q in range(count * ksteps):
+                    for gi in range(groups):
+                        at = (start * ksteps + q) * dy_row + (gi * nblocks + nb) * lanes
+                        src, dst = dyp[at:at + lanes], b[q * panel + gi * lanes:q * panel + (gi + 1) * lanes]
+                        for l in range(lanes):
+                            dst[l] = src[l]
+                for triple in range(triples * u // split, triples * (u + 1) // split):
+                    ib = triple % row_blocks
+                    g = triple // row_blocks % groups
+                    t = triple // (row_blocks * groups)
+                    coff = (p * triples + triple) * rows * ldc
                     microkernel.run(width, rows, vecs, native, parts, coff + nb * vw, ldc, xb,
-                                    taps_a[t] + g * g_step + ib * block_step, depth, x_steps[3], b,
-                                    (g * ldc + nb * vw) * depth, dy_row, ra, rb, count, ksteps, 1)
+                                    taps_a[t] + g * g_step + ib * block_step, depth, x_steps[3], b, g * lanes,
+                                    panel, ra, rb, count, ksteps, 0 if fresh and start == first else 1)
     return microkernel.parallel_items(weights)
 
 
@@ -1509,7 +1512,8 @@ def _weight_sums(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, t0:
     split_blocks = plan.param("split") == "blocks"
     shares = 1 if split_blocks else min(threads, g.n * o[0] * o[1])
     chunk = max(1, plan.param("cache_bytes") // (4 * o[2] * (g.ic + g.oc)))
-    parts = workspace.result((shares, (t1 - t0) // fold, g.groups, row_blocks * rows, nblocks * vw), F32, fill=True)
+    parts = workspace.result((shares, (t1 - t0) // fold, g.groups, row_blocks * rows, nblocks * vw), F32)
+    written = False
     per, ranges = _pair_images(g, rows, vw) if depth == 2 else (   # bf16 pairs: a few images at a time
         _unpaired_images(g, rows, vw) if _depth(x.dtype) == 2 else g.n, 1)   # ... in buffers allocated once
     xb = dyp = None
@@ -1541,13 +1545,16 @@ def _weight_sums(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, plan: Plan, t0:
                 rows_total = gc.n * oc[0] * oc[1]
                 items, run_rows = shares * (threads if split_blocks else 1), min(chunk, rows_total)
                 dy_row = g.groups * nblocks * vw * depth
-                span = -(-run_rows * -(-o[2] // depth) * dy_row // 16) * 16   # a chunk of dy, on a line
-                stage = workspace.empty(items * span, F32).reshape(items, span) if depth == 1 and \
-                    workspace.address(dyp) % workspace.ALIGN else _NO_STAGE[dyp.dtype.type]   # (bf16 pairs: own)
+                span = -(-run_rows * -(-o[2] // depth) * g.groups * vw * depth // 32) * 32   # a chunk's block of dy
+                stage = workspace.empty(items * span, dyp.dtype).reshape(items, span)
+                fresh = not written and rows_total >= shares     # every share's sums written by its first chunk
+                if not written and not fresh:
+                    parts.fill(0)
+                written = True
                 _weights(_width(), rows, vecs, isa.bf16_kernel() if depth == 2 else 0)(
                     items, flat_x, np.array(x_steps, np.int64), g_step, block_step, taps_a, dyp.reshape(-1), dy_row,
                     np.array((gc.n, *oc), np.int64), run_rows, parts.reshape(-1), shares,
-                    threads if split_blocks else 1, g.groups, icg, g.ocg, depth, -(-o[2] // depth), stage)
+                    threads if split_blocks else 1, g.groups, icg, g.ocg, depth, -(-o[2] // depth), stage, fresh)
     total = parts[0]
     for more in parts[1:]:
         total += more
