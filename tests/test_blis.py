@@ -334,11 +334,13 @@ def test_bf16_deep_reductions_run_transposed_and_agree(m, k, n, rng):
     np.testing.assert_array_equal(rounded, casts.from_f32(np.ascontiguousarray(got), BF16).view(np.uint16))
 
 
-@pytest.mark.parametrize("m, n", [(1, 1), (3, 17), (16, 16), (17, 33), (100, 7), (196, 1024)])
+@pytest.mark.parametrize("m, n", [(1, 1), (3, 17), (16, 16), (17, 33), (33, 16), (100, 7), (64, 48), (196, 1024)])
 @pytest.mark.parametrize("width", [8, 16])
 def test_transposed_results_equal_numpys_transpose(m, n, width):
     """``blis._transposed``: a padded f32 result's view (rows further apart than its columns)
-    transposed in ``width`` x ``width`` register tiles and one value at a time at the edges."""
+    transposed in ``width`` x ``width`` register tiles and one value at a time at the edges; a
+    batch of images (an NXC result into NCX memory), 32- and 16-bit (rows paired into 32-bit
+    units, then their tiles; odd rows one value at a time)."""
     rng = np.random.default_rng()
     padded = rng.standard_normal((m + 5, n + 9)).astype(np.float32)
     view = padded[:m, :n]
@@ -349,6 +351,12 @@ def test_transposed_results_equal_numpys_transpose(m, n, width):
     images = rng.standard_normal((3, m, n)).astype(np.float32)     # a batch: an NXC result into NCX memory
     got = blis.transposed_images(images)
     assert got.flags.c_contiguous and np.array_equal(got, images.transpose(0, 2, 1))
+    bits = rng.integers(0, 1 << 16, (3, m, n), dtype=np.uint16)   # 16-bit: rows paired, then 32-bit tiles
+    out16 = np.empty((3, n, m), np.uint16)
+    blis._transpose_pairs_into(bits, out16, width)
+    assert np.array_equal(out16, bits.transpose(0, 2, 1))
+    got16 = blis.transposed_images(bits.view(ml_dtypes.bfloat16))
+    assert got16.dtype == ml_dtypes.bfloat16 and np.array_equal(got16.view(np.uint16), bits.transpose(0, 2, 1))
 
 
 @pytest.mark.parametrize("m, k, n", [(16, 4001, 6), (40, 3000, 7), (64, 2049, 96), (17, 5001, 3)])

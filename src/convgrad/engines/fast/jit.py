@@ -216,9 +216,11 @@ def run(plan: Plan, g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, ro
 
 
 def _in_memory_of(result: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """A forward or data gradient's NXC f32 ``result`` in NCX memory where the data ``a`` is
-    (a canonical view: the API's copy into NCX memory is then none), transposed in parallel."""
-    if result.ndim < 3 or result.dtype != F32 or not layout.channels_first(a) or not result.flags.c_contiguous:
+    """A forward or data gradient's NXC ``result`` (f32, or 16-bit rounded) in NCX memory where
+    the data ``a`` is (a canonical view: the API's copy into NCX memory is then none),
+    transposed in parallel."""
+    if result.ndim < 3 or result.dtype.itemsize not in (2, 4) or not layout.channels_first(a) \
+            or not result.flags.c_contiguous:
         return result
     images = blis.transposed_images(result.reshape(result.shape[0], -1, result.shape[-1]))
     return np.moveaxis(images.reshape(result.shape[0], result.shape[-1], *result.shape[1:-1]), 1, -1)
