@@ -282,26 +282,31 @@ def _pointwise_geometry(n, in_size, ic, oc, strides) -> ConvGeometry:
                                _pointwise_geometry(2, (9, 10), 5, 7, (1, 1)), _pointwise_geometry(2, (17, 16), 7, 5, (2, 2))],
                          ids=["2d", "strided", "1d", "3d", "few positions", "few positions strided", "NCX per image",
                               "NCX per image strided"])
-def test_pointwise_layers_on_the_gemm(g, dtype):
+@pytest.mark.parametrize("transposed", [False, True], ids=["per image", "transposed"])
+def test_pointwise_layers_on_the_gemm(g, dtype, transposed, monkeypatch):
     """Every task of a 1x1 layer through the jit strategy's GEMM equals the float64 reference,
-    for data in NXC memory and for an NCX view of it (the NCX weights gradient per image, and
-    with few positions and many channels as one GEMM over all images; the NCX data gradient as
-    one GEMM over all images with few positions per image, else per image)."""
+    for data in NXC memory and for an NCX view of it: NCX per image (the weights gradient, with
+    few positions and many channels, as one GEMM over channel-major copies) or on NXC copies
+    (``TUNING.ncx_transposed_positions`` past every size, ``transposed``)."""
     ncx_one_gemm = g.ic * g.oc > (g.ic + g.oc) * math.prod(g.out_size)
     assert ncx_one_gemm == (g.in_size in ((3, 3), (5, 5)))              # both branches are run
-    assert (math.prod(g.out_size) >= TUNING.ncx_image_positions) == (g.in_size in ((9, 10), (17, 16)))
+    limit = 1 << 30 if transposed else 0
+    monkeypatch.setattr(jit, "TUNING", dataclasses.replace(jit.TUNING, ncx_transposed_positions={2: limit, 4: limit}))
     rng = np.random.default_rng()
     ref = get_engine("reference")
     x, w, dy = (rng.uniform(-1, 1, s).astype(dtype) for s in (g.x_shape, g.w_shape, g.y_shape))
     for task, args in (("forward", (x, w)), ("backward_data", (dy, w)), ("backward_weights", (x, dy))):
         want = getattr(ref, task)(g, *args)
         for ncx, first in enumerate((args[0], np.moveaxis(np.ascontiguousarray(np.moveaxis(args[0], -1, 1)), 1, -1))):
+            assert jit.ncx_transposes(g, task, dtype) == transposed
             got = jit.pointwise(g, first, args[1], task)
             assert got.dtype == np.float32 and got.shape == want.shape
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()), err_msg=task)
+            if ncx and task != "backward_weights":                    # NCX memory, as the data
+                assert np.moveaxis(got, -1, 1).flags.c_contiguous
             if dtype != np.float32 and task != "backward_weights":   # rounded once, as stored or after
                 rounded = jit.pointwise(g, first, args[1], task, rounded=True)
-                stored = not ncx or dtype == BF16 and jit._depth(BF16) == 2      # NCX f16: rounded after
+                stored = not ncx or transposed or dtype == BF16 and jit._depth(BF16) == 2   # NCX f16: after
                 assert rounded.shape == want.shape and rounded.dtype == (dtype if stored else np.float32)
                 assert np.array_equal(rounded.astype(dtype), got.astype(dtype)), task
 

@@ -327,17 +327,16 @@ def _f32(a: np.ndarray) -> np.ndarray:
 
 def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Plan | None,
                    rounded: bool = False) -> np.ndarray:
-    """:func:`pointwise` on NCX data, image by image, each image's (channels, positions) matrix
-    read where it lies: forward ``y_n = w^T @ x_n`` (OC x IC x P), backward data ``dx_n = w @
-    dy_n`` (IC x OC x P), the kernels storing into the result's image; backward weights ``dw =
-    sum_n x_n @ dy_n^T`` (IC x P x OC). With fewer than ``TUNING.ncx_image_positions`` positions
-    per image (or, for the weights gradient, where adding N partial dw moves more than copying x
-    and dy: IC*OC > (IC + OC)*P), one GEMM over every image's positions instead, the operands
-    copied channel-major, (C, N*P), and a forward or data gradient's result copied back
-    (ResNet-50's res5 1x1 weights gradients, 49 positions: 1.3-8x faster; data gradients
-    docs/engine-measurements.md). A strided data gradient's rows are spread to its positions.
-    With ``rounded``, bf16 pairs give a bf16 forward or data gradient, rounded as the kernels
-    store it."""
+    """:func:`pointwise` on NCX data. Where :func:`ncx_transposes`, on NXC copies of the data
+    (:func:`_pointwise_transposed`); else image by image, each image's (channels, positions)
+    matrix read where it lies: forward ``y_n = w^T @ x_n`` (OC x IC x P), backward data ``dx_n
+    = w @ dy_n`` (IC x OC x P), the kernels storing into the result's image; backward weights
+    ``dw = sum_n x_n @ dy_n^T`` (IC x P x OC), or, where adding N partial dw moves more than
+    copying x and dy (IC*OC > (IC + OC)*P), one GEMM over channel-major copies, (C, N*P). A
+    strided data gradient's rows are spread to its positions. With ``rounded``, bf16 pairs give
+    a bf16 forward or data gradient, rounded as the kernels store it."""
+    if ncx_transposes(g, task, a.dtype):
+        return _pointwise_transposed(g, a, b, task, plan, rounded)
     block = _block(plan)[:2] if plan is not None else None
     keep = (slice(None), slice(None), *(slice(None, o * s, s) for o, s in zip(g.out_size, g.strides)))
     first = np.moveaxis(_operand(a), -1, 1)                          # (N, C, *X): its NCX memory
@@ -358,20 +357,39 @@ def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, pla
     out_c, spread = (g.oc, False) if task == "forward" else (g.ic, g.in_size != g.out_size)
     rounding = rounded and _depth(a.dtype) == 2
     kind = np.dtype(np.uint16) if rounding else F32                  # bf16 bits, rounded as stored
-    if task == "backward_data" and positions < TUNING.ncx_image_positions:   # one GEMM, (C, N*P) each side
-        cm = workspace.empty(out_c * g.n * positions, kind).reshape(out_c, -1)
-        blis.gemm(lhs, _channel_major(src), block, rounding, into=cm)
-        rows = np.swapaxes(cm.reshape(out_c, g.n, *g.out_size), 0, 1)
-    else:                                   # the kernels store into the image (no padded result, no copy)
-        shape = (g.n, out_c, positions)
-        rows = workspace.empty(math.prod(shape), kind).reshape(shape) if spread else workspace.result(shape, kind)
-        for n in range(g.n):
-            blis.gemm(lhs, src[n].reshape(src.shape[1], -1), block, rounding, into=rows[n])
-        rows = rows.reshape(g.n, out_c, *g.out_size)
-    if spread or rows.strides[0] < rows.strides[1]:
-        out = workspace.result((g.n, out_c, *(g.in_size if spread else g.out_size)), kind)
-        rows = geometry.spread_planes(rows, g.strides if spread else (1,) * len(g.strides), out)   # zero where skipped
+    shape = (g.n, out_c, positions)            # the kernels store into the image (no padded result, no copy)
+    rows = workspace.empty(math.prod(shape), kind).reshape(shape) if spread else workspace.result(shape, kind)
+    for n in range(g.n):
+        blis.gemm(lhs, src[n].reshape(src.shape[1], -1), block, rounding, into=rows[n])
+    rows = rows.reshape(g.n, out_c, *g.out_size)
+    if spread:
+        out = workspace.result((g.n, out_c, *g.in_size), kind)
+        rows = geometry.spread_planes(rows, g.strides, out)         # zero where the strides skip
     return np.moveaxis(rows.view(a.dtype) if rounding else rows, 1, -1)
+
+
+def ncx_transposes(g: ConvGeometry, task: str, dtype: np.dtype) -> bool:
+    """Whether an NCX 1x1 ``task`` on ``g`` runs on NXC copies (:func:`_pointwise_transposed`):
+    where the data it copies (x; dy for a data gradient) holds fewer positions per image than
+    ``TUNING.ncx_transposed_positions`` for its item size. Per-image GEMMs of few positions pack
+    the weights (or sum a partial dw) an image at a time."""
+    positions = math.prod(g.out_size if task == "backward_data" else g.in_size)
+    return positions < TUNING.ncx_transposed_positions.get(np.dtype(dtype).itemsize, 0)
+
+
+def _pointwise_transposed(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Plan | None,
+                          rounded: bool = False) -> np.ndarray:
+    """:func:`pointwise` of NCX ``a`` (and dy, for the weights gradient) on NXC copies, each
+    image transposed in register tiles (:func:`.blis.transposed_images`), a forward or data
+    gradient's NXC result transposed back into NCX memory (:func:`_in_memory_of`)."""
+    def nxc(v: np.ndarray) -> np.ndarray:
+        images = np.moveaxis(v, -1, 1)                           # (N, C, *X): its NCX memory
+        if not images.flags.c_contiguous:
+            images = _compact(images)
+        flat = images.reshape(images.shape[0], images.shape[1], -1)
+        return blis.transposed_images(flat).reshape(v.shape)
+    result = pointwise(g, nxc(a), nxc(b) if task == "backward_weights" else b, task, plan, rounded)
+    return result if task == "backward_weights" else _in_memory_of(result, a)
 
 
 def _compact(v: np.ndarray) -> np.ndarray:
@@ -406,6 +424,11 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
     per-thread accumulator blocks."""
     g, task = f.geometry, f.task
     rows, _, vw = _block(plan)
+    if f.pointwise and f.channels_first and ncx_transposes(g, task, f.data_dtype):   # NXC copies (each
+        copied = math.prod(g.y_shape) if task == "backward_data" else math.prod(g.x_shape) + (   # maybe compacted
+            math.prod(g.y_shape) if task == "backward_weights" else 0)          # first), the NXC run, its result
+        return workspace_bytes(dataclasses.replace(f, channels_first=False), plan) + 4 * (   # transposed back
+            2 * copied + math.prod(f.result_shape))
     if f.pointwise:    # the GEMM's workspace, x_s (strided or widened), a zeroed dx, the f32 result
         m = g.n * math.prod(g.out_size)    # (and NCX dy copied channel-major for a weights gradient)
         k, n = {"forward": (g.ic, g.oc), "backward_data": (g.oc, g.ic), "backward_weights": (m, g.oc)}[task]
@@ -445,11 +468,12 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
             block = g.groups * max(taps * -(-g.icg // rows), taps // fold * -(-g.icg * fold // rows)) * rows \
                 * -(-g.ocg // vw) * vw
             shares = 1 if plan.param("split") == "blocks" else pool.threads()
-            lanes = g.groups * -(-g.ocg // vw) * vw           # dy in lanes, each item's chunk of a block of it
-            rows_total = g.n * math.prod(o[:2])
-            chunk = min(rows_total, max(1, plan.param("cache_bytes") // (4 * o[2] * (g.ic + g.oc))))
-            stage = pool.threads() ** 2 * (chunk * o[2] * g.groups * vw + 32)
-            other = g.n * math.prod(o) * lanes + stage \
+            lanes = g.groups * -(-g.ocg // vw) * vw    # dy in lanes (read in place: NXC f32 filling them,
+            rows_total = g.n * math.prod(o[:2])        # C-contiguous as the API passes it), each item's
+            chunk = min(rows_total, max(1, plan.param("cache_bytes") // (4 * o[2] * (g.ic + g.oc))))   # chunk
+            stage = pool.threads() * (chunk * o[2] * g.groups * vw + 32)                  # of a block of it
+            in_place = f.data_dtype == F32 and not f.channels_first and g.ocg % vw == 0
+            other = (0 if in_place else g.n * math.prod(o) * lanes) + stage \
                 + (shares + 1) * block + (math.prod(g.w_shape) if g.groups > 1 else 0)   # groups: dw copied out
             if weights_in_pairs(f):  # bf16 pairs of a few images (the f32 copies where not exact: as many
                 lanes = -(-g.ocg // vw) * vw                     # bytes, _unpaired_images), the partial sums,

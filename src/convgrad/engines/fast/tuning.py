@@ -296,10 +296,12 @@ class Tuning:
     #: Output rows per output channel up to which the output-row weights gradient of NCX data
     #: sums dw in OIX memory order (taps innermost) instead of transposing an XIO dw.
     oix_rows: int = 8
-    #: NCX 1x1 data gradients with fewer positions per image run as one GEMM over
-    #: all images' channel-major copies (else one GEMM per image, stored in place): measured on
-    #: the Xeon with AMX, docs/engine-measurements.md.
-    ncx_image_positions: int = 64
+    #: NCX 1x1 layers whose copied data (x; dy for a data gradient) holds fewer positions per
+    #: image than this, by item size, run on NXC copies of it (transposed in register tiles),
+    #: else one GEMM per image. ResNet-50's 1x1 gradients, mb 16, Xeon with AMX: f32 at 196 and
+    #: 49 positions 0.59-0.84x the per-image time, at 784 1.13-1.36x; bf16 at 784 and fewer
+    #: 0.28-0.88x, at 3136 0.71-1.62x (docs/engine-measurements.md).
+    ncx_transposed_positions: dict[int, int] = field(default_factory=lambda: {4: 256, 2: 1024})
 
 
 TUNING = Tuning()
