@@ -364,6 +364,20 @@ def test_transposed_results_equal_numpys_transpose(m, n, width):
     assert got16.dtype == ml_dtypes.bfloat16 and np.array_equal(got16.view(np.uint16), bits.transpose(0, 2, 1))
 
 
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=str)
+def test_channels_last_copies_ncx_memory_by_tiles(dtype):
+    """``blis.channels_last``: canonical data in NCX memory as a C-contiguous NXC copy (images
+    transposed in tiles), NXC data itself, any other view a copy; the values unchanged."""
+    rng = np.random.default_rng()
+    ncx = rng.standard_normal((3, 41, 5, 7)).astype(dtype)           # whole tiles and edges
+    view = np.moveaxis(ncx, 1, -1)                                   # canonical (N, H, W, C) of NCX memory
+    got = blis.channels_last(view)
+    assert got.flags.c_contiguous and got.dtype == dtype and np.array_equal(got, view)
+    assert blis.channels_last(got) is got
+    strided = view[:, ::2]
+    assert np.array_equal(blis.channels_last(strided), strided) and blis.channels_last(strided).flags.c_contiguous
+
+
 @pytest.mark.parametrize("m, k, n", [(16, 4001, 6), (40, 3000, 7), (64, 2049, 96), (17, 5001, 3)])
 @pytest.mark.parametrize("standin", [False, True])
 def test_bf16_deep_reduction_packs_b_per_k_step(m, k, n, standin, monkeypatch):

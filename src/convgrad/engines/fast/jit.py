@@ -380,14 +380,9 @@ def ncx_transposes(g: ConvGeometry, task: str, dtype: np.dtype) -> bool:
 def _pointwise_transposed(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Plan | None,
                           rounded: bool = False) -> np.ndarray:
     """:func:`pointwise` of NCX ``a`` (and dy, for the weights gradient) on NXC copies, each
-    image transposed in register tiles (:func:`.blis.transposed_images`), a forward or data
+    image transposed in register tiles (:func:`.blis.channels_last`), a forward or data
     gradient's NXC result transposed back into NCX memory (:func:`_in_memory_of`)."""
-    def nxc(v: np.ndarray) -> np.ndarray:
-        images = np.moveaxis(v, -1, 1)                           # (N, C, *X): its NCX memory
-        if not images.flags.c_contiguous:
-            images = _compact(images)
-        flat = images.reshape(images.shape[0], images.shape[1], -1)
-        return blis.transposed_images(flat).reshape(v.shape)
+    nxc = blis.channels_last
     result = pointwise(g, nxc(a), nxc(b) if task == "backward_weights" else b, task, plan, rounded)
     return result if task == "backward_weights" else _in_memory_of(result, a)
 

@@ -47,7 +47,7 @@ import numpy as np
 from ... import casts
 from ...casts import narrowed
 from ...problem import ConvGeometry
-from . import direct, isa, microkernel, pool, workspace
+from . import blis, direct, isa, microkernel, pool, workspace
 from .geometry import spatial, spatial3
 from .tuning import TUNING, remembered
 
@@ -157,9 +157,9 @@ def run(g: ConvGeometry, x: np.ndarray, dy: np.ndarray, rounded: bool, check: bo
                         g.dilations[-1], g.pads_begin[-1])
         dw, finite = run(fg, xf.view(x.dtype).reshape(fg.x_shape), dy, rounded, check)
         return dw.reshape(g.w_shape), finite
-    x3 = np.ascontiguousarray(spatial3(x.view(U16)))
+    x3 = spatial3(blis.channels_last(x).view(U16))
     dw, finite = gemms(x3.reshape(-1), g.ic, _layout(g, pool.threads(), isa.family()),
-                       np.ascontiguousarray(spatial3(dy.view(U16))), rounded, check)
+                       spatial3(blis.channels_last(dy).view(U16)), rounded, check)
     return (dw.view(x.dtype) if rounded else dw).reshape(g.w_shape), finite
 
 
