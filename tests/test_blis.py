@@ -285,11 +285,11 @@ def _pointwise_geometry(n, in_size, ic, oc, strides) -> ConvGeometry:
 @pytest.mark.parametrize("transposed", [False, True], ids=["per image", "transposed"])
 def test_pointwise_layers_on_the_gemm(g, dtype, transposed, monkeypatch):
     """Every task of a 1x1 layer through the jit strategy's GEMM equals the float64 reference,
-    for data in NXC memory and for an NCX view of it: NCX per image (the weights gradient, with
-    few positions and many channels, as one GEMM over channel-major copies) or on NXC copies
-    (``TUNING.ncx_transposed_positions`` past every size, ``transposed``)."""
+    for data in NXC memory and for an NCX view of it: NCX per image, or on NXC copies
+    (``TUNING.ncx_transposed_positions`` past every size, ``transposed``; the weights gradient
+    of few positions and many channels always)."""
     ncx_one_gemm = g.ic * g.oc > (g.ic + g.oc) * math.prod(g.out_size)
-    assert ncx_one_gemm == (g.in_size in ((3, 3), (5, 5)))              # both branches are run
+    assert ncx_one_gemm == (g.in_size in ((3, 3), (5, 5)))              # both rules are run
     limit = 1 << 30 if transposed else 0
     monkeypatch.setattr(jit, "TUNING", dataclasses.replace(jit.TUNING, ncx_transposed_positions={2: limit, 4: limit}))
     rng = np.random.default_rng()
@@ -298,7 +298,7 @@ def test_pointwise_layers_on_the_gemm(g, dtype, transposed, monkeypatch):
     for task, args in (("forward", (x, w)), ("backward_data", (dy, w)), ("backward_weights", (x, dy))):
         want = getattr(ref, task)(g, *args)
         for ncx, first in enumerate((args[0], np.moveaxis(np.ascontiguousarray(np.moveaxis(args[0], -1, 1)), 1, -1))):
-            assert jit.ncx_transposes(g, task, dtype) == transposed
+            assert jit.ncx_transposes(g, task, dtype) == (transposed or task == "backward_weights" and ncx_one_gemm)
             got = jit.pointwise(g, first, args[1], task)
             assert got.dtype == np.float32 and got.shape == want.shape
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()), err_msg=task)

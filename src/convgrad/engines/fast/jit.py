@@ -331,10 +331,9 @@ def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, pla
     (:func:`_pointwise_transposed`); else image by image, each image's (channels, positions)
     matrix read where it lies: forward ``y_n = w^T @ x_n`` (OC x IC x P), backward data ``dx_n
     = w @ dy_n`` (IC x OC x P), the kernels storing into the result's image; backward weights
-    ``dw = sum_n x_n @ dy_n^T`` (IC x P x OC), or, where adding N partial dw moves more than
-    copying x and dy (IC*OC > (IC + OC)*P), one GEMM over channel-major copies, (C, N*P). A
-    strided data gradient's rows are spread to its positions. With ``rounded``, bf16 pairs give
-    a bf16 forward or data gradient, rounded as the kernels store it."""
+    ``dw = sum_n x_n @ dy_n^T`` (IC x P x OC). A strided data gradient's rows are spread to its
+    positions. With ``rounded``, bf16 pairs give a bf16 forward or data gradient, rounded as the
+    kernels store it."""
     if ncx_transposes(g, task, a.dtype):
         return _pointwise_transposed(g, a, b, task, plan, rounded)
     block = _block(plan)[:2] if plan is not None else None
@@ -343,14 +342,12 @@ def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, pla
     positions = math.prod(g.out_size)
     if task == "backward_weights":                                   # a is x, b is dy
         x_s, dy = first[keep], np.moveaxis(_operand(b), -1, 1)
-        if g.ic * g.oc <= (g.ic + g.oc) * positions:                # dw's N sums <= copies of x and dy
-            if not x_s.flags.c_contiguous:                           # strided: the kept positions, in parallel
-                x_s = _compact(x_s)
-            dw = np.zeros((g.ic, g.oc), F32)
-            for n in range(g.n):
-                dw += blis.gemm(x_s[n].reshape(g.ic, -1), dy[n].reshape(g.oc, -1).T, block)
-            return dw.reshape(g.w_shape)
-        return blis.gemm(_channel_major(x_s), _channel_major(dy).T, block).reshape(g.w_shape)
+        if not x_s.flags.c_contiguous:                               # strided: the kept positions, in parallel
+            x_s = _compact(x_s)
+        dw = np.zeros((g.ic, g.oc), F32)
+        for n in range(g.n):
+            dw += blis.gemm(x_s[n].reshape(g.ic, -1), dy[n].reshape(g.oc, -1).T, block)
+        return dw.reshape(g.w_shape)
     w2 = _operand(b).reshape(g.ic, g.oc)
     lhs = np.ascontiguousarray(w2.T) if task == "forward" else w2     # A read in place, rows adjacent
     src = first[keep] if task == "forward" else first
@@ -371,10 +368,12 @@ def _pointwise_ncx(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, pla
 def ncx_transposes(g: ConvGeometry, task: str, dtype: np.dtype) -> bool:
     """Whether an NCX 1x1 ``task`` on ``g`` runs on NXC copies (:func:`_pointwise_transposed`):
     where the data it copies (x; dy for a data gradient) holds fewer positions per image than
-    ``TUNING.ncx_transposed_positions`` for its item size. Per-image GEMMs of few positions pack
-    the weights (or sum a partial dw) an image at a time."""
+    ``TUNING.ncx_transposed_positions`` for its item size, or a weights gradient's N partial dw
+    would move more than copies of x and dy (IC*OC > (IC + OC)*P). Per-image GEMMs of few
+    positions pack the weights (or sum a partial dw) an image at a time."""
     positions = math.prod(g.out_size if task == "backward_data" else g.in_size)
-    return positions < TUNING.ncx_transposed_positions.get(np.dtype(dtype).itemsize, 0)
+    return positions < TUNING.ncx_transposed_positions.get(np.dtype(dtype).itemsize, 0) or \
+        task == "backward_weights" and g.ic * g.oc > (g.ic + g.oc) * math.prod(g.out_size)
 
 
 def _pointwise_transposed(g: ConvGeometry, a: np.ndarray, b: np.ndarray, task: str, plan: Plan | None,
@@ -391,11 +390,6 @@ def _compact(v: np.ndarray) -> np.ndarray:
     """A view ``v`` (A, B, *O), any strides, copied in parallel into a C-contiguous array of the
     engine's cache (:func:`.geometry.spread_planes` with strides 1)."""
     return geometry.spread_planes(v, (1,) * (v.ndim - 2), workspace.empty(v.size, v.dtype).reshape(v.shape))
-
-
-def _channel_major(v: np.ndarray) -> np.ndarray:
-    """(N, C, *O) data (any strides) as a C-contiguous (C, N*prod(O)) array, copied in parallel."""
-    return _compact(np.swapaxes(v, 0, 1)).reshape(v.shape[1], -1)
 
 
 def _block(plan: Plan) -> tuple[int, int, int]:
@@ -425,16 +419,15 @@ def workspace_bytes(f: Features, plan: Plan) -> int:
         return workspace_bytes(dataclasses.replace(f, channels_first=False), plan) + 4 * (   # transposed back
             2 * copied + math.prod(f.result_shape))
     if f.pointwise:    # the GEMM's workspace, x_s (strided or widened), a zeroed dx, the f32 result
-        m = g.n * math.prod(g.out_size)    # (and NCX dy copied channel-major for a weights gradient)
+        m = g.n * math.prod(g.out_size)
         k, n = {"forward": (g.ic, g.oc), "backward_data": (g.oc, g.ic), "backward_weights": (m, g.oc)}[task]
         rows_ = g.ic if task == "backward_weights" else m
-        dy_copy = m * g.oc if task == "backward_weights" and f.channels_first else 0
         tap = tap_gemm.workspace_bytes(m, g.ic, g.oc, 1, 0) + 2 * m * g.ic if taps_on_tiles(f) else 0
         gemm = blis.workspace_bytes(rows_, k, n, 4)
         if f.channels_first and task != "backward_weights":
-            # NCX: the data is B (its panels; a channel-major copy of it), the weights A (transposed)
+            # NCX: the data is B (its panels; strided images copied), the weights A (transposed)
             gemm = max(gemm, blis.workspace_bytes(n, k, m, 4)) + 4 * (m * k + k * n)
-        return max(tap, gemm) + 4 * (m * g.ic + math.prod(g.x_shape) + dy_copy
+        return max(tap, gemm) + 4 * (m * g.ic + math.prod(g.x_shape)
                                      + math.prod(f.result_shape)) + (64 << 10)
     if task == "backward_weights" and plan.param("split") == "taps":    # padded x and dy, their tiles, dw in f32
         return tap_gemm.conv_workspace_bytes(g) + 4 * math.prod(g.w_shape)
