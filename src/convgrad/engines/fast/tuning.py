@@ -256,8 +256,10 @@ class Tuning:
     #: A's rows as columns runs as ``(B^T A^T)^T``: B read in place, A packed (Zen 4, ResNet-50's
     #: res5 1x1 data gradients at mb 1); bf16 also only with this many times A's rows along K,
     #: its result's transpose being NumPy's (the Xeon with AMX, mb 1: 1024 -> 256 channels at
-    #: 14x14 280 -> 174 µs unswapped, 2048 -> 512 at 7x7 304 swapped against 388).
-    gemm_swap_ratio: int = 4
+    #: 14x14 280 -> 174 µs unswapped, 2048 -> 512 at 7x7 304 swapped against 388). 8, not 4: f32
+    #: on the Xeon with AMX, mb 1, 1024 -> 256 channels at 14x14 (5.2 times) 0.86-0.92 ms swapped
+    #: against 0.55; the res5 layers (10-42 times) 0.41-1.19 swapped against 0.60-1.79.
+    gemm_swap_ratio: int = 8
     #: An f32 A that steps at least this many values per K step (x^T of as many channels: 2 KB, a
     #: K step's values in two L1 sets) is packed per block of rows and K step, as bf16 is; nearer
     #: ones are read as they lie: per family (AVX-512 on a Zen 4: packing cost 10-25 % at 64-256
