@@ -257,13 +257,15 @@ def test_portable_family_runs_without_jit_kernels(rng):
 
 @pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("kernel", ["3x3", "1x1"])
+@pytest.mark.parametrize("kernel", ["3x3", "1x1", "1x1 per image"])
 def test_workspace_estimate_bounds_the_allocations(task, dtype, kernel, rng):
     """The jit strategy's ``workspace_bytes`` bounds its peak allocations (result excluded for f32),
     for NXC data and NCX data (whose forward and data gradient come back in NCX memory; a 1x1
-    layer of few positions and many output channels: NCX runs one GEMM over channel-major copies)."""
-    g = _geometry(3, 2, 10, 13, (9, 11), (3, 3), (2, 1), pb=(1, 1), pe=(1, 1)) if kernel == "3x3" else \
-        _geometry(4, 1, 64, 512, (7, 7), (1, 1))
+    layer of few positions per image runs NCX on NXC copies, one of many a GEMM per image)."""
+    g = {"3x3": _geometry(3, 2, 10, 13, (9, 11), (3, 3), (2, 1), pb=(1, 1), pe=(1, 1)),
+         "1x1": _geometry(4, 1, 64, 512, (7, 7), (1, 1)),
+         "1x1 per image": _geometry(2, 1, 24, 40, (33, 33), (1, 1))}[kernel]
+    assert kernel == "3x3" or jit.ncx_transposes(g, task, cg.dtypes.DATA_DTYPES[dtype]) == (kernel == "1x1")
     dt = cg.dtypes.DATA_DTYPES[dtype]
     bounds = []
     for ncx in (False, True):
