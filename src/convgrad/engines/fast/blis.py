@@ -628,7 +628,7 @@ def _gemm(a: np.ndarray, b: np.ndarray, block: tuple[int, int] | None = None, ro
     m, k = a.shape
     n = b.shape[1]
     swap = m and n >= TUNING.gemm_swap_ratio * m and b.strides[0] < b.strides[1] and \
-        (not bf16 or k >= TUNING.gemm_swap_ratio * m)     # bf16: its M x N result transposed by NumPy
+        (not bf16 or k >= TUNING.gemm_swap_ratio * m)     # bf16: measured so with NumPy transposing the result
     if n > m and deep(m, k, n) or swap:
         # a deep reduction (a weights gradient): pack the smaller operand; or B stored along K,
         # far larger than A: read B in place. Either way (b^T a^T)^T, transposed in tiles.

@@ -255,7 +255,7 @@ class Tuning:
     #: A B stored along K (a data gradient's transposed weights) with at least this many times
     #: A's rows as columns runs as ``(B^T A^T)^T``: B read in place, A packed (Zen 4, ResNet-50's
     #: res5 1x1 data gradients at mb 1); bf16 also only with this many times A's rows along K,
-    #: its result's transpose being NumPy's (the Xeon with AMX, mb 1: 1024 -> 256 channels at
+    #: measured while NumPy transposed its result (the Xeon with AMX, mb 1: 1024 -> 256 channels at
     #: 14x14 280 -> 174 µs unswapped, 2048 -> 512 at 7x7 304 swapped against 388). 8, not 4: f32
     #: on the Xeon with AMX, mb 1, 1024 -> 256 channels at 14x14 (5.2 times) 0.86-0.92 ms swapped
     #: against 0.55; the res5 layers (10-42 times) 0.41-1.19 swapped against 0.60-1.79.
