@@ -16,6 +16,7 @@ import pytest
 
 from convgrad.engines import get_engine
 from convgrad.engines.fast import blis, isa, jit, microkernel
+from convgrad.engines.fast.pool import run as pool_run
 from convgrad.engines.fast.tuning import TUNING
 from convgrad.problem import ConvGeometry
 
@@ -376,6 +377,26 @@ def test_channels_last_copies_ncx_memory_by_tiles(dtype):
     assert blis.channels_last(got) is got
     strided = view[:, ::2]
     assert np.array_equal(blis.channels_last(strided), strided) and blis.channels_last(strided).flags.c_contiguous
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16, np.float16, np.float64], ids=["f32", "bf16", "f16", "f64"])
+@pytest.mark.parametrize("shape", [(1, 1, 17, 33), (1, 1, 32, 48), (1, 1, 64, 31), (3, 3, 5, 70), (2, 3, 1, 16),
+                                   (7, 3, 1), (1, 16, 1), (2, 2, 2, 19, 17)])
+def test_reversed_weights_are_the_oix_transposition(shape, dtype):
+    """``blis.reversed_weights``: canonical (*K, ICg, OC) weights (C-contiguous, or a view of
+    padded sums) as a C-contiguous (OC, ICg, *K) array, every value moved and none changed: one
+    tap in register tiles (whole tiles and edges), several a block of output channels at a time;
+    the input untouched; None for weights whose output channels are not adjacent."""
+    rng = np.random.default_rng()
+    *taps, icg, oc = shape
+    padded = rng.standard_normal((*taps, icg + 3, oc + 5)).astype(dtype)
+    for w in (np.ascontiguousarray(padded[..., :icg, :oc]), padded[..., :icg, :oc]):
+        before = w.copy()
+        got = pool_run(blis.reversed_weights, w)
+        want = np.transpose(w, (len(shape) - 1, len(shape) - 2, *range(len(taps))))
+        assert got.flags.c_contiguous and got.dtype == w.dtype and np.array_equal(got, want)
+        assert np.array_equal(w, before)
+    assert blis.reversed_weights(padded[..., ::2]) is None
 
 
 @pytest.mark.parametrize("m, k, n", [(16, 4001, 6), (40, 3000, 7), (64, 2049, 96), (17, 5001, 3)])

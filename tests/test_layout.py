@@ -41,14 +41,39 @@ def test_weights_in_format_is_the_transposition(weights_format: str, taps: int, 
                                                  ("ConvTransposeBackwardWeights", "IOX")])
 @pytest.mark.parametrize("engine", ["fast", "reference"])
 def test_weights_gradient_with_several_tiles_of_channels(kind: str, weights_format: str, engine: str) -> None:
-    """OIX/IOX weights gradients of 17-40 channels per side (2-3 tiles of 16) against torch."""
+    """OIX/IOX weights gradients of 17-90 channels per side (2-6 tiles of 16) against torch; the
+    largest (151 KB) past ``TUNING.reversed_weights_bytes``: the fast engine lays it out in its pool."""
     rng, seed = fresh_rng()
-    for (groups, icg, ocg), data_format in itertools.product(((1, 20, 35), (1, 40, 17), (2, 17, 18)),
+    for (groups, icg, ocg), data_format in itertools.product(((1, 20, 35), (1, 40, 17), (2, 17, 18), (1, 70, 90)),
                                                              ("NCX", "NXC")):
         geom = Geometry(2, groups, icg, ocg, (6, 5), (3, 2), (1, 2), (1, 1), (1, 0), (0, 1))
         case = Case(kind, geom, data_format=data_format, weights_format=weights_format)
         with poisoned_allocations():
             check(case, torch_results(geom, random_tensors(geom, rng)), seed, engine=engine)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("kernel", [(1, 1), (3, 3)])
+def test_the_fast_engine_lays_out_large_weights_results_in_its_pool(kernel, dtype, monkeypatch) -> None:
+    """A weights gradient in OIX from ``TUNING.reversed_weights_bytes`` is laid out by the fast
+    engine (:func:`convgrad.engines.fast.blis.reversed_weights`, in the pool), the same values as
+    its XIO result; a smaller one by :func:`convgrad.layout.weights_in_format`."""
+    import convgrad as cg
+    from convgrad.dtypes import DATA_DTYPES
+    from convgrad.engines.fast import TUNING, blis
+    calls = []
+    real = blis.reversed_weights
+    monkeypatch.setattr(blis, "reversed_weights", lambda w: calls.append(w.nbytes) or real(w))
+    rng, seed = fresh_rng()
+    for channels in (160, 8):
+        x, dy = (rng.standard_normal((2, 6, 5, channels)).astype(DATA_DTYPES[dtype]) for _ in range(2))
+        attrs = dict(strides=[1, 1], pads_begin=[k // 2 for k in kernel], pads_end=[k // 2 for k in kernel],
+                     dilations=[1, 1], groups=1, data_format="NXC")
+        xio = cg.convolution_backward_weights(x, dy, [*kernel, channels, channels], weights_format="XIO", **attrs)
+        oix = cg.convolution_backward_weights(x, dy, [channels, channels, *kernel], weights_format="OIX", **attrs)
+        assert oix.flags.c_contiguous and np.array_equal(oix, np.transpose(xio, (3, 2, 0, 1))), seed
+        assert bool(calls) == (xio.nbytes >= TUNING.reversed_weights_bytes), (channels, seed)
+        calls.clear()
 
 
 def test_data_views_and_their_memory_order() -> None:

@@ -79,7 +79,7 @@ def execute(problem: Problem | TensorProblem, arrays: dict[str, np.ndarray], eng
 def _unbound(problem: Problem, arrays: dict[str, np.ndarray], engine: Engine, warm: Warm | None) -> np.ndarray:
     bias = arrays.get("bias")
     return finish(problem, execute_canonical(problem, arrays, engine, rounded=bias is None,
-                                             estimates=warm.estimates if warm is not None else None), bias)
+                                             estimates=warm.estimates if warm is not None else None), bias, engine)
 
 
 def _bind(problem: Problem, arrays: dict[str, np.ndarray], engine: Any, warm: Warm,
@@ -117,7 +117,7 @@ def _bind(problem: Problem, arrays: dict[str, np.ndarray], engine: Any, warm: Wa
         result = loops(a, b)
         if as_given and result.dtype == dtype and result.flags.c_contiguous:
             return result
-        return finish(problem, result, arrays.get("bias"))
+        return finish(problem, result, arrays.get("bias"), engine)
     return warm.runs.put(key, run)
 
 
@@ -164,10 +164,12 @@ def round_result(problem: Problem, result: np.ndarray, bias: np.ndarray | None =
         return result if out_dtype is None else result.astype(out_dtype, copy=False)
 
 
-def finish(problem: Problem, result: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+def finish(problem: Problem, result: np.ndarray, bias: np.ndarray | None = None,
+           engine: Engine | None = None) -> np.ndarray:
     """A canonical result of :func:`execute_canonical` as the op's output: plus bias, rounded once
-    to the output dtype, in the user's layout (a fresh C-contiguous array)."""
+    to the output dtype, in the user's layout (a fresh C-contiguous array; a weights result by
+    the engine's ``weights_in_format`` where it has one)."""
     result = round_result(problem, result, bias)
     if problem.definition.output.role == "w":
-        return weights_in_format(result, problem.weights_format)
+        return getattr(engine, "weights_in_format", weights_in_format)(result, problem.weights_format)
     return np.ascontiguousarray(data_from_canonical(result, problem.data_format))

@@ -14,6 +14,9 @@ An engine may also have ``workspace_bytes(g, task, dtype) -> int``: the peak byt
 ``task`` allocates, its result included. The memory guard (:mod:`convgrad.limits`) uses it before
 the engine runs, and a conservative estimate for engines without it. It must be a closed form of
 the sizes (no loop over taps, rows or elements), so that an absurd problem fails at once.
+
+An engine may also have ``weights_in_format(array, weights_format) -> np.ndarray``: its canonical
+weights result as :func:`convgrad.layout.weights_in_format` returns it (the API calls it instead).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from ... import layout
 from ...dtypes import compute_dtype
 from ...problem import ConvGeometry
 from .. import register
-from . import direct, direct_flat, pool, tune, workspace
+from . import blis, direct, direct_flat, pool, tune, workspace
 from .features import Features
 from .frame import Frame, empty_like_data
 from .plan import (STRATEGIES, Plan, candidates, default_plan, forced_plan, forced_strategy, gemm_variant, jit_selected,
@@ -157,6 +157,17 @@ class FastEngine:
     def backward_weights(self, g: ConvGeometry, x: np.ndarray, dy: np.ndarray,
                          out_dtype: np.dtype | None = None) -> np.ndarray:
         return self._run(g, "backward_weights", x, dy, out_dtype)
+
+    @staticmethod
+    def weights_in_format(array: np.ndarray, weights_format: str) -> np.ndarray:
+        """:func:`convgrad.layout.weights_in_format` of a canonical weights result: into OIX/IOX
+        memory in the pool (:func:`.blis.reversed_weights`) from ``TUNING.reversed_weights_bytes``."""
+        if weights_format[0] != "X" and array.nbytes >= TUNING.reversed_weights_bytes \
+                and not layout.weights_from_canonical(array, weights_format).flags.c_contiguous:
+            out = pool.run(blis.reversed_weights, array)
+            if out is not None:
+                return out
+        return layout.weights_in_format(array, weights_format)
 
     @staticmethod
     def result_dtype(dtype: np.dtype) -> np.dtype:

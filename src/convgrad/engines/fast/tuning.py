@@ -304,6 +304,8 @@ class Tuning:
     #: 49 positions 0.59-0.84x the per-image time, at 784 1.13-1.36x; bf16 at 784 and fewer
     #: 0.28-0.88x, at 3136 0.71-1.62x (docs/engine-measurements.md).
     ncx_transposed_positions: dict[int, int] = field(default_factory=lambda: {4: 256, 2: 1024})
+    #: Bytes of a weights result from which its reversal into OIX/IOX memory runs in the pool.
+    reversed_weights_bytes: int = 1 << 16
 
 
 TUNING = Tuning()
