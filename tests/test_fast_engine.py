@@ -358,6 +358,21 @@ def test_output_rows_take_junk_heavy_and_wide_gradients(case, data, weights):
         assert (gemm_variant(Features.of(g, task, np.float32, False)) == "output_rows") == want
 
 
+@pytest.mark.parametrize("case,junk", [
+    ((1, 1, 256, 512, (11, 11, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)), True),  # 3d_unet:conv_8: 1.87
+    ((2, 1, 256, 512, (15,), (3,), (1,), (5,), (6,), (6,)), False),                                 # conv1d_gemm:4: 1.80
+])
+def test_junk_heavy_data_gradients_leave_jit_from_the_tuned_ratio(case, junk):
+    """An f32 NXC data gradient (no PyTorch) whose frame is ``TUNING.junk_ratio`` times its output
+    runs on the output-row GEMMs (3-D U-Net's unpadded conv_8 at 1.87: half jit's time), one just
+    under it on ``jit``."""
+    from convgrad.engines.fast import default_plan
+    f = Features.of(_geometry(*case), "backward_data", np.float32, False, False)
+    assert f.junk_heavy() == junk
+    plan = default_plan(f)
+    assert (plan.strategy, plan.param("variant")) == (("gemm", "output_rows") if junk else ("jit", None))
+
+
 @pytest.mark.parametrize("case,blocks", [
     ((16, 1, 256, 256, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), 1),  # f32 weights < dx + dy
     ((16, 1, 512, 512, (14, 14), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)), 3),  # res5: 9 MiB on 4 MiB
