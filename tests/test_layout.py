@@ -76,6 +76,26 @@ def test_the_fast_engine_lays_out_large_weights_results_in_its_pool(kernel, dtyp
         calls.clear()
 
 
+def test_oix_sums_become_xio_weights_in_the_pool(monkeypatch) -> None:
+    """The ``gemm`` strategy sums a 1x1 weights gradient of NCX data in OIX memory; asked for XIO
+    from ``TUNING.reversed_weights_bytes``, the fast engine reverses it in its pool, the same
+    values as its OIX result."""
+    import convgrad as cg
+    from convgrad.engines.fast import TUNING, blis, forced_strategy
+    calls = []
+    real = blis.reversed_weights
+    monkeypatch.setattr(blis, "reversed_weights", lambda w: calls.append(w.shape) or real(w))
+    rng, seed = fresh_rng()
+    x, dy = (rng.standard_normal((2, 160, 6, 5)).astype(np.float32) for _ in range(2))
+    attrs = dict(strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], dilations=[1, 1], groups=1, data_format="NCX")
+    with forced_strategy("image_gemms"):
+        oix = cg.convolution_backward_weights(x, dy, [160, 160, 1, 1], weights_format="OIX", **attrs)
+        assert not calls                                      # the sums lie in OIX memory already
+        xio = cg.convolution_backward_weights(x, dy, [1, 1, 160, 160], weights_format="XIO", **attrs)
+    assert xio.nbytes >= TUNING.reversed_weights_bytes and calls == [(160, 160, 1)], seed
+    assert xio.flags.c_contiguous and np.array_equal(xio, np.transpose(oix, (2, 3, 1, 0))), seed
+
+
 def test_data_views_and_their_memory_order() -> None:
     """NCX data as canonical (N, *X, C) views and back; channels_first tells NCX memory from NXC."""
     ncx = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)

@@ -160,11 +160,19 @@ class FastEngine:
 
     @staticmethod
     def weights_in_format(array: np.ndarray, weights_format: str) -> np.ndarray:
-        """:func:`convgrad.layout.weights_in_format` of a canonical weights result: into OIX/IOX
-        memory in the pool (:func:`.blis.reversed_weights`) from ``TUNING.reversed_weights_bytes``."""
-        if weights_format[0] != "X" and array.nbytes >= TUNING.reversed_weights_bytes \
-                and not layout.weights_from_canonical(array, weights_format).flags.c_contiguous:
-            out = pool.run(blis.reversed_weights, array)
+        """:func:`convgrad.layout.weights_in_format` of a canonical weights result, its axes
+        reversed in the pool (:func:`.blis.reversed_weights`) from ``TUNING.reversed_weights_bytes``:
+        (K, ICg, OC) memory into OIX/IOX, or sums in OIX memory (the ``gemm`` strategy's of NCX
+        data) into XIO/XOI."""
+        view = layout.weights_from_canonical(array, weights_format)
+        if array.nbytes >= TUNING.reversed_weights_bytes and not view.flags.c_contiguous:
+            if weights_format[0] != "X":
+                out = pool.run(blis.reversed_weights, array)
+            else:
+                oix = layout.weights_from_canonical(array, "OIX")      # (OC, ICg, *K): reversed, XIO
+                out = pool.run(blis.reversed_weights, oix.reshape(*oix.shape[:2], -1)) \
+                    if oix.flags.c_contiguous else None
+                out = out.reshape(array.shape) if out is not None else None
             if out is not None:
                 return out
         return layout.weights_in_format(array, weights_format)
