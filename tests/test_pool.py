@@ -126,26 +126,41 @@ def test_the_lock_is_reentrant_and_run_nests():
 
 def test_a_large_blas_call_stops_openblas_threads_and_blas_still_works(monkeypatch, rng):
     """After a ``gemm`` plan of at least ``TUNING.quiet_blas_flops`` FLOPs the engine stops
-    OpenBLAS's spinning threads (:func:`pool.quiet_blas`), not after a smaller one nor a ``jit``
-    one; NumPy's BLAS computes correct products afterwards (its next call starts them again)."""
+    OpenBLAS's spinning threads (:func:`pool.quiet_blas`) at once; after a smaller one only
+    before the next plan on numba's threads (``jit``), within ``TUNING.blas_spin_seconds``, and
+    not before another ``gemm`` plan; NumPy's BLAS computes correct products afterwards (its
+    next call starts them again)."""
     import dataclasses
     from convgrad.engines import fast
     from convgrad.engines.fast import Plan, forced_plan
     calls = []
-    monkeypatch.setattr(pool, "quiet_blas", lambda: calls.append(1))
+    real_quiet = pool.quiet_blas
+
+    def quiet():
+        calls.append(1)
+        pool._blas_ended[0] = None
+
+    monkeypatch.setattr(pool, "quiet_blas", quiet)
     x = rng.standard_normal((4, 20, 20, 16)).astype(np.float32)
     dy = rng.standard_normal((4, 20, 20, 32)).astype(np.float32)
     flops = 2 * 4 * 20 * 20 * 32 * 16 * 9
     want = cg.convolution_backward_weights(x, dy, [3, 3, 16, 32], pads_begin=1, pads_end=1, engine="reference")
-    for strategy, threshold, quieted in (("gemm", flops, 1), ("gemm", flops + 1, 0), ("jit", flops, 0)):
+    pool._blas_ended[0] = None
+    steps = (("gemm", flops, 60.0, 1), ("gemm", flops + 1, 60.0, 0), ("gemm", flops + 1, 60.0, 0),
+             ("jit", flops, 60.0, 1), ("jit", flops, 60.0, 0), ("gemm", flops + 1, 60.0, 0),
+             ("jit", flops, 0.0, 0))                     # spinning past the window: asleep, left alone
+    for strategy, threshold, window, quieted in steps:
         calls.clear()
         monkeypatch.setattr(fast, "TUNING", dataclasses.replace(fast.TUNING, quiet_blas_flops=threshold))
+        monkeypatch.setattr(pool, "TUNING", dataclasses.replace(pool.TUNING, blas_spin_seconds=window))
         with forced_plan(Plan(strategy)):
             got = cg.convolution_backward_weights(x, dy, [3, 3, 16, 32], pads_begin=1, pads_end=1)
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
-        assert len(calls) == quieted, (strategy, threshold)
+        assert len(calls) == quieted, (strategy, threshold, window)
     monkeypatch.undo()
+    assert pool.quiet_blas is real_quiet
     pool.quiet_blas()                   # the real one: OpenBLAS's threads stopped where NumPy has it
+    assert not pool.blas_spinning() or threading.active_count() > 1   # another thread: left alone
     a, b = rng.standard_normal((300, 200)), rng.standard_normal((200, 100))
     np.testing.assert_allclose(a @ b, np.einsum("ik,kj->ij", a, b), rtol=1e-12, atol=1e-12)
 

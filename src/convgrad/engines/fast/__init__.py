@@ -69,11 +69,18 @@ class FastEngine:
     def _pooled(g: ConvGeometry, task: str, a: np.ndarray, b: np.ndarray, out_dtype: np.dtype | None,
                 channels_first: bool, hit: tuple[Features, Plan, int] | None) -> np.ndarray:
         """``task`` in the pool by the plan of ``hit`` (None: :func:`.plan.planned`'s, selected,
-        and on a first call perhaps tuned, in the pool)."""
+        and on a first call perhaps tuned, in the pool). OpenBLAS's threads, left spinning by a
+        small ``gemm`` call, are stopped before another plan runs on numba's threads; a large
+        ``gemm`` call stops them as it ends (:mod:`.pool`)."""
+        if (hit is None or hit[1].strategy != "gemm") and pool.blas_spinning():
+            pool.quiet_blas()
         with np.errstate(all="ignore"):  # IEEE arithmetic: NaN and Inf propagate, overflow gives Inf
             f, plan, result = pool.run(FastEngine._planned_run, g, task, a, b, out_dtype, channels_first, hit)
-        if plan.strategy == "gemm" and f.flops >= TUNING.quiet_blas_flops:
-            pool.quiet_blas()
+        if plan.strategy == "gemm":
+            if f.flops >= TUNING.quiet_blas_flops:
+                pool.quiet_blas()
+            else:
+                pool.blas_ran()
         tune.ran(f)
         return result
 

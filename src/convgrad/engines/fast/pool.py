@@ -24,7 +24,11 @@
   cores numba's and PyTorch's threads need next: ResNet-50's bf16 first-layer weights gradient
   took 18-24 ms alone and 45-64 ms right after the first layer's data gradient (on BLAS).
   :func:`quiet_blas` shuts OpenBLAS's threads down (its ``blas_thread_shutdown_``, 60-110 µs;
-  its next call starts them again) where no other Python thread could be inside a BLAS call.
+  its next call starts them again) where no other Python thread could be inside a BLAS call:
+  after a large BLAS-based call at once, after a small one (:func:`blas_ran`) only before the
+  next call on numba's threads within ``TUNING.blas_spin_seconds`` (:func:`blas_spinning`): a
+  run of small BLAS calls pays nothing, and the 1-D suite's ``jit`` calls after them ran 2-4x
+  slower beside the spinning threads (docs/engine-measurements.md, "eighth session").
 
 The layer is chosen when this module is imported, before any parallel kernel runs; a process
 that already ran one keeps the layer it has.
@@ -37,6 +41,7 @@ import ctypes
 import functools
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
@@ -45,7 +50,7 @@ from numba.np.ufunc import parallel as _parallel
 
 from .tuning import TUNING
 
-__all__ = ["run", "serial", "layer", "quiet_blas", "threads"]
+__all__ = ["run", "serial", "layer", "quiet_blas", "blas_ran", "blas_spinning", "threads"]
 
 T = TypeVar("T")
 
@@ -151,6 +156,22 @@ def _openblas_shutdowns() -> list[Callable[[], None]]:
         return []
 
 
+#: When a BLAS-based call last ended with OpenBLAS's threads left running (None: stopped since).
+_blas_ended: list[float | None] = [None]
+
+
+def blas_ran() -> None:
+    """Note that a BLAS-based call just ended, its threads left spinning."""
+    _blas_ended[0] = time.monotonic()
+
+
+def blas_spinning() -> bool:
+    """Whether OpenBLAS's threads may still spin: a BLAS-based call ended within
+    ``TUNING.blas_spin_seconds`` and they were not stopped since."""
+    ended = _blas_ended[0]
+    return ended is not None and time.monotonic() - ended < TUNING.blas_spin_seconds
+
+
 def quiet_blas() -> None:
     """Stop OpenBLAS's threads spinning after a BLAS-based call (module docstring), unless
     another Python thread is running (it could be inside a BLAS call of its own)."""
@@ -158,3 +179,4 @@ def quiet_blas() -> None:
         return
     for shutdown in _openblas_shutdowns():
         shutdown()
+    _blas_ended[0] = None

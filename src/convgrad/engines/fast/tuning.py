@@ -111,6 +111,10 @@ class Tuning:
     #: OpenBLAS's spinning threads when it ends (:func:`.pool.quiet_blas`, 60-110 µs): they
     #: halved the next calls on numba's threads (docs/engine-measurements.md, "OpenBLAS spinning").
     quiet_blas_flops: int = 100_000_000
+    #: ... a smaller one only before the next call on numba's threads within this many seconds
+    #: (OpenBLAS's threads spin 2^28 cycles, about 70 ms, after a call): the 1-D suite's calls
+    #: back to back, f32, 140 -> 60-68 ms NXC, 124-139 -> 110-112 NCX (Xeon with AMX, 2026-12-08).
+    blas_spin_seconds: float = 0.1
     #: ... and numba's OpenMP threads spin this many rounds after a parallel region before they
     #: sleep (``GOMP_SPINCOUNT`` of the libgomp numba loads, where neither it nor
     #: ``OMP_WAIT_POLICY`` is set; libgomp's own: 300,000, ~7 ms on a Zen 5): spinning that long
