@@ -77,6 +77,8 @@ if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER ==
 
 _lock = threading.RLock()
 _inside = threading.local()
+#: When a BLAS-based call last ended with OpenBLAS's threads left running (None: stopped since).
+_blas_ended: list[float | None] = [None]
 _child: ThreadPoolExecutor | None = None      # set in a forked child whose layer is OpenMP
 _forked = False
 
@@ -86,6 +88,7 @@ def _renew() -> None:
     global _lock, _child, _forked
     _lock = threading.RLock()
     _inside.__dict__.clear()
+    _blas_ended[0] = None                          # the parent's BLAS threads are not the child's
     _child = None
     _forked = layer() == "omp"
     if _forked:
@@ -154,10 +157,6 @@ def _openblas_shutdowns() -> list[Callable[[], None]]:
         return [fn for fn in found if fn is not None]
     except OSError:
         return []
-
-
-#: When a BLAS-based call last ended with OpenBLAS's threads left running (None: stopped since).
-_blas_ended: list[float | None] = [None]
 
 
 def blas_ran() -> None:
