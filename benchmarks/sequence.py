@@ -2,14 +2,17 @@
 order against the sum of each call timed alone, in one process, convgrad's default engine.
 
     python benchmarks/sequence.py [--mb 16] [--dtype f32] [--rounds 5] [--format NXC] [--lib convgrad]
+                                  [--suite resnet_50]
 
 Alone: each call in its own block (a warm-up call, then ``--rounds`` timed calls, the median).
-In sequence: the whole list (the layers of ``benchmarks/shapes/shapes_resnet_50`` from the last
+In sequence: the whole list (the layers of ``benchmarks/shapes/shapes_<suite>`` from the last
 to the first, each layer's data gradient then its weights gradient) run ``--rounds`` times after
 a warm-up pass, the median pass. Prints both sums and their ratio (target: at most 1.05). ``--format NCX`` runs channels-first
 data (OIX weights; default NXC and XIO); ``--lib torch`` runs PyTorch's ``aten.convolution_backward`` on the same
 calls (channels_last for NXC) with the same timing, the ratio a library pays in sequence
 whatever its engine (the inputs of a call alone stay in the caches between its runs).
+``--suite`` takes another list of ``benchmarks/shapes`` (``--mb 0``: each layer's own batch),
+whose plans mix our kernels and NumPy's BLAS (1-D, dilated): what two thread pools cost there.
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ from convgrad.descriptor import ConvDescriptor, parse_descriptor_file
 HERE = Path(__file__).parent
 
 
-def _calls(mb: int, dtype: str, fmt: str, lib: str) -> list[tuple[str, object]]:
-    """(name, call) of every layer's data and weights gradient, last layer first."""
+def _calls(mb: int, dtype: str, fmt: str, lib: str, suite: str = "resnet_50") -> list[tuple[str, object]]:
+    """(name, call) of every layer's data and weights gradient, last layer first (``mb`` 0: the
+    layer's own batch)."""
     rng = np.random.default_rng(0)
     out = []
-    parsed = parse_descriptor_file((HERE / "shapes" / "shapes_resnet_50").read_text().splitlines())
+    parsed = parse_descriptor_file((HERE / "shapes" / f"shapes_{suite}").read_text().splitlines())
     for d in reversed([d for _, d in parsed if isinstance(d, ConvDescriptor)]):
-        g = d.with_mb(mb)
+        g = d.with_mb(mb) if mb else d
         # NXC data, XIO weights (oneDNN Graph's defaults)
         x, dy, w = (rng.standard_normal(s).astype(np.float32) for s in (g.x_shape, g.y_shape, g.w_shape))
         if lib == "torch":
@@ -73,8 +77,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--format", default="NXC", choices=["NXC", "NCX"])
     ap.add_argument("--lib", default="convgrad", choices=["convgrad", "torch"])
+    ap.add_argument("--suite", default="resnet_50", choices=sorted(p.name.removeprefix("shapes_")
+                                                                  for p in (HERE / "shapes").glob("shapes_*")))
     args = ap.parse_args()
-    calls = _calls(args.mb, args.dtype, args.format, args.lib)
+    calls = _calls(args.mb, args.dtype, args.format, args.lib, args.suite)
     alone = []
     for _, call in calls:
         call()
@@ -92,7 +98,7 @@ def main() -> None:
         if round_:
             passes.append(time.perf_counter() - start)
     total, seq = sum(alone), statistics.median(passes)
-    print(f"ResNet-50 mb {args.mb} {args.dtype} {args.format} {args.lib}: {len(calls)} gradient calls; "
+    print(f"{args.suite} mb {args.mb or 'own'} {args.dtype} {args.format} {args.lib}: {len(calls)} gradient calls; "
           f"sum alone {total * 1e3:.0f} ms, "
           f"in sequence {seq * 1e3:.0f} ms, ratio {seq / total:.3f} (target <= 1.05)")
 
