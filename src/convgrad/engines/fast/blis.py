@@ -46,8 +46,7 @@ from . import isa, microkernel, pool, tiles, workspace
 from .tuning import TUNING, remembered
 
 __all__ = ["Blocks", "blocks", "channels_last", "deep", "gemm", "register_block", "reversed_weights", "split",
-           "transposed_images",
-           "workspace_bytes"]
+           "transposed_images", "workspace_bytes"]
 
 
 @dataclass(frozen=True)
